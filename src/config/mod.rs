@@ -1,0 +1,346 @@
+//! Configuration: the typed, validated runtime model that the rest of crossbar uses.
+//!
+//! The YAML file is read into raw serde structs (`raw.rs`, `deny_unknown_fields`),
+//! then `validate.rs` turns them into the types below, collecting every problem with
+//! its `file:line:col` and YAML path. Nothing downstream holds an "Option that must
+//! be Some": defaults are merged here.
+
+mod error;
+mod raw;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{ConfigError, Diagnostic};
+
+/// Default largest ClientHello we buffer; a hello with post-quantum key shares is ~2 KiB.
+pub const DEFAULT_MAX_HELLO: usize = 16 * 1024;
+/// Default listen backlog; Linux caps it at net.core.somaxconn anyway.
+pub const DEFAULT_BACKLOG: u32 = 1024;
+/// Default per-listener connection limit.
+pub const DEFAULT_LISTENER_MAX_CONNECTIONS: usize = 10_000;
+/// Default connect retries after the first attempt (HAProxy's `retries` default is 3).
+pub const DEFAULT_RETRIES: u32 = 2;
+/// Default number of connections that may wait for a full backend pool.
+pub const DEFAULT_QUEUE_SIZE: usize = 1024;
+/// Default admin listen address (loopback only).
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9140";
+
+/// A whole, validated configuration file.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was read from (for messages and reloads).
+    pub source: PathBuf,
+    /// Worker threads of the runtime; `None` means one per core.
+    pub workers: Option<usize>,
+    /// The admin HTTP endpoint, if enabled.
+    pub admin: Option<AdminConfig>,
+    /// Services in file order.
+    pub services: Vec<ServiceConfig>,
+}
+
+/// `admin:` — the HTTP endpoint for /metrics, /healthz and /api.
+#[derive(Clone)]
+pub struct AdminConfig {
+    /// Address to bind; default 127.0.0.1:9140.
+    pub listen: SocketAddr,
+    /// File holding the bearer token needed for write operations.
+    pub token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token_file", &self.token_file.as_ref().map(|_| "MASKED"))
+            .finish()
+    }
+}
+
+/// Timeouts of one service (`defaults.timeouts` merged with the service's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// How long a client may take to send its complete ClientHello (default 5s).
+    pub client_hello: Duration,
+    /// How long one connect attempt to a backend may take (default 3s).
+    pub connect: Duration,
+    /// Close a connection after this long with no bytes either way (default 30m,
+    /// longer than a big site's catalog compile).
+    pub idle: Duration,
+    /// How long a connection may wait for a backend slot when all are full (default 10s).
+    pub queue: Duration,
+    /// How long established connections may run on after shutdown/reload (default 30s).
+    pub shutdown: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            client_hello: Duration::from_secs(5),
+            connect: Duration::from_secs(3),
+            idle: Duration::from_secs(30 * 60),
+            queue: Duration::from_secs(10),
+            shutdown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Which active health check a backend gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckKind {
+    /// No active check: the backend is always considered up (passive failures still count).
+    None,
+    /// A TCP connect.
+    Tcp,
+    /// Send a modern ClientHello and expect a ServerHello or a TLS alert.
+    TlsHello,
+    /// A real TLS handshake and an HTTP GET.
+    Https(HttpsCheck),
+}
+
+/// Parameters of the `https` check (Puppet's documented load-balancer check).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpsCheck {
+    /// Path to GET (default `/status/v1/simple`).
+    pub path: String,
+    /// Expected status (default 200).
+    pub expect_status: u16,
+    /// Expected body substring (default `running`); `None` accepts any body.
+    pub expect_body: Option<String>,
+    /// CA bundle to verify the backend certificate; `None` skips verification.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) to present.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Server name to send and verify (default: the service's first server name, else the backend host).
+    pub server_name: Option<String>,
+}
+
+/// `health:` — active check settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// The check to run.
+    pub check: CheckKind,
+    /// Time between checks (default 2s); each run is jittered by up to 10%.
+    pub interval: Duration,
+    /// Time one check may take (default 1s).
+    pub timeout: Duration,
+    /// Consecutive successes that bring a down backend up (default 2).
+    pub rise: u32,
+    /// Consecutive failures that bring an up backend down (default 3).
+    pub fall: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            check: CheckKind::Tcp,
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+        }
+    }
+}
+
+/// `mode:` of a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Read the ClientHello, route by SNI, stick on TLS session state (default).
+    Tls,
+    /// Plain layer 4: choose the backend at accept, no inspection.
+    Tcp,
+}
+
+/// `on_non_tls:` — what a `tls` service does with bytes that are not a TLS handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnNonTls {
+    /// Close the connection (default).
+    Reject,
+    /// Forward to the service's pool without inspection.
+    Forward,
+}
+
+/// `balance:` algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// Smooth weighted round robin (default).
+    RoundRobin,
+    /// Fewest active connections relative to weight.
+    LeastConn,
+    /// The first available backend in config order (active/passive).
+    First,
+    /// Weighted rendezvous hash of the client address.
+    Source,
+}
+
+/// `failback:` — what happens when a primary comes back after a failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failback {
+    /// Stay on the standby until the operator enables the primary.
+    Manual,
+    /// Return to the primary once it has passed `rise` checks.
+    Auto,
+}
+
+/// One stick key kind, in `stick.on` priority order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StickOn {
+    /// TLS <= 1.2 session ID assigned by the server.
+    SessionId,
+    /// RFC 5077 session ticket (and its key-name prefix).
+    Ticket,
+    /// TLS 1.3 pre_shared_key identity (and its key-name prefix).
+    Psk,
+    /// The client's source address (optionally masked to a prefix).
+    Source,
+}
+
+/// `stick:` — stick table settings of a service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StickConfig {
+    /// Key kinds to look up, in priority order.
+    pub on: Vec<StickOn>,
+    /// Maximum entries; least recently used are evicted beyond it (default 100000).
+    pub size: usize,
+    /// Entries unused for this long expire (default 30m).
+    pub expire: Duration,
+    /// Expiry of source entries (default: the same as `expire`).
+    pub source_expire: Duration,
+    /// Prefix length that groups IPv4 sources (default 32).
+    pub source_prefix_v4: u8,
+    /// Prefix length that groups IPv6 sources (default 64).
+    pub source_prefix_v6: u8,
+    /// Bytes at the front of a ticket that name the issuer's key (default 16; 0 disables).
+    pub ticket_prefix: usize,
+    /// Where the table is saved across restarts.
+    pub state_file: Option<PathBuf>,
+    /// How often the table is saved when `state_file` is set (default 60s).
+    pub save_interval: Duration,
+}
+
+/// `proxy_protocol:` version sent to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyProtocol {
+    /// Human-readable v1 line.
+    V1,
+    /// Binary v2 header.
+    V2,
+}
+
+/// One listen address of a service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenConfig {
+    /// The socket address to bind.
+    pub addr: SocketAddr,
+    /// listen(2) backlog.
+    pub backlog: u32,
+    /// IP_FREEBIND: bind an address not (yet) on an interface (keepalived VIP).
+    pub freebind: bool,
+    /// Concurrent connections accepted on this address; more are refused.
+    pub max_connections: usize,
+}
+
+/// Where a backend lives: a host name (resolved at each connect) or an IP.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BackendAddress {
+    /// Host name or IP literal (without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl BackendAddress {
+    /// The address as an IP socket address when `host` is an IP literal.
+    pub fn as_socket_addr(&self) -> Option<SocketAddr> {
+        self.host
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, self.port))
+    }
+}
+
+impl std::fmt::Display for BackendAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// One backend of a service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    /// Unique name within the service (used in metrics, logs, stick tables and the API).
+    pub name: String,
+    /// Where to connect.
+    pub address: BackendAddress,
+    /// Relative weight, 1..=256 (default 1).
+    pub weight: u32,
+    /// Serve only when no primary backend is available.
+    pub backup: bool,
+    /// Concurrent connections this backend takes; more wait in the service queue.
+    pub max_connections: Option<u32>,
+    /// PROXY protocol header sent before the client's bytes.
+    pub proxy_protocol: Option<ProxyProtocol>,
+    /// The backend's health settings (service/defaults merged with its own).
+    pub health: HealthConfig,
+    /// Start in the disabled (maintenance) state.
+    pub disabled: bool,
+}
+
+/// One service: listeners, routing names, algorithm, stickiness and backends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceConfig {
+    /// The service name (the key under `services:`).
+    pub name: String,
+    /// Addresses this service accepts on.
+    pub listen: Vec<ListenConfig>,
+    /// `tls` (inspect the hello) or `tcp`.
+    pub mode: Mode,
+    /// What to do with non-TLS bytes in `tls` mode.
+    pub on_non_tls: OnNonTls,
+    /// SNI names (lower case, no trailing dot; `*.suffix` wildcards) for shared listeners.
+    pub server_names: Vec<String>,
+    /// The service chosen on a shared listener when no server name matches.
+    pub default: bool,
+    /// The balance algorithm.
+    pub balance: Balance,
+    /// Failback policy (default manual for `first`, auto otherwise).
+    pub failback: Failback,
+    /// Stick table settings; `None` disables stickiness.
+    pub stick: Option<StickConfig>,
+    /// Backends in config order.
+    pub backends: Vec<BackendConfig>,
+    /// Timeouts.
+    pub timeouts: Timeouts,
+    /// Largest ClientHello accepted (default 16 KiB).
+    pub max_hello_size: usize,
+    /// Connect retries to other backends after a failed attempt.
+    pub retries: u32,
+    /// Connections that may wait when every backend is full.
+    pub queue_size: usize,
+    /// A recovered backend's weight ramps up over this period (zero: off).
+    pub slow_start: Duration,
+}
+
+impl Config {
+    /// Read and validate a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, e))?;
+        Config::from_str_at(&text, path)
+    }
+
+    /// Validate configuration text; `path` is used in messages only.
+    pub fn from_str_at(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        validate::parse(text, path)
+    }
+
+    /// Look up a service by name.
+    pub fn service(&self, name: &str) -> Option<&ServiceConfig> {
+        self.services.iter().find(|s| s.name == name)
+    }
+}

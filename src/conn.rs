@@ -1,0 +1,1 @@
+//! conn (in progress).

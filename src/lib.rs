@@ -1,0 +1,29 @@
+//! crossbar: a layer-4 TLS-passthrough load balancer for Puppet masters.
+//!
+//! One connection flows through the modules in this order:
+//!
+//! - [`listener`]: bind per-service addresses, accept, enforce connection limits.
+//! - [`hello`]: read the client's ClientHello (bounded in bytes and time).
+//! - [`route`]: listener + SNI -> service.
+//! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session.
+//! - [`balance`]: otherwise pick a backend with the service's algorithm.
+//! - [`relay`]: connect, replay the hello, watch the server's handshake to learn
+//!   stick entries, then pump bytes both ways untouched.
+//!
+//! Around them: [`config`] (YAML -> validated model), [`server`] (builds services,
+//! owns listeners, reload and shutdown), [`conn`] (one connection's life),
+//! [`metrics`] and [`demo`] (a self-contained run with local TLS backends).
+#![deny(unsafe_code)]
+
+pub mod balance;
+pub mod config;
+pub mod conn;
+pub mod demo;
+pub mod hello;
+pub mod listener;
+pub mod metrics;
+pub mod relay;
+pub mod route;
+pub mod server;
+pub mod stick;
+pub mod testbed;

@@ -1,0 +1,1 @@
+//! relay (in progress).
