@@ -1,1 +1,532 @@
-//! balance (in progress).
+//! Backend pools: the four balance algorithms, backups, per-backend connection
+//! limits and the bounded queue for when every backend is full.
+//!
+//! A backend takes new connections when it is healthy, enabled (not drained or
+//! disabled, not a recovered primary waiting for manual failback) and below its
+//! `max_connections`. Backups are candidates only when no primary is available.
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::config::{Balance, BackendConfig};
+use crate::metrics::BackendMetrics;
+
+/// Picks a backend that is not full, and may wait for one; bounded tries so that a
+/// reservation race (two tasks taking the last slot) can't spin.
+const MAX_PICK_RACES: usize = 8;
+
+/// Operator-set state of a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum AdminState {
+    /// Takes traffic when healthy.
+    Enabled = 0,
+    /// No new connections; existing ones continue; sticky entries ignored.
+    Drain = 1,
+    /// Maintenance: no new connections, health checks keep running.
+    Disabled = 2,
+}
+
+impl AdminState {
+    fn from_u8(v: u8) -> AdminState {
+        match v {
+            1 => AdminState::Drain,
+            2 => AdminState::Disabled,
+            _ => AdminState::Enabled,
+        }
+    }
+}
+
+/// One backend of a service with its live state.
+pub struct Backend {
+    /// Name (unique in the service).
+    pub name: Arc<str>,
+    /// Its configuration.
+    pub config: BackendConfig,
+    /// Position in the service's backend list.
+    pub index: usize,
+    active: AtomicU32,
+    healthy: AtomicBool,
+    standby: AtomicBool,
+    admin: AtomicU8,
+    /// When the backend last became available (for slow start), as ms since `epoch`.
+    up_since_ms: AtomicU64,
+    epoch: Instant,
+    /// Metric handles.
+    pub metrics: BackendMetrics,
+    slot_freed: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("name", &self.name)
+            .field("active", &self.active())
+            .field("state", &self.state_name())
+            .finish()
+    }
+}
+
+impl Backend {
+    /// Is it healthy (by active and passive checks)?
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// The operator-set state.
+    pub fn admin_state(&self) -> AdminState {
+        AdminState::from_u8(self.admin.load(Ordering::Acquire))
+    }
+
+    /// A recovered primary held back until the operator enables it (`failback: manual`).
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Acquire)
+    }
+
+    /// Takes new connections (ignoring its connection limit)?
+    pub fn is_available(&self) -> bool {
+        self.is_healthy() && !self.is_standby() && self.admin_state() == AdminState::Enabled
+    }
+
+    /// Open connections now.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The state label: up, down, drain, disabled or standby.
+    pub fn state_name(&self) -> &'static str {
+        match self.admin_state() {
+            AdminState::Disabled => "disabled",
+            AdminState::Drain => "drain",
+            AdminState::Enabled if !self.is_healthy() => "down",
+            AdminState::Enabled if self.is_standby() => "standby",
+            AdminState::Enabled => "up",
+        }
+    }
+
+    fn publish_state(&self) {
+        self.metrics.up.set(i64::from(self.is_available()));
+        self.metrics.set_state(self.state_name());
+    }
+
+    /// Set health; returns true if it changed.
+    pub fn set_healthy(&self, up: bool) -> bool {
+        let changed = self.healthy.swap(up, Ordering::AcqRel) != up;
+        if changed && up {
+            self.mark_up_now();
+        }
+        self.publish_state();
+        changed
+    }
+
+    /// Set the operator state; enabling also clears `standby`.
+    pub fn set_admin_state(&self, s: AdminState) {
+        self.admin.store(s as u8, Ordering::Release);
+        if s == AdminState::Enabled && self.standby.swap(false, Ordering::AcqRel) {
+            self.mark_up_now();
+        }
+        self.publish_state();
+    }
+
+    /// Hold a recovered primary back (or release it).
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Release);
+        self.publish_state();
+    }
+
+    fn mark_up_now(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.up_since_ms.store(ms, Ordering::Release);
+    }
+
+    /// Weight now, ramped over `slow_start` after the backend became available.
+    fn effective_weight(&self, slow_start: Duration) -> u64 {
+        let w = u64::from(self.config.weight.max(1)) * 16;
+        if slow_start.is_zero() {
+            return w;
+        }
+        let since = self.epoch.elapsed().as_millis() as u64;
+        let up = self.up_since_ms.load(Ordering::Acquire);
+        if up == 0 {
+            return w; // available since start: no ramp
+        }
+        let elapsed = since.saturating_sub(up);
+        let total = slow_start.as_millis() as u64;
+        if elapsed >= total {
+            w
+        } else {
+            (w * elapsed / total.max(1)).max(1)
+        }
+    }
+
+    /// Reserve a connection slot if below `max_connections`.
+    fn try_reserve(self: &Arc<Self>) -> Option<Lease> {
+        let max = self.config.max_connections.unwrap_or(u32::MAX);
+        let mut cur = self.active.load(Ordering::Acquire);
+        loop {
+            if cur >= max {
+                return None;
+            }
+            match self
+                .active
+                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.metrics.active.inc();
+                    return Some(Lease {
+                        backend: self.clone(),
+                    });
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn has_capacity(&self) -> bool {
+        self.active() < self.config.max_connections.unwrap_or(u32::MAX)
+    }
+}
+
+/// A reserved connection slot on a backend; released on drop (wakes one queued connection).
+#[derive(Debug)]
+pub struct Lease {
+    backend: Arc<Backend>,
+}
+
+impl Lease {
+    /// The backend this slot is on.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.backend.active.fetch_sub(1, Ordering::AcqRel);
+        self.backend.metrics.active.dec();
+        self.backend.slot_freed.notify_one();
+    }
+}
+
+/// Why no backend could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PickError {
+    /// No backend is healthy and enabled (or all were tried).
+    #[error("no backend available")]
+    NoBackendAvailable,
+    /// Every candidate is full and the queue is full too.
+    #[error("all backends full and the queue is full")]
+    QueueFull,
+    /// Every candidate stayed full for the queue timeout.
+    #[error("timed out waiting in the queue for a backend slot")]
+    QueueTimeout,
+}
+
+impl PickError {
+    /// Metric label / access-log reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PickError::NoBackendAvailable => "no_backend",
+            PickError::QueueFull => "queue_full",
+            PickError::QueueTimeout => "queue_timeout",
+        }
+    }
+}
+
+enum Pick {
+    Backend(usize),
+    Full,
+    Nothing,
+}
+
+/// The backends of one service and how to choose among them.
+pub struct Pool {
+    /// Backends in config order.
+    pub backends: Vec<Arc<Backend>>,
+    algo: Balance,
+    slow_start: Duration,
+    /// Smooth weighted round robin: current weight per backend (nginx's algorithm).
+    rr: Mutex<Vec<i64>>,
+    /// Rotates leastconn tie-breaking so equal backends share the load.
+    tie: AtomicUsize,
+    slot_freed: Arc<Notify>,
+    queued: AtomicUsize,
+    queue_size: usize,
+    queue_timeout: Duration,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("algo", &self.algo)
+            .field("backends", &self.backends)
+            .finish()
+    }
+}
+
+/// Settings of a pool beyond its backends.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolParams {
+    /// Algorithm.
+    pub algo: Balance,
+    /// Weight ramp after recovery.
+    pub slow_start: Duration,
+    /// Connections that may wait for a slot.
+    pub queue_size: usize,
+    /// How long one may wait.
+    pub queue_timeout: Duration,
+}
+
+impl Pool {
+    /// Build a pool. `make` gives each backend's metric handles; `carry` may hand over
+    /// the live state (health, admin state) of a same-named backend from a previous pool.
+    pub fn new(
+        configs: &[BackendConfig],
+        params: PoolParams,
+        make: impl Fn(&BackendConfig) -> BackendMetrics,
+        carry: impl Fn(&BackendConfig) -> Option<(bool, AdminState, bool)>,
+    ) -> Pool {
+        let slot_freed = Arc::new(Notify::new());
+        let epoch = Instant::now();
+        let backends: Vec<Arc<Backend>> = configs
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let (healthy, admin, standby) = carry(c).unwrap_or((
+                    true,
+                    if c.disabled {
+                        AdminState::Disabled
+                    } else {
+                        AdminState::Enabled
+                    },
+                    false,
+                ));
+                let b = Backend {
+                    name: Arc::from(c.name.as_str()),
+                    config: c.clone(),
+                    index,
+                    active: AtomicU32::new(0),
+                    healthy: AtomicBool::new(healthy),
+                    standby: AtomicBool::new(standby),
+                    admin: AtomicU8::new(admin as u8),
+                    up_since_ms: AtomicU64::new(0),
+                    epoch,
+                    metrics: make(c),
+                    slot_freed: slot_freed.clone(),
+                };
+                b.publish_state();
+                Arc::new(b)
+            })
+            .collect();
+        Pool {
+            rr: Mutex::new(vec![0; backends.len()]),
+            backends,
+            algo: params.algo,
+            slow_start: params.slow_start,
+            tie: AtomicUsize::new(0),
+            slot_freed,
+            queued: AtomicUsize::new(0),
+            queue_size: params.queue_size,
+            queue_timeout: params.queue_timeout,
+        }
+    }
+
+    /// The backend with this name.
+    pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends.iter().find(|b| &*b.name == name)
+    }
+
+    /// Connections waiting for a slot now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Candidates: available primaries not yet tried, else available backups.
+    fn candidates(&self, tried: &[usize]) -> Vec<usize> {
+        let ok = |b: &&Arc<Backend>| b.is_available() && !tried.contains(&b.index);
+        let primaries: Vec<usize> = self
+            .backends
+            .iter()
+            .filter(|b| !b.config.backup)
+            .filter(ok)
+            .map(|b| b.index)
+            .collect();
+        if !primaries.is_empty() {
+            return primaries;
+        }
+        // Backups serve only while no primary is available at all (tried or not).
+        if self
+            .backends
+            .iter()
+            .any(|b| !b.config.backup && b.is_available())
+        {
+            return Vec::new();
+        }
+        self.backends
+            .iter()
+            .filter(|b| b.config.backup)
+            .filter(ok)
+            .map(|b| b.index)
+            .collect()
+    }
+
+    fn pick(&self, client: IpAddr, tried: &[usize]) -> Pick {
+        let cands = self.candidates(tried);
+        if cands.is_empty() {
+            return Pick::Nothing;
+        }
+        let open: Vec<usize> = cands
+            .into_iter()
+            .filter(|&i| self.backends[i].has_capacity())
+            .collect();
+        if open.is_empty() {
+            return Pick::Full;
+        }
+        let chosen = match self.algo {
+            Balance::First => open[0],
+            Balance::RoundRobin => self.pick_round_robin(&open),
+            Balance::LeastConn => self.pick_least_conn(&open),
+            Balance::Source => self.pick_source(client, &open),
+        };
+        Pick::Backend(chosen)
+    }
+
+    /// Smooth weighted round robin: each pick adds every candidate's weight to its
+    /// current value, takes the largest and subtracts the total from it. Spreads
+    /// weights evenly (5,1,1 -> a a b a c a a), not in bursts.
+    fn pick_round_robin(&self, open: &[usize]) -> usize {
+        let mut cw = self.rr.lock().unwrap_or_else(|e| e.into_inner());
+        let mut total = 0i64;
+        let mut best = open[0];
+        for &i in open {
+            let w = self.backends[i].effective_weight(self.slow_start) as i64;
+            cw[i] += w;
+            total += w;
+            if cw[i] > cw[best] {
+                best = i;
+            }
+        }
+        cw[best] -= total;
+        best
+    }
+
+    /// Fewest active connections per unit of weight; ties rotate.
+    fn pick_least_conn(&self, open: &[usize]) -> usize {
+        let start = self.tie.fetch_add(1, Ordering::Relaxed) % open.len();
+        let mut best = open[start];
+        let load = |i: usize| {
+            let b = &self.backends[i];
+            (u64::from(b.active()) + 1, b.effective_weight(self.slow_start))
+        };
+        for k in 1..open.len() {
+            let i = open[(start + k) % open.len()];
+            let (ai, wi) = load(i);
+            let (ab, wb) = load(best);
+            if u128::from(ai) * u128::from(wb) < u128::from(ab) * u128::from(wi) {
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// Weighted rendezvous hashing of the client address: adding or removing a
+    /// backend moves only the clients that hash to it (about 1/N of them).
+    fn pick_source(&self, client: IpAddr, open: &[usize]) -> usize {
+        let mut best = open[0];
+        let mut best_score = f64::NEG_INFINITY;
+        for &i in open {
+            let b = &self.backends[i];
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            client.hash(&mut h);
+            b.name.hash(&mut h);
+            let x = h.finish();
+            // Uniform in (0, 1]; score = -w / ln(u) is the weighted HRW score.
+            let u = ((x >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+            let score = -(b.effective_weight(self.slow_start) as f64) / u.ln();
+            if score > best_score {
+                best_score = score;
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// Reserve a slot on `preferred` if it is available and not full (a sticky hit).
+    pub fn try_preferred(&self, name: &str) -> Option<Lease> {
+        let b = self.get(name)?;
+        if b.is_available() {
+            b.try_reserve()
+        } else {
+            None
+        }
+    }
+
+    /// Choose a backend not in `tried` and reserve a slot, waiting in the bounded
+    /// queue up to the queue timeout when every candidate is full.
+    pub async fn acquire(&self, client: IpAddr, tried: &[usize]) -> Result<Lease, PickError> {
+        let deadline = tokio::time::Instant::now() + self.queue_timeout;
+        let mut waiting: Option<QueueSlot<'_>> = None;
+        loop {
+            let notified = self.slot_freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut full = false;
+            for _ in 0..MAX_PICK_RACES {
+                match self.pick(client, tried) {
+                    Pick::Backend(i) => {
+                        if let Some(lease) = self.backends[i].try_reserve() {
+                            return Ok(lease);
+                        }
+                    }
+                    Pick::Full => {
+                        full = true;
+                        break;
+                    }
+                    Pick::Nothing => return Err(PickError::NoBackendAvailable),
+                }
+            }
+            if !full {
+                continue; // lost several races in a row: try again right away
+            }
+            if waiting.is_none() {
+                waiting = Some(QueueSlot::enter(self).ok_or(PickError::QueueFull)?);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(PickError::QueueTimeout);
+            }
+        }
+    }
+}
+
+/// A place in a pool's queue, given back on drop.
+struct QueueSlot<'a> {
+    pool: &'a Pool,
+}
+
+impl<'a> QueueSlot<'a> {
+    fn enter(pool: &'a Pool) -> Option<QueueSlot<'a>> {
+        let mut cur = pool.queued.load(Ordering::Acquire);
+        loop {
+            if cur >= pool.queue_size {
+                return None;
+            }
+            match pool
+                .queued
+                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(QueueSlot { pool }),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.pool.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}

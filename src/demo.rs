@@ -1,1 +1,5 @@
-//! demo (in progress).
+//! `crossbar demo` (in progress).
+/// Run the demo.
+pub async fn run(_serve: bool) -> anyhow::Result<()> {
+    Ok(())
+}

@@ -1,1 +1,152 @@
-//! listener (in progress).
+//! Listening sockets: bind with socket2 options, accept in a loop that survives
+//! resource exhaustion, enforce the per-listener connection limit.
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ListenConfig;
+use crate::metrics::ListenerMetrics;
+
+/// First pause after an accept error caused by resource exhaustion (EMFILE...).
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest pause between accept retries under exhaustion.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Binding a listen address failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {source}{hint}")]
+pub struct BindError {
+    /// The address.
+    pub addr: SocketAddr,
+    /// The OS error.
+    #[source]
+    pub source: io::Error,
+    hint: &'static str,
+}
+
+/// Create a listening socket with crossbar's options: SO_REUSEADDR, SO_REUSEPORT
+/// (so a new crossbar process can bind next to the old one during an upgrade),
+/// IPV6_V6ONLY for IPv6 addresses (so `[::]` and `0.0.0.0` can both be bound),
+/// IP_FREEBIND when asked (a keepalived VIP not yet on this host), and the backlog.
+pub fn bind(cfg: &ListenConfig) -> Result<TcpListener, BindError> {
+    let err = |source: io::Error| {
+        let hint = match source.kind() {
+            io::ErrorKind::AddrInUse => " (address already in use: another process listens there)",
+            io::ErrorKind::AddrNotAvailable => {
+                " (address not on this host: set `freebind: true` for a VIP)"
+            }
+            io::ErrorKind::PermissionDenied => " (ports below 1024 need CAP_NET_BIND_SERVICE)",
+            _ => "",
+        };
+        BindError {
+            addr: cfg.addr,
+            source,
+            hint,
+        }
+    };
+    let domain = Domain::for_address(cfg.addr);
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
+    socket.set_reuse_address(true).map_err(err)?;
+    #[cfg(all(unix, not(any(target_os = "solaris", target_os = "illumos"))))]
+    socket.set_reuse_port(true).map_err(err)?;
+    if cfg.addr.is_ipv6() {
+        socket.set_only_v6(true).map_err(err)?;
+    }
+    if cfg.freebind {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            if cfg.addr.is_ipv6() {
+                socket.set_freebind_ipv6(true).map_err(err)?;
+            } else {
+                socket.set_freebind(true).map_err(err)?;
+            }
+        }
+    }
+    socket.set_nonblocking(true).map_err(err)?;
+    socket.bind(&cfg.addr.into()).map_err(err)?;
+    let backlog = i32::try_from(cfg.backlog).unwrap_or(i32::MAX);
+    socket.listen(backlog).map_err(err)?;
+    TcpListener::from_std(socket.into()).map_err(err)
+}
+
+/// Is this accept error one that goes away when resources free up?
+fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
+}
+
+/// A connection accepted within the listener's limit.
+pub struct Accepted {
+    /// The client socket (TCP_NODELAY set).
+    pub stream: TcpStream,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Held for the connection's lifetime: the listener's max_connections slot.
+    pub permit: OwnedSemaphorePermit,
+}
+
+/// Accept until `stop` fires, handing each connection to `spawn`. Connections over
+/// `max_connections` are closed at once and counted. Never returns an error: accept
+/// failures are logged, counted and backed off.
+pub async fn accept_loop(
+    listener: TcpListener,
+    limit: Arc<Semaphore>,
+    metrics: ListenerMetrics,
+    stop: CancellationToken,
+    mut spawn: impl FnMut(Accepted),
+) {
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    loop {
+        let res = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match res {
+            Ok((stream, peer)) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    metrics.refused_full.inc();
+                    tracing::debug!(listener = %local, %peer, "refused: listener max_connections reached");
+                    drop(stream);
+                    continue;
+                };
+                metrics.accepts.inc();
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(%peer, "TCP_NODELAY failed: {e}");
+                }
+                spawn(Accepted {
+                    stream,
+                    peer,
+                    permit,
+                });
+            }
+            Err(e) if is_exhaustion(&e) => {
+                metrics.accept_errors.inc();
+                tracing::warn!(listener = %local, "accept failed: {e}; retrying in {backoff:?}");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+            }
+            Err(e) => {
+                // ECONNABORTED and friends: the client gave up before we accepted.
+                metrics.accept_errors.inc();
+                tracing::debug!(listener = %local, "accept failed: {e}");
+            }
+        }
+    }
+}

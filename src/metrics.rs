@@ -1,1 +1,387 @@
-//! metrics (in progress).
+//! Prometheus registry and the per-service / per-backend metric handles.
+//!
+//! Handles are resolved once when a service is built, so the data path only does
+//! atomic adds. Stick-table sizes are read from the tables at scrape time by a
+//! collector, so the data path never touches those gauges.
+use std::sync::{Arc, Mutex};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::stick::{KeyKind, StickTable};
+
+/// Buckets for connect time: loopback is ~100 us, a WAN master tens of ms, a timeout seconds.
+const CONNECT_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Buckets for connection lifetime: health probes last ms, agent runs minutes, idle keep-alives hours.
+const DURATION_BUCKETS: &[f64] = &[
+    0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0,
+];
+
+/// The label used for events that happen before a connection is routed to a service.
+pub const UNROUTED: &str = "unrouted";
+
+/// Every metric family crossbar exports, registered in one registry.
+pub struct Metrics {
+    /// The registry `/metrics` encodes.
+    pub registry: Registry,
+    stick_lookups: IntCounterVec,
+    stick_learned: IntCounterVec,
+    tls_handshakes: IntCounterVec,
+    connections: IntCounterVec,
+    active: IntGaugeVec,
+    backend_up: IntGaugeVec,
+    backend_state: IntGaugeVec,
+    bytes: IntCounterVec,
+    connect_errors: IntCounterVec,
+    hello_errors: IntCounterVec,
+    connect_duration: HistogramVec,
+    connection_duration: HistogramVec,
+    listener_accepts: IntCounterVec,
+    listener_refused: IntCounterVec,
+    routing_refused: IntCounterVec,
+    queue_timeouts: IntCounterVec,
+    config_reloads: IntCounterVec,
+    health_checks: IntCounterVec,
+    tables: Arc<TableCollector>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let v = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition"); // ok: static
+    r.register(Box::new(v.clone())).expect("unique metric name"); // ok: static
+    v
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let v = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition"); // ok: static
+    r.register(Box::new(v.clone())).expect("unique metric name"); // ok: static
+    v
+}
+
+fn histogram_vec(r: &Registry, name: &str, help: &str, labels: &[&str], b: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(b.to_vec());
+    let v = HistogramVec::new(opts, labels).expect("static metric definition"); // ok: static
+    r.register(Box::new(v.clone())).expect("unique metric name"); // ok: static
+    v
+}
+
+impl Metrics {
+    /// A registry with every family, process metrics and build info.
+    pub fn new() -> Arc<Metrics> {
+        let r = Registry::new();
+        #[cfg(target_os = "linux")]
+        {
+            let pc = prometheus::process_collector::ProcessCollector::for_self();
+            if let Err(e) = r.register(Box::new(pc)) {
+                tracing::warn!("process metrics unavailable: {e}");
+            }
+        }
+        let build = gauge_vec(&r, "crossbar_build_info", "Build information.", &["version"]);
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let tables = Arc::new(TableCollector::new());
+        r.register(Box::new(TableCollectorHandle(tables.clone())))
+            .expect("unique metric name"); // ok: static
+        Arc::new(Metrics {
+            stick_lookups: counter_vec(&r, "crossbar_stick_lookups_total",
+                "Stick table lookups by key kind and result.", &["service", "key", "result"]),
+            stick_learned: counter_vec(&r, "crossbar_stick_learned_total",
+                "Stick entries learned from the server's handshake, by key kind.", &["service", "key"]),
+            tls_handshakes: counter_vec(&r, "crossbar_tls_handshakes_total",
+                "TLS handshakes seen in the ServerHello, by kind (resumed|full).", &["service", "backend", "kind"]),
+            connections: counter_vec(&r, "crossbar_connections_total",
+                "Connections relayed to a backend.", &["service", "backend"]),
+            active: gauge_vec(&r, "crossbar_active_connections",
+                "Connections open to a backend now.", &["service", "backend"]),
+            backend_up: gauge_vec(&r, "crossbar_backend_up",
+                "1 if the backend takes new connections (healthy and enabled), else 0.", &["service", "backend"]),
+            backend_state: gauge_vec(&r, "crossbar_backend_state",
+                "1 for the backend's current state (up|down|drain|disabled|standby).", &["service", "backend", "state"]),
+            bytes: counter_vec(&r, "crossbar_bytes_total",
+                "Bytes relayed, by direction.", &["service", "backend", "direction"]),
+            connect_errors: counter_vec(&r, "crossbar_connect_errors_total",
+                "Failed connect attempts to a backend.", &["service", "backend"]),
+            hello_errors: counter_vec(&r, "crossbar_client_hello_errors_total",
+                "Connections closed because the ClientHello was unusable, by reason.", &["service", "reason"]),
+            connect_duration: histogram_vec(&r, "crossbar_connect_duration_seconds",
+                "Time to connect to a backend.", &["service", "backend"], CONNECT_BUCKETS),
+            connection_duration: histogram_vec(&r, "crossbar_connection_duration_seconds",
+                "Lifetime of relayed connections.", &["service"], DURATION_BUCKETS),
+            listener_accepts: counter_vec(&r, "crossbar_listener_accepts_total",
+                "Connections accepted by a listener.", &["listener"]),
+            listener_refused: counter_vec(&r, "crossbar_listener_refused_total",
+                "Connections a listener refused, by reason.", &["listener", "reason"]),
+            routing_refused: counter_vec(&r, "crossbar_route_refused_total",
+                "Connections refused by routing or because no backend could take them, by reason.",
+                &["service", "reason"]),
+            queue_timeouts: counter_vec(&r, "crossbar_queue_timeouts_total",
+                "Connections that waited for a backend slot and gave up.", &["service"]),
+            config_reloads: counter_vec(&r, "crossbar_config_reloads_total",
+                "Configuration reloads by result (ok|error).", &["result"]),
+            health_checks: counter_vec(&r, "crossbar_health_checks_total",
+                "Active health checks by result (ok|fail).", &["service", "backend", "result"]),
+            tables,
+            registry: r,
+        })
+    }
+
+    /// Encode every family in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!("encoding metrics failed: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Handles of one service.
+    pub fn service(&self, service: &str) -> ServiceMetrics {
+        let lookup = |key: &str, result: &str| {
+            self.stick_lookups.with_label_values(&[service, key, result])
+        };
+        let keys = ["session_id", "ticket", "psk", "source"];
+        ServiceMetrics {
+            name: service.to_string(),
+            lookup_hit: keys.map(|k| lookup(k, "hit")),
+            lookup_miss: keys.map(|k| lookup(k, "miss")),
+            learned: keys.map(|k| self.stick_learned.with_label_values(&[service, k])),
+            duration: self.connection_duration.with_label_values(&[service]),
+            queue_timeouts: self.queue_timeouts.with_label_values(&[service]),
+            hello_errors: self.hello_errors.clone(),
+            routing_refused: self.routing_refused.clone(),
+        }
+    }
+
+    /// Handles of one backend of a service.
+    pub fn backend(&self, service: &str, backend: &str) -> BackendMetrics {
+        let l = [service, backend];
+        BackendMetrics {
+            connections: self.connections.with_label_values(&l),
+            active: self.active.with_label_values(&l),
+            up: self.backend_up.with_label_values(&l),
+            bytes_c2s: self.bytes.with_label_values(&[service, backend, "client_to_server"]),
+            bytes_s2c: self.bytes.with_label_values(&[service, backend, "server_to_client"]),
+            connect_errors: self.connect_errors.with_label_values(&l),
+            connect_duration: self.connect_duration.with_label_values(&l),
+            resumed: self.tls_handshakes.with_label_values(&[service, backend, "resumed"]),
+            full: self.tls_handshakes.with_label_values(&[service, backend, "full"]),
+            check_ok: self.health_checks.with_label_values(&[service, backend, "ok"]),
+            check_fail: self.health_checks.with_label_values(&[service, backend, "fail"]),
+            state: self.backend_state.clone(),
+            service: service.to_string(),
+            backend: backend.to_string(),
+        }
+    }
+
+    /// Remove the label sets of a backend that left the configuration.
+    pub fn forget_backend(&self, service: &str, backend: &str) {
+        let l = [service, backend];
+        for v in [&self.connections, &self.connect_errors] {
+            let _ = v.remove_label_values(&l); // ok: absent labels are fine
+        }
+        let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
+        let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
+        for state in BACKEND_STATES {
+            let _ = self.backend_state.remove_label_values(&[service, backend, state]); // ok
+        }
+    }
+
+    /// Handles for a listener (label: its address).
+    pub fn listener(&self, listener: &str) -> ListenerMetrics {
+        ListenerMetrics {
+            accepts: self.listener_accepts.with_label_values(&[listener]),
+            refused_full: self.listener_refused.with_label_values(&[listener, "max_connections"]),
+            accept_errors: self.listener_refused.with_label_values(&[listener, "accept_error"]),
+        }
+    }
+
+    /// Count a configuration reload.
+    pub fn reload(&self, ok: bool) {
+        self.config_reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// Publish the set of stick tables read at scrape time.
+    pub fn set_tables(&self, tables: Vec<(String, Arc<StickTable>)>) {
+        *self.tables.tables.lock().unwrap_or_else(|e| e.into_inner()) = tables;
+    }
+}
+
+/// Every state a backend can be in, as the `state` label of `crossbar_backend_state`.
+pub const BACKEND_STATES: [&str; 5] = ["up", "down", "drain", "disabled", "standby"];
+
+/// Per-service handles.
+#[derive(Clone)]
+pub struct ServiceMetrics {
+    /// Service name (label value).
+    pub name: String,
+    lookup_hit: [IntCounter; 4],
+    lookup_miss: [IntCounter; 4],
+    learned: [IntCounter; 4],
+    /// Connection lifetime histogram.
+    pub duration: Histogram,
+    /// Queue give-ups.
+    pub queue_timeouts: IntCounter,
+    hello_errors: IntCounterVec,
+    routing_refused: IntCounterVec,
+}
+
+/// Index of a key kind in the 4-element label arrays (prefix lookups count as the
+/// key that carried the ticket: `ticket` or `psk`).
+fn key_index(kind: KeyKind) -> usize {
+    match kind {
+        KeyKind::SessionId => 0,
+        KeyKind::Ticket | KeyKind::TicketPrefix => 1,
+        KeyKind::Psk => 2,
+        KeyKind::Source => 3,
+    }
+}
+
+impl ServiceMetrics {
+    /// Count a stick lookup.
+    pub fn lookup(&self, kind: KeyKind, hit: bool) {
+        let i = key_index(kind);
+        if hit {
+            self.lookup_hit[i].inc()
+        } else {
+            self.lookup_miss[i].inc()
+        }
+    }
+
+    /// Count a learned entry.
+    pub fn learned(&self, kind: KeyKind) {
+        self.learned[key_index(kind)].inc()
+    }
+
+    /// Count a hello error (rare path: label lookup here is fine).
+    pub fn hello_error(&self, reason: &str) {
+        self.hello_errors.with_label_values(&[&self.name, reason]).inc()
+    }
+
+    /// Count a refusal after routing (no backend, queue full, ...).
+    pub fn refused(&self, reason: &str) {
+        self.routing_refused.with_label_values(&[&self.name, reason]).inc()
+    }
+}
+
+/// Count a hello error or routing refusal that happened before a service was known.
+pub fn unrouted(metrics: &Metrics, hello_reason: Option<&str>, refused: Option<&str>) {
+    if let Some(r) = hello_reason {
+        metrics.hello_errors.with_label_values(&[UNROUTED, r]).inc();
+    }
+    if let Some(r) = refused {
+        metrics.routing_refused.with_label_values(&[UNROUTED, r]).inc();
+    }
+}
+
+/// Per-backend handles.
+#[derive(Clone)]
+pub struct BackendMetrics {
+    /// Connections relayed.
+    pub connections: IntCounter,
+    /// Open connections.
+    pub active: IntGauge,
+    /// 1 when the backend takes new connections.
+    pub up: IntGauge,
+    /// Bytes client -> server.
+    pub bytes_c2s: IntCounter,
+    /// Bytes server -> client.
+    pub bytes_s2c: IntCounter,
+    /// Failed connects.
+    pub connect_errors: IntCounter,
+    /// Connect time.
+    pub connect_duration: Histogram,
+    /// Resumed handshakes.
+    pub resumed: IntCounter,
+    /// Full handshakes.
+    pub full: IntCounter,
+    /// Successful active checks.
+    pub check_ok: IntCounter,
+    /// Failed active checks.
+    pub check_fail: IntCounter,
+    state: IntGaugeVec,
+    service: String,
+    backend: String,
+}
+
+impl BackendMetrics {
+    /// Set the state gauge: 1 for `state`, 0 for the others.
+    pub fn set_state(&self, state: &str) {
+        for s in BACKEND_STATES {
+            self.state
+                .with_label_values(&[&self.service, &self.backend, s])
+                .set(i64::from(s == state));
+        }
+    }
+}
+
+/// Per-listener handles.
+#[derive(Clone)]
+pub struct ListenerMetrics {
+    /// Accepted connections.
+    pub accepts: IntCounter,
+    /// Refused: the listener's max_connections was reached.
+    pub refused_full: IntCounter,
+    /// accept(2) errors.
+    pub accept_errors: IntCounter,
+}
+
+/// Reads every stick table's stats when Prometheus scrapes.
+struct TableCollector {
+    tables: Mutex<Vec<(String, Arc<StickTable>)>>,
+    entries: IntGaugeVec,
+    capacity: IntGaugeVec,
+    expired: IntCounterVec,
+    evicted: IntCounterVec,
+}
+
+impl TableCollector {
+    fn new() -> TableCollector {
+        let g = |n: &str, h: &str| IntGaugeVec::new(Opts::new(n, h), &["service"]).expect("static"); // ok: static
+        let c = |n: &str, h: &str| IntCounterVec::new(Opts::new(n, h), &["service"]).expect("static"); // ok: static
+        TableCollector {
+            tables: Mutex::new(Vec::new()),
+            entries: g("crossbar_stick_table_entries", "Entries in the service's stick table."),
+            capacity: g("crossbar_stick_table_capacity", "Configured size of the stick table."),
+            expired: c("crossbar_stick_expired_total", "Stick entries removed because they expired."),
+            evicted: c("crossbar_stick_evicted_total", "Stick entries evicted to make room."),
+        }
+    }
+}
+
+struct TableCollectorHandle(Arc<TableCollector>);
+
+impl Collector for TableCollectorHandle {
+    fn desc(&self) -> Vec<&Desc> {
+        let t = &self.0;
+        [t.entries.desc(), t.capacity.desc(), t.expired.desc(), t.evicted.desc()].concat()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let t = &self.0;
+        let tables = t.tables.lock().unwrap_or_else(|e| e.into_inner());
+        t.entries.reset();
+        t.capacity.reset();
+        t.expired.reset();
+        t.evicted.reset();
+        for (name, table) in tables.iter() {
+            let s = table.stats();
+            t.entries.with_label_values(&[name]).set(s.entries as i64);
+            t.capacity.with_label_values(&[name]).set(s.capacity as i64);
+            t.expired.with_label_values(&[name]).inc_by(s.expired);
+            t.evicted.with_label_values(&[name]).inc_by(s.evicted);
+        }
+        [t.entries.collect(), t.capacity.collect(), t.expired.collect(), t.evicted.collect()].concat()
+    }
+}

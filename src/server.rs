@@ -1,1 +1,431 @@
-//! server (in progress).
+//! The running balancer: builds services from a config, owns the listeners, and
+//! handles reload and graceful shutdown.
+//!
+//! Connection tasks hold an `Arc<Service>` of the config they were accepted under,
+//! so a reload never changes an established connection; each listen address keeps
+//! its socket across reloads and only its routing table is swapped.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::balance::{AdminState, Pool, PoolParams};
+use crate::config::{Config, ListenConfig, Mode, OnNonTls, ServiceConfig, StickOn};
+use crate::listener::{self, BindError};
+use crate::metrics::{Metrics, ServiceMetrics};
+use crate::route::Routes;
+use crate::stick::{StickTable, TableParams};
+
+/// How often each stick table's sweeper removes expired entries.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// After the shutdown grace period, how long cut connections get to finish logging.
+const HARD_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// One service at runtime.
+pub struct Service {
+    /// Its configuration.
+    pub config: ServiceConfig,
+    /// Its backends.
+    pub pool: Pool,
+    /// Its stick table, if stickiness is on.
+    pub table: Option<Arc<StickTable>>,
+    /// Metric handles.
+    pub metrics: ServiceMetrics,
+    /// Cancels this service's background tasks (sweeper, health checks, saver).
+    pub tasks: CancellationToken,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("name", &self.config.name)
+            .finish()
+    }
+}
+
+impl Service {
+    /// The service name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Is this key kind enabled for the service?
+    pub fn sticks_on(&self, key: StickOn) -> bool {
+        self.config
+            .stick
+            .as_ref()
+            .is_some_and(|s| s.on.contains(&key))
+    }
+}
+
+/// Routing and hello policy of one listen address (swapped whole on reload).
+#[derive(Debug)]
+pub struct ListenerRoutes {
+    /// SNI -> service.
+    pub routes: Routes<Service>,
+    /// No inspection at all: a single `mode: tcp` service.
+    pub tcp: bool,
+    /// Longest client_hello timeout among the address's services.
+    pub hello_timeout: Duration,
+    /// Largest max_hello_size among the address's services.
+    pub max_hello: usize,
+    /// Where non-TLS bytes go when a service allows it: the single service, or the
+    /// default service of a shared address, if it has `on_non_tls: forward`.
+    pub non_tls: Option<Arc<Service>>,
+}
+
+/// State every connection task can reach.
+pub struct Shared {
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Fires when established connections must be cut (end of shutdown grace).
+    pub hard_stop: CancellationToken,
+    /// Limits repetitive error log lines.
+    pub log_limiter: crate::conn::LogLimiter,
+}
+
+struct ListenerHandle {
+    routes: Arc<ArcSwap<ListenerRoutes>>,
+    local: SocketAddr,
+    stop: CancellationToken,
+}
+
+struct State {
+    config: Config,
+    services: Vec<Arc<Service>>,
+    listeners: HashMap<SocketAddr, ListenerHandle>,
+}
+
+/// Starting or reloading failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A listen address could not be bound.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+}
+
+/// A running balancer.
+pub struct Server {
+    state: Mutex<State>,
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    accepting: CancellationToken,
+}
+
+impl Server {
+    /// Build every service, bind every listen address, start accepting.
+    pub async fn start(config: Config, metrics: Arc<Metrics>) -> Result<Arc<Server>, ServerError> {
+        let server = Arc::new(Server {
+            state: Mutex::new(State {
+                config: config.clone(),
+                services: Vec::new(),
+                listeners: HashMap::new(),
+            }),
+            shared: Arc::new(Shared {
+                metrics,
+                hard_stop: CancellationToken::new(),
+                log_limiter: crate::conn::LogLimiter::new(),
+            }),
+            tracker: TaskTracker::new(),
+            accepting: CancellationToken::new(),
+        });
+        server.apply(config)?;
+        Ok(server)
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> Config {
+        self.lock().config.clone()
+    }
+
+    /// The running services, in config order.
+    pub fn services(&self) -> Vec<Arc<Service>> {
+        self.lock().services.clone()
+    }
+
+    /// One running service.
+    pub fn service(&self, name: &str) -> Option<Arc<Service>> {
+        self.lock().services.iter().find(|s| s.name() == name).cloned()
+    }
+
+    /// The addresses a service's listeners are bound to (ports resolved when the
+    /// config said port 0).
+    pub fn local_addrs(&self, service: &str) -> Vec<SocketAddr> {
+        let st = self.lock();
+        let Some(svc) = st.services.iter().find(|s| s.name() == service) else {
+            return Vec::new();
+        };
+        svc.config
+            .listen
+            .iter()
+            .filter_map(|l| st.listeners.get(&l.addr).map(|h| h.local))
+            .collect()
+    }
+
+    /// Replace the running configuration: services rebuilt (stick tables and backend
+    /// state carried over by name), new addresses bound, removed ones closed, kept
+    /// ones re-routed. Established connections are untouched.
+    pub fn reload(&self, config: Config) -> Result<(), ServerError> {
+        self.apply(config)
+    }
+
+    fn apply(&self, config: Config) -> Result<(), ServerError> {
+        let mut st = self.lock();
+        let services: Vec<Arc<Service>> = config
+            .services
+            .iter()
+            .map(|sc| self.build_service(sc, st.services.iter().find(|s| s.name() == sc.name)))
+            .collect();
+
+        // Group listen addresses.
+        let mut by_addr: Vec<(ListenConfig, Vec<Arc<Service>>)> = Vec::new();
+        for svc in &services {
+            for l in &svc.config.listen {
+                match by_addr.iter_mut().find(|(a, _)| a.addr == l.addr) {
+                    Some((_, list)) => list.push(svc.clone()),
+                    None => by_addr.push((l.clone(), vec![svc.clone()])),
+                }
+            }
+        }
+
+        // Bind new addresses first: if one fails, nothing changes.
+        let mut fresh = HashMap::new();
+        for (l, _) in &by_addr {
+            if !st.listeners.contains_key(&l.addr) {
+                fresh.insert(l.addr, listener::bind(l)?);
+            }
+        }
+
+        let mut listeners = HashMap::new();
+        for (l, svcs) in by_addr {
+            let routes = Arc::new(build_routes(svcs));
+            if let Some(h) = st.listeners.remove(&l.addr) {
+                h.routes.store(routes);
+                listeners.insert(l.addr, h);
+                continue;
+            }
+            let Some(sock) = fresh.remove(&l.addr) else {
+                continue;
+            };
+            let local = sock.local_addr().unwrap_or(l.addr);
+            let handle = ListenerHandle {
+                routes: Arc::new(ArcSwap::new(routes)),
+                local,
+                stop: self.accepting.child_token(),
+            };
+            self.spawn_accept(sock, &l, &handle);
+            tracing::info!(listen = %local, "listening");
+            listeners.insert(l.addr, handle);
+        }
+        // Addresses no longer configured stop accepting; their connections continue.
+        for (addr, h) in st.listeners.drain() {
+            tracing::info!(listen = %addr, "listener removed");
+            h.stop.cancel();
+        }
+        // Old services' background tasks stop; removed backends leave the tables.
+        for old in &st.services {
+            old.tasks.cancel();
+            if let Some(new) = services.iter().find(|s| s.name() == old.name()) {
+                for b in &old.pool.backends {
+                    if new.pool.get(&b.name).is_none() {
+                        if let Some(t) = &new.table {
+                            t.remove_backend(&b.name);
+                        }
+                        self.shared.metrics.forget_backend(old.name(), &b.name);
+                    }
+                }
+            }
+        }
+        for svc in &services {
+            self.spawn_service_tasks(svc);
+        }
+        self.shared.metrics.set_tables(
+            services
+                .iter()
+                .filter_map(|s| s.table.clone().map(|t| (s.name().to_string(), t)))
+                .collect(),
+        );
+        st.listeners = listeners;
+        st.services = services;
+        st.config = config;
+        Ok(())
+    }
+
+    fn build_service(&self, sc: &ServiceConfig, old: Option<&Arc<Service>>) -> Arc<Service> {
+        let metrics = self.shared.metrics.clone();
+        let pool = Pool::new(
+            &sc.backends,
+            PoolParams {
+                algo: sc.balance,
+                slow_start: sc.slow_start,
+                queue_size: sc.queue_size,
+                queue_timeout: sc.timeouts.queue,
+            },
+            |b| metrics.backend(&sc.name, &b.name),
+            |b| {
+                let prev = old?.pool.get(&b.name)?;
+                (prev.config.address == b.address)
+                    .then(|| (prev.is_healthy(), carry_admin(prev.admin_state(), b.disabled), prev.is_standby()))
+            },
+        );
+        let table = sc.stick.as_ref().map(|st| {
+            let reuse = old.and_then(|o| o.table.clone()).filter(|_| {
+                old.and_then(|o| o.config.stick.as_ref())
+                    .is_some_and(|prev| prev.size == st.size && prev.expire == st.expire)
+            });
+            reuse.unwrap_or_else(|| {
+                let t = StickTable::new(table_params(st));
+                if let Some(path) = &st.state_file {
+                    match t.load(path) {
+                        Ok(n) => tracing::info!(service = %sc.name, entries = n, "stick table loaded from {}", path.display()),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => tracing::warn!(service = %sc.name, "ignoring stick table file {}: {e}", path.display()),
+                    }
+                }
+                Arc::new(t)
+            })
+        });
+        Arc::new(Service {
+            config: sc.clone(),
+            pool,
+            table,
+            metrics: self.shared.metrics.service(&sc.name),
+            tasks: CancellationToken::new(),
+        })
+    }
+
+    fn spawn_accept(&self, sock: tokio::net::TcpListener, l: &ListenConfig, h: &ListenerHandle) {
+        let routes = h.routes.clone();
+        let shared = self.shared.clone();
+        let tracker = self.tracker.clone();
+        let label: Arc<str> = Arc::from(h.local.to_string());
+        let metrics = shared.metrics.listener(&label);
+        let limit = Arc::new(Semaphore::new(l.max_connections));
+        let stop = h.stop.clone();
+        self.tracker.spawn(listener::accept_loop(sock, limit, metrics, stop, move |acc| {
+            let routes = routes.load_full();
+            tracker.spawn(crate::conn::handle(acc, routes, shared.clone(), label.clone()));
+        }));
+    }
+
+    fn spawn_service_tasks(&self, svc: &Arc<Service>) {
+        if let Some(table) = svc.table.clone() {
+            let stop = svc.tasks.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        _ = tick.tick() => { table.sweep(); }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Save every stick table that has a `state_file`.
+    pub fn save_tables(&self) {
+        for svc in self.services() {
+            let (Some(t), Some(path)) = (&svc.table, svc.config.stick.as_ref().and_then(|s| s.state_file.as_ref())) else {
+                continue;
+            };
+            match t.save(path) {
+                Ok(n) => tracing::info!(service = %svc.name(), entries = n, "stick table saved to {}", path.display()),
+                Err(e) => tracing::error!(service = %svc.name(), "saving stick table to {} failed: {e}", path.display()),
+            }
+        }
+    }
+
+    /// Stop accepting, let established connections finish for up to `grace`, then cut
+    /// the rest. Returns the number of connections that had to be cut.
+    pub async fn shutdown(&self, grace: Duration) -> usize {
+        self.accepting.cancel();
+        for s in self.services() {
+            s.tasks.cancel();
+        }
+        self.tracker.close();
+        let open_before = self.tracker.len();
+        if tokio::time::timeout(grace, self.tracker.wait()).await.is_ok() {
+            self.save_tables();
+            return 0;
+        }
+        let cut = self.tracker.len();
+        tracing::warn!(connections = cut, of = open_before, "shutdown grace period over; closing remaining connections");
+        self.shared.hard_stop.cancel();
+        if tokio::time::timeout(HARD_STOP_GRACE, self.tracker.wait()).await.is_err() {
+            tracing::error!("some connections did not close after the hard stop");
+        }
+        self.save_tables();
+        cut
+    }
+
+    /// Connections (and accept loops) still running.
+    pub fn open_tasks(&self) -> usize {
+        self.tracker.len()
+    }
+}
+
+/// The admin state to keep for a backend across a reload: the operator's drain or
+/// disable sticks unless the config now says `disabled`.
+fn carry_admin(prev: AdminState, disabled_now: bool) -> AdminState {
+    if disabled_now {
+        AdminState::Disabled
+    } else {
+        prev
+    }
+}
+
+fn table_params(st: &crate::config::StickConfig) -> TableParams {
+    TableParams {
+        size: st.size,
+        expire: st.expire,
+        source_expire: if st.on.contains(&StickOn::Source) {
+            st.source_expire
+        } else {
+            crate::conn::RESUME_HINT_TTL.min(st.expire)
+        },
+    }
+}
+
+fn build_routes(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
+    let hello_timeout = svcs.iter().map(|s| s.config.timeouts.client_hello).max().unwrap_or_default();
+    let max_hello = svcs.iter().map(|s| s.config.max_hello_size).max().unwrap_or_default();
+    if let [only] = svcs.as_slice() {
+        return ListenerRoutes {
+            tcp: only.config.mode == Mode::Tcp,
+            non_tls: (only.config.on_non_tls == OnNonTls::Forward).then(|| only.clone()),
+            routes: Routes::single(only.clone()),
+            hello_timeout,
+            max_hello,
+        };
+    }
+    let non_tls = svcs
+        .iter()
+        .find(|s| s.config.default && s.config.on_non_tls == OnNonTls::Forward)
+        .cloned();
+    ListenerRoutes {
+        routes: Routes::shared(
+            svcs.into_iter()
+                .map(|s| (s.config.server_names.clone(), s.config.default, s))
+                .collect(),
+        ),
+        tcp: false,
+        hello_timeout,
+        max_hello,
+        non_tls,
+    }
+}

@@ -344,3 +344,14 @@ impl Config {
         self.services.iter().find(|s| s.name == name)
     }
 }
+
+impl Config {
+    /// One-screen summary for `crossbar check` (placeholder until the config work lands).
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        for svc in &self.services {
+            s.push_str(&format!("service {}: {} backend(s)\n", svc.name, svc.backends.len()));
+        }
+        s
+    }
+}
