@@ -530,3 +530,157 @@ impl Drop for QueueSlot<'_> {
         self.pool.queued.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BackendAddress, HealthConfig};
+    use crate::metrics::Metrics;
+
+    fn backend(name: &str, weight: u32, backup: bool, max: Option<u32>) -> BackendConfig {
+        BackendConfig {
+            name: name.into(),
+            address: BackendAddress {
+                host: "127.0.0.1".into(),
+                port: 1,
+            },
+            weight,
+            backup,
+            max_connections: max,
+            proxy_protocol: None,
+            health: HealthConfig::default(),
+            disabled: false,
+        }
+    }
+
+    fn pool(algo: Balance, backends: &[BackendConfig]) -> Pool {
+        let m = Metrics::new();
+        Pool::new(
+            backends,
+            PoolParams {
+                algo,
+                slow_start: Duration::ZERO,
+                queue_size: 4,
+                queue_timeout: Duration::from_millis(200),
+            },
+            |b| m.backend("t", &b.name),
+            |_| None,
+        )
+    }
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + n))
+    }
+
+    async fn names(p: &Pool, n: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let l = p.acquire(ip(1), &[]).await.unwrap();
+            out.push(l.backend().name.to_string());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn round_robin_is_even_and_smooth() {
+        let p = pool(Balance::RoundRobin, &[backend("a", 1, false, None), backend("b", 1, false, None), backend("c", 1, false, None)]);
+        let got = names(&p, 9).await;
+        for n in ["a", "b", "c"] {
+            assert_eq!(got.iter().filter(|x| *x == n).count(), 3, "{got:?}");
+        }
+        let p = pool(Balance::RoundRobin, &[backend("a", 5, false, None), backend("b", 1, false, None), backend("c", 1, false, None)]);
+        let got = names(&p, 7).await;
+        assert_eq!(got.iter().filter(|x| *x == "a").count(), 5, "{got:?}");
+        // Smooth: never three a's in a row within one cycle of 7.
+        assert!(!got.windows(3).any(|w| w.iter().all(|x| x == "a")), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn least_conn_prefers_the_idle_backend() {
+        let p = pool(Balance::LeastConn, &[backend("a", 1, false, None), backend("b", 1, false, None)]);
+        let first = p.acquire(ip(1), &[]).await.unwrap();
+        let second = p.acquire(ip(1), &[]).await.unwrap();
+        assert_ne!(first.backend().name, second.backend().name);
+        let busy = first.backend().name.clone();
+        drop(second);
+        for _ in 0..5 {
+            let l = p.acquire(ip(1), &[]).await.unwrap();
+            assert_ne!(l.backend().name, busy);
+        }
+        drop(first);
+    }
+
+    #[tokio::test]
+    async fn first_and_backup_order() {
+        let p = pool(Balance::First, &[backend("ca1", 1, false, None), backend("ca2", 1, true, None), backend("ca3", 1, true, None)]);
+        assert_eq!(names(&p, 3).await, ["ca1", "ca1", "ca1"]);
+        p.backends[0].set_healthy(false);
+        assert_eq!(names(&p, 2).await, ["ca2", "ca2"]);
+        p.backends[1].set_admin_state(AdminState::Drain);
+        assert_eq!(names(&p, 1).await, ["ca3"]);
+        p.backends[0].set_healthy(true);
+        assert_eq!(names(&p, 1).await, ["ca1"]);
+    }
+
+    #[tokio::test]
+    async fn backups_wait_while_a_primary_is_merely_tried() {
+        let p = pool(Balance::RoundRobin, &[backend("a", 1, false, None), backend("bk", 1, true, None)]);
+        // Primary "a" failed a connect (tried) but is still up: no backup, no backend.
+        assert_eq!(p.acquire(ip(1), &[0]).await.unwrap_err(), PickError::NoBackendAvailable);
+    }
+
+    #[tokio::test]
+    async fn source_is_stable_and_moves_about_one_nth_when_adding() {
+        let three = [backend("a", 1, false, None), backend("b", 1, false, None), backend("c", 1, false, None)];
+        let four = [three[0].clone(), three[1].clone(), three[2].clone(), backend("d", 1, false, None)];
+        let (p3, p4) = (pool(Balance::Source, &three), pool(Balance::Source, &four));
+        let clients = 2000;
+        let mut moved = 0;
+        for c in 0..clients {
+            let a = p3.acquire(ip(c), &[]).await.unwrap().backend().name.clone();
+            let again = p3.acquire(ip(c), &[]).await.unwrap().backend().name.clone();
+            assert_eq!(a, again);
+            let b = p4.acquire(ip(c), &[]).await.unwrap().backend().name.clone();
+            if a != b {
+                assert_eq!(&*b, "d", "a client moved between old backends");
+                moved += 1;
+            }
+        }
+        let share = f64::from(moved) / f64::from(clients);
+        assert!((0.18..0.32).contains(&share), "moved {share}");
+    }
+
+    #[tokio::test]
+    async fn max_connections_queue_and_timeout() {
+        let p = pool(Balance::RoundRobin, &[backend("a", 1, false, Some(1))]);
+        let held = p.acquire(ip(1), &[]).await.unwrap();
+        assert_eq!(p.acquire(ip(1), &[]).await.unwrap_err(), PickError::QueueTimeout);
+        // A queued connection gets the slot as soon as it is released.
+        let p = Arc::new(p);
+        let waiter = tokio::spawn({
+            let p = p.clone();
+            async move { p.acquire(ip(1), &[]).await.map(|l| l.backend().name.to_string()) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(p.queued(), 1);
+        drop(held);
+        assert_eq!(waiter.await.unwrap().unwrap(), "a");
+    }
+
+    #[tokio::test]
+    async fn queue_is_bounded() {
+        let p = Arc::new(pool(Balance::RoundRobin, &[backend("a", 1, false, Some(1))]));
+        let _held = p.acquire(ip(1), &[]).await.unwrap();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let p = p.clone();
+                tokio::spawn(async move { p.acquire(ip(1), &[]).await.map(|_| ()) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(p.acquire(ip(1), &[]).await.unwrap_err(), PickError::QueueFull);
+        for w in waiters {
+            assert_eq!(w.await.unwrap().unwrap_err(), PickError::QueueTimeout);
+        }
+    }
+}
