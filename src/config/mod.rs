@@ -5,8 +5,14 @@
 //! its `file:line:col` and YAML path. Nothing downstream holds an "Option that must
 //! be Some": defaults are merged here.
 
+mod address;
 mod error;
+mod health;
+mod position;
 mod raw;
+mod shared;
+mod stick_rules;
+mod summary;
 mod validate;
 
 use std::net::SocketAddr;

@@ -1,13 +1,571 @@
-//! Raw model -> validated `Config` (stub until the config work lands).
+//! Raw model -> validated `Config`: merge defaults, check every rule, collect every problem.
+//!
+//! serde_yaml stops at the first syntax, type or unknown-key error; that one is
+//! reported with serde_yaml's own location. Once the file deserialises, the
+//! [`Checker`] walks it completely, pushing a [`Diagnostic`] (YAML path and
+//! line:col from the [`PositionIndex`]) for each problem and carrying on with a
+//! fallback value, so one run of `crossbar check` lists everything.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use super::address::{parse_backend_address, parse_socket_addr, server_name, valid_name};
+use super::health::Health;
+use super::position::{Pos, PositionIndex};
+use super::raw::*;
 use super::*;
 
-pub(super) fn parse(_text: &str, path: &Path) -> Result<Config, ConfigError> {
-    Err(ConfigError {
+/// Largest `workers`; more threads than this is a typo, not a machine.
+const MAX_WORKERS: u64 = 1024;
+/// Smallest `max_hello_size`: below this even a minimal ClientHello with SNI may not fit.
+const MIN_HELLO: u64 = 512;
+/// Largest `max_hello_size`: a TLS handshake message is capped at 2^24, but no real hello nears 1 MiB.
+const MAX_HELLO: u64 = 1024 * 1024;
+/// Largest `retries`: past this a down pool only multiplies the wait.
+const MAX_RETRIES: u64 = 10;
+/// Largest `queue_size`; every queued connection holds a socket.
+const MAX_QUEUE: u64 = 1_000_000;
+/// Largest backlog: listen(2) takes an int.
+const MAX_BACKLOG: u64 = i32::MAX as u64;
+/// Largest backend weight; weights are relative, 256 levels are plenty.
+const MAX_WEIGHT: u64 = 256;
+
+/// Parse and validate a configuration file's text.
+pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+    let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| serde_error(&e, file))?;
+    let mut checker = Checker {
+        file,
+        index: PositionIndex::build(text),
+        diagnostics: Vec::new(),
+    };
+    let config = checker.config(&raw);
+    let mut diagnostics = checker.diagnostics;
+    if diagnostics.is_empty() {
+        return Ok(config);
+    }
+    // Sorted by position; anything without one goes last. The sort is stable.
+    diagnostics.sort_by_key(|d| d.position.unwrap_or((usize::MAX, usize::MAX)));
+    diagnostics.dedup();
+    Err(ConfigError { diagnostics })
+}
+
+/// One serde_yaml error as a diagnostic: its location, the path it names, a plain message.
+fn serde_error(e: &serde_yaml::Error, file: &Path) -> ConfigError {
+    let position = e.location().map(|l| (l.line(), l.column()));
+    let mut message = e.to_string();
+    if let Some((l, c)) = position {
+        message = message.replacen(&format!(" at line {l} column {c}"), "", 1);
+    }
+    // serde_yaml writes "services.x.backends[0]: unknown field ..."; keep the path apart.
+    let mut path = None;
+    if let Some((p, rest)) = message.split_once(": ") {
+        if !p.is_empty() && !p.contains([' ', '`']) {
+            path = Some(p.to_string());
+            message = rest.to_string();
+        }
+    }
+    if message == "EOF while parsing a value" {
+        message = "the file is empty: it needs at least `services:`".into();
+    }
+    ConfigError {
         diagnostics: vec![Diagnostic {
-            file: path.to_path_buf(),
-            position: None,
-            path: None,
-            message: "config parsing not implemented yet".into(),
+            file: file.to_path_buf(),
+            position,
+            path,
+            message,
         }],
-    })
+    }
+}
+
+/// Service-level settings that `defaults:` provides and a service may override.
+#[derive(Debug, Clone)]
+struct Tuning {
+    timeouts: Timeouts,
+    health: Health,
+    max_hello_size: usize,
+    retries: u32,
+    queue_size: usize,
+    slow_start: Duration,
+}
+
+/// Listener settings from `defaults:`.
+#[derive(Debug, Clone, Copy)]
+struct ListenDefaults {
+    backlog: u32,
+    max_connections: usize,
+}
+
+pub(super) fn join(parent: &str, key: &str) -> String {
+    format!("{parent}.{key}")
+}
+
+/// Walks the raw model, builds the runtime model and collects diagnostics.
+pub(super) struct Checker<'a> {
+    file: &'a Path,
+    pub(super) index: PositionIndex,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl Checker<'_> {
+    /// Report a problem at `path` (positioned at it or its nearest written ancestor).
+    pub(super) fn err(&mut self, path: &str, message: impl Into<String>) {
+        let position = self.index.at(path);
+        self.err_at(path, position, message);
+    }
+
+    pub(super) fn err_at(&mut self, path: &str, position: Option<Pos>, message: impl Into<String>) {
+        self.diagnostics.push(Diagnostic {
+            file: self.file.to_path_buf(),
+            position,
+            path: Some(path.to_string()),
+            message: message.into(),
+        });
+    }
+
+    /// An integer in `lo..=hi`, or `default` when absent (and after an error).
+    pub(super) fn int(
+        &mut self,
+        v: Option<u64>,
+        path: &str,
+        default: u64,
+        lo: u64,
+        hi: u64,
+    ) -> u64 {
+        let Some(v) = v else { return default };
+        if (lo..=hi).contains(&v) {
+            return v;
+        }
+        let range = if hi == u64::MAX {
+            format!("at least {lo}")
+        } else if lo == 0 {
+            format!("at most {hi}")
+        } else {
+            format!("between {lo} and {hi}")
+        };
+        self.err(path, format!("must be {range}, not {v}"));
+        default
+    }
+
+    /// A humantime duration, or `default` when absent (and after an error).
+    pub(super) fn duration(
+        &mut self,
+        v: Option<&RawDuration>,
+        path: &str,
+        default: Duration,
+        nonzero: bool,
+    ) -> Duration {
+        let text = match v {
+            None => return default,
+            Some(RawDuration::Bare(n)) => {
+                let hint = format!("write {n}s, not {n} (units: ms, s, m, h, d)");
+                self.err(path, format!("a duration needs a unit: {hint}"));
+                return default;
+            }
+            Some(RawDuration::Text(t)) => t,
+        };
+        match humantime::parse_duration(text.trim()) {
+            Ok(d) if nonzero && d.is_zero() => {
+                self.err(path, "must be more than zero");
+                default
+            }
+            Ok(d) => d,
+            Err(e) => {
+                let msg = format!("`{text}` is not a duration ({e}); write e.g. 5s, 30m or 1h 30m");
+                self.err(path, msg);
+                default
+            }
+        }
+    }
+
+    fn config(&mut self, raw: &RawConfig) -> Config {
+        let workers = raw
+            .workers
+            .map(|w| self.int(Some(w), "workers", 1, 1, MAX_WORKERS) as usize);
+        let admin = self.admin(raw.admin.as_ref());
+        let empty = RawDefaults::default();
+        let defaults = raw.defaults.as_ref().unwrap_or(&empty);
+        let (tuning, listen) = self.defaults(defaults);
+        let services = self.services(raw.services.as_ref(), &tuning, listen);
+        Config {
+            source: self.file.to_path_buf(),
+            workers,
+            admin,
+            services,
+        }
+    }
+
+    fn admin(&mut self, raw: Option<&Nullable<RawAdmin>>) -> Option<AdminConfig> {
+        let fallback = SocketAddr::from(([127, 0, 0, 1], 9140));
+        let default_listen = DEFAULT_ADMIN_LISTEN.parse().unwrap_or(fallback);
+        let admin = match raw {
+            None => {
+                return Some(AdminConfig {
+                    listen: default_listen,
+                    token_file: None,
+                })
+            }
+            Some(Nullable::Null) => {
+                let msg = "`admin:` is empty: remove it for the default \
+                           (127.0.0.1:9140), or write `admin: { enabled: false }` to disable";
+                self.err("admin", msg);
+                return None;
+            }
+            Some(Nullable::Value(a)) => a,
+        };
+        if admin.enabled == Some(false) {
+            return None;
+        }
+        let listen = match &admin.listen {
+            None => default_listen,
+            Some(s) => self
+                .socket_addr(s, "admin.listen")
+                .unwrap_or(default_listen),
+        };
+        Some(AdminConfig {
+            listen,
+            token_file: admin.token_file.clone(),
+        })
+    }
+
+    /// An IP socket address for binding, with a hint for the usual mistakes.
+    fn socket_addr(&mut self, s: &str, path: &str) -> Option<SocketAddr> {
+        match parse_socket_addr(s) {
+            Ok(a) => Some(a),
+            Err(why) => {
+                self.err(path, format!("`{s}` is not a listen address: {why}"));
+                None
+            }
+        }
+    }
+
+    fn defaults(&mut self, raw: &RawDefaults) -> (Tuning, ListenDefaults) {
+        let builtin = Tuning {
+            timeouts: Timeouts::default(),
+            health: Health::default(),
+            max_hello_size: DEFAULT_MAX_HELLO,
+            retries: DEFAULT_RETRIES,
+            queue_size: DEFAULT_QUEUE_SIZE,
+            slow_start: Duration::ZERO,
+        };
+        let layer = TuningLayer {
+            timeouts: raw.timeouts.as_ref(),
+            health: raw.health.as_ref(),
+            max_hello_size: raw.max_hello_size,
+            retries: raw.retries,
+            queue_size: raw.queue_size,
+            slow_start: raw.slow_start.as_ref(),
+        };
+        let tuning = self.tuning(&builtin, &layer, "defaults");
+        let backlog = self.int(
+            raw.backlog,
+            "defaults.backlog",
+            DEFAULT_BACKLOG.into(),
+            1,
+            MAX_BACKLOG,
+        );
+        let max_conn = self.int(
+            raw.max_connections,
+            "defaults.max_connections",
+            DEFAULT_LISTENER_MAX_CONNECTIONS as u64,
+            1,
+            u64::MAX,
+        );
+        let listen = ListenDefaults {
+            backlog: backlog as u32,
+            max_connections: usize::try_from(max_conn).unwrap_or(usize::MAX),
+        };
+        (tuning, listen)
+    }
+
+    /// Apply one level (defaults or a service) of tuning over `base`.
+    fn tuning(&mut self, base: &Tuning, raw: &TuningLayer<'_>, p: &str) -> Tuning {
+        let hello = self.int(
+            raw.max_hello_size,
+            &join(p, "max_hello_size"),
+            base.max_hello_size as u64,
+            MIN_HELLO,
+            MAX_HELLO,
+        );
+        let retries = self.int(
+            raw.retries,
+            &join(p, "retries"),
+            base.retries.into(),
+            0,
+            MAX_RETRIES,
+        );
+        let queue = self.int(
+            raw.queue_size,
+            &join(p, "queue_size"),
+            base.queue_size as u64,
+            0,
+            MAX_QUEUE,
+        );
+        let slow_start = self.duration(
+            raw.slow_start,
+            &join(p, "slow_start"),
+            base.slow_start,
+            false,
+        );
+        Tuning {
+            timeouts: self.timeouts(&base.timeouts, raw.timeouts, &join(p, "timeouts")),
+            health: self.health(&base.health, raw.health, &join(p, "health")),
+            max_hello_size: hello as usize,
+            retries: retries as u32,
+            queue_size: queue as usize,
+            slow_start,
+        }
+    }
+
+    fn timeouts(&mut self, base: &Timeouts, raw: Option<&RawTimeouts>, p: &str) -> Timeouts {
+        let Some(raw) = raw else { return *base };
+        let mut d = |v: &Option<RawDuration>, key: &str, base: Duration| {
+            self.duration(v.as_ref(), &join(p, key), base, true)
+        };
+        Timeouts {
+            client_hello: d(&raw.client_hello, "client_hello", base.client_hello),
+            connect: d(&raw.connect, "connect", base.connect),
+            idle: d(&raw.idle, "idle", base.idle),
+            queue: d(&raw.queue, "queue", base.queue),
+            shutdown: d(&raw.shutdown, "shutdown", base.shutdown),
+        }
+    }
+
+    fn services(
+        &mut self,
+        raw: Option<&RawServices>,
+        tuning: &Tuning,
+        listen: ListenDefaults,
+    ) -> Vec<ServiceConfig> {
+        let list = raw.map(|s| s.0.as_slice()).unwrap_or_default();
+        if list.is_empty() {
+            self.err(
+                "services",
+                "no services: define at least one under `services:`",
+            );
+            return Vec::new();
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut services = Vec::new();
+        for (name, svc) in list {
+            let n = seen.entry(name).or_default();
+            let p = format!("services.{name}");
+            if *n > 0 {
+                let pos = self.index.key_at(&p, *n);
+                self.err_at(&p, pos, format!("service `{name}` is defined twice"));
+            }
+            *n += 1;
+            services.push(self.service(name, svc, tuning, listen));
+        }
+        self.shared_listeners(&services);
+        services
+    }
+
+    fn service(
+        &mut self,
+        name: &str,
+        raw: &RawService,
+        base: &Tuning,
+        listen: ListenDefaults,
+    ) -> ServiceConfig {
+        let p = format!("services.{name}");
+        if !valid_name(name) {
+            let why = "may only use letters, digits, `_` and `-` (it names metrics and URLs)";
+            self.err(&p, format!("service name `{name}` {why}"));
+        }
+        let mode = match raw.mode {
+            Some(RawMode::Tcp) => Mode::Tcp,
+            _ => Mode::Tls,
+        };
+        if mode == Mode::Tcp && raw.on_non_tls.is_some() {
+            self.err(&join(&p, "on_non_tls"), "applies only to `mode: tls`");
+        }
+        let balance = match raw.balance {
+            None | Some(RawBalance::RoundRobin) => Balance::RoundRobin,
+            Some(RawBalance::LeastConn) => Balance::LeastConn,
+            Some(RawBalance::First) => Balance::First,
+            Some(RawBalance::Source) => Balance::Source,
+        };
+        let failback = match (raw.failback, balance) {
+            (Some(RawFailback::Manual), _) | (None, Balance::First) => Failback::Manual,
+            _ => Failback::Auto,
+        };
+        let layer = TuningLayer {
+            timeouts: raw.timeouts.as_ref(),
+            health: raw.health.as_ref(),
+            max_hello_size: raw.max_hello_size,
+            retries: raw.retries,
+            queue_size: raw.queue_size,
+            slow_start: raw.slow_start.as_ref(),
+        };
+        let tuning = self.tuning(base, &layer, &p);
+        ServiceConfig {
+            name: name.to_string(),
+            listen: self.listeners(&raw.listen, listen, &p),
+            mode,
+            on_non_tls: match raw.on_non_tls {
+                Some(RawOnNonTls::Forward) => OnNonTls::Forward,
+                _ => OnNonTls::Reject,
+            },
+            server_names: self.server_names(raw.server_names.as_deref(), mode, &p),
+            default: raw.default.unwrap_or(false),
+            balance,
+            failback,
+            stick: self.stick(raw.stick.as_ref(), mode, &join(&p, "stick")),
+            backends: self.backends(&raw.backends, &tuning.health, &p),
+            timeouts: tuning.timeouts,
+            max_hello_size: tuning.max_hello_size,
+            retries: tuning.retries,
+            queue_size: tuning.queue_size,
+            slow_start: tuning.slow_start,
+        }
+    }
+
+    fn listeners(&mut self, raw: &[RawListen], d: ListenDefaults, p: &str) -> Vec<ListenConfig> {
+        let lp = join(p, "listen");
+        if raw.is_empty() {
+            self.err(
+                &lp,
+                "no listen address: give at least one, e.g. \"10.0.0.10:8140\"",
+            );
+        }
+        let mut out: Vec<ListenConfig> = Vec::new();
+        for (i, item) in raw.iter().enumerate() {
+            let ip = format!("{lp}[{i}]");
+            let (addr, path) = match item {
+                RawListen::Short(a) => (a, ip.clone()),
+                RawListen::Long(l) => (&l.address, join(&ip, "address")),
+            };
+            let Some(addr) = self.socket_addr(addr, &path) else {
+                continue;
+            };
+            let mut lc = ListenConfig {
+                addr,
+                backlog: d.backlog,
+                freebind: false,
+                max_connections: d.max_connections,
+            };
+            if let RawListen::Long(l) = item {
+                lc.backlog = self.int(
+                    l.backlog,
+                    &join(&ip, "backlog"),
+                    d.backlog.into(),
+                    1,
+                    MAX_BACKLOG,
+                ) as u32;
+                let max = self.int(
+                    l.max_connections,
+                    &join(&ip, "max_connections"),
+                    lc.max_connections as u64,
+                    1,
+                    u64::MAX,
+                );
+                lc.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
+                lc.freebind = l.freebind.unwrap_or(false);
+            }
+            // Port 0 asks the kernel for a free port: each is a listener of its own.
+            if addr.port() != 0 && out.iter().any(|o| o.addr == addr) {
+                self.err(&path, format!("{addr} is listed twice in this service"));
+                continue;
+            }
+            out.push(lc);
+        }
+        out
+    }
+
+    fn server_names(&mut self, raw: Option<&[String]>, mode: Mode, p: &str) -> Vec<String> {
+        let Some(raw) = raw else { return Vec::new() };
+        let sp = join(p, "server_names");
+        if mode == Mode::Tcp && !raw.is_empty() {
+            self.err(
+                &sp,
+                "`mode: tcp` reads no ClientHello, so it cannot route by server name",
+            );
+        }
+        let mut out: Vec<String> = Vec::new();
+        for (i, name) in raw.iter().enumerate() {
+            let ip = format!("{sp}[{i}]");
+            match server_name(name) {
+                Ok(n) if out.contains(&n) => self.err(&ip, format!("`{n}` is listed twice")),
+                Ok(n) => out.push(n),
+                Err(why) => self.err(&ip, why),
+            }
+        }
+        out
+    }
+
+    fn backends(&mut self, raw: &[RawBackend], health: &Health, p: &str) -> Vec<BackendConfig> {
+        let bp = join(p, "backends");
+        if raw.is_empty() {
+            self.err(&bp, "no backends: a service needs at least one");
+            return Vec::new();
+        }
+        if raw.iter().all(|b| b.backup == Some(true)) {
+            self.err(
+                &bp,
+                "every backend is `backup: true`: at least one must be a primary",
+            );
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut out = Vec::new();
+        for (i, b) in raw.iter().enumerate() {
+            let ip = format!("{bp}[{i}]");
+            if let Some(first) = names.insert(&b.name, i) {
+                let msg = format!(
+                    "backend name `{}` is already used by backends[{first}]",
+                    b.name
+                );
+                self.err(&join(&ip, "name"), msg);
+                names.insert(&b.name, first);
+            }
+            if let Some(bc) = self.backend(b, health, &ip) {
+                out.push(bc);
+            }
+        }
+        out
+    }
+
+    fn backend(&mut self, raw: &RawBackend, health: &Health, p: &str) -> Option<BackendConfig> {
+        if !valid_name(&raw.name) {
+            let why = "may only use letters, digits, `_` and `-` (it names metrics and URLs)";
+            self.err(
+                &join(p, "name"),
+                format!("backend name `{}` {why}", raw.name),
+            );
+        }
+        let weight = self.int(raw.weight, &join(p, "weight"), 1, 1, MAX_WEIGHT) as u32;
+        let max = raw
+            .max_connections
+            .map(|m| self.int(Some(m), &join(p, "max_connections"), 1, 1, u32::MAX.into()) as u32);
+        let health = self.health(health, raw.health.as_ref(), &join(p, "health"));
+        let address = match parse_backend_address(&raw.address) {
+            Ok(a) => a,
+            Err(why) => {
+                let msg = format!("`{}` is not a backend address: {why}", raw.address);
+                self.err(&join(p, "address"), msg);
+                return None;
+            }
+        };
+        Some(BackendConfig {
+            name: raw.name.clone(),
+            address,
+            weight,
+            backup: raw.backup.unwrap_or(false),
+            max_connections: max,
+            proxy_protocol: raw.proxy_protocol.map(|v| match v {
+                RawProxyProtocol::V1 => ProxyProtocol::V1,
+                RawProxyProtocol::V2 => ProxyProtocol::V2,
+            }),
+            health: health.to_config(),
+            disabled: raw.disabled.unwrap_or(false),
+        })
+    }
+}
+
+/// The settings one level (defaults or a service) may write.
+struct TuningLayer<'a> {
+    timeouts: Option<&'a RawTimeouts>,
+    health: Option<&'a RawHealth>,
+    max_hello_size: Option<u64>,
+    retries: Option<u64>,
+    queue_size: Option<u64>,
+    slow_start: Option<&'a RawDuration>,
 }

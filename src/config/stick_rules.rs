@@ -1,0 +1,144 @@
+//! `stick:` blocks: defaults and limits of a service's stick table.
+use super::raw::{Nullable, RawStick, RawStickOn};
+use super::validate::{join, Checker};
+use super::*;
+
+/// Default stick table size: one entry per agent of a large Puppet site.
+const DEFAULT_STICK_SIZE: u64 = 100_000;
+/// Largest stick table size; beyond it a typo would reserve gigabytes.
+const MAX_STICK_SIZE: u64 = 100_000_000;
+/// Default stick expiry: Puppet agents run every 30 minutes.
+const DEFAULT_STICK_EXPIRE: Duration = Duration::from_secs(30 * 60);
+/// Default state file save interval.
+const DEFAULT_SAVE_INTERVAL: Duration = Duration::from_secs(60);
+/// Default source prefixes: one client per IPv4 address, one site per IPv6 /64.
+const DEFAULT_PREFIX_V4: u64 = 32;
+const DEFAULT_PREFIX_V6: u64 = 64;
+/// Default ticket key-name prefix: OpenSSL's 16-byte key name.
+const DEFAULT_TICKET_PREFIX: u64 = 16;
+/// Largest ticket prefix worth comparing.
+const MAX_TICKET_PREFIX: u64 = 64;
+
+impl Checker<'_> {
+    pub(super) fn stick(
+        &mut self,
+        raw: Option<&Nullable<RawStick>>,
+        mode: Mode,
+        p: &str,
+    ) -> Option<StickConfig> {
+        let raw = match raw? {
+            Nullable::Null => {
+                self.err(
+                    p,
+                    "`stick:` is empty: write `stick: {}` for the defaults, or remove it",
+                );
+                return None;
+            }
+            Nullable::Value(s) => s,
+        };
+        let size = self.int(
+            raw.size,
+            &join(p, "size"),
+            DEFAULT_STICK_SIZE,
+            1,
+            MAX_STICK_SIZE,
+        );
+        let expire = self.duration(
+            raw.expire.as_ref(),
+            &join(p, "expire"),
+            DEFAULT_STICK_EXPIRE,
+            true,
+        );
+        let source_expire = self.duration(
+            raw.source_expire.as_ref(),
+            &join(p, "source_expire"),
+            expire,
+            true,
+        );
+        let v4 = self.int(
+            raw.source_prefix_v4,
+            &join(p, "source_prefix_v4"),
+            DEFAULT_PREFIX_V4,
+            0,
+            32,
+        );
+        let v6 = self.int(
+            raw.source_prefix_v6,
+            &join(p, "source_prefix_v6"),
+            DEFAULT_PREFIX_V6,
+            0,
+            128,
+        );
+        let ticket = self.int(
+            raw.ticket_prefix,
+            &join(p, "ticket_prefix"),
+            DEFAULT_TICKET_PREFIX,
+            0,
+            MAX_TICKET_PREFIX,
+        );
+        let save = self.duration(
+            raw.save_interval.as_ref(),
+            &join(p, "save_interval"),
+            DEFAULT_SAVE_INTERVAL,
+            true,
+        );
+        Some(StickConfig {
+            on: self.stick_on(raw.on.as_deref(), mode, &join(p, "on")),
+            size: size as usize,
+            expire,
+            source_expire,
+            source_prefix_v4: v4 as u8,
+            source_prefix_v6: v6 as u8,
+            ticket_prefix: ticket as usize,
+            state_file: raw.state_file.clone(),
+            save_interval: save,
+        })
+    }
+
+    /// `stick.on`; the default is every key in `tls` mode and `[source]` in `tcp` mode.
+    pub(super) fn stick_on(
+        &mut self,
+        raw: Option<&[RawStickOn]>,
+        mode: Mode,
+        p: &str,
+    ) -> Vec<StickOn> {
+        let Some(raw) = raw else {
+            return match mode {
+                Mode::Tls => vec![
+                    StickOn::SessionId,
+                    StickOn::Ticket,
+                    StickOn::Psk,
+                    StickOn::Source,
+                ],
+                Mode::Tcp => vec![StickOn::Source],
+            };
+        };
+        if raw.is_empty() {
+            self.err(
+                p,
+                "is empty: name at least one of session_id, ticket, psk, source",
+            );
+        }
+        let mut out = Vec::new();
+        for (i, k) in raw.iter().enumerate() {
+            let on = match k {
+                RawStickOn::SessionId => StickOn::SessionId,
+                RawStickOn::Ticket => StickOn::Ticket,
+                RawStickOn::Psk => StickOn::Psk,
+                RawStickOn::Source => StickOn::Source,
+            };
+            let ip = format!("{p}[{i}]");
+            if mode == Mode::Tcp && on != StickOn::Source {
+                self.err(
+                    &ip,
+                    "`mode: tcp` reads no TLS handshake: only `source` applies",
+                );
+            } else if out.contains(&on) {
+                self.err(&ip, "is listed twice");
+            } else {
+                out.push(on);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,177 @@
+//! The one-screen summary `crossbar check` prints for a valid configuration.
+use std::fmt;
+
+use super::*;
+
+fn dur(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+fn check(h: &HealthConfig) -> String {
+    let kind = match &h.check {
+        CheckKind::None => return "no check".into(),
+        CheckKind::Tcp => "tcp".to_string(),
+        CheckKind::TlsHello => "tls-hello".to_string(),
+        CheckKind::Https(c) => format!("https {} -> {}", c.path, c.expect_status),
+    };
+    format!(
+        "{kind} every {} (rise {}, fall {})",
+        dur(h.interval),
+        h.rise,
+        h.fall
+    )
+}
+
+fn stick_on(on: &StickOn) -> &'static str {
+    match on {
+        StickOn::SessionId => "session_id",
+        StickOn::Ticket => "ticket",
+        StickOn::Psk => "psk",
+        StickOn::Source => "source",
+    }
+}
+
+impl Config {
+    /// A human summary of the whole configuration, one block per service.
+    ///
+    /// Shows what the defaults resolved to, so an operator sees what will run.
+    pub fn summary(&self) -> String {
+        Summary(self).to_string()
+    }
+}
+
+struct Summary<'a>(&'a Config);
+
+impl fmt::Display for Summary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.0;
+        let workers = c
+            .workers
+            .map_or("one per core".to_string(), |w| w.to_string());
+        let admin = match &c.admin {
+            None => "disabled".to_string(),
+            Some(a) => {
+                let token = if a.token_file.is_some() {
+                    "token file set"
+                } else {
+                    "no token file"
+                };
+                format!("{} ({token})", a.listen)
+            }
+        };
+        writeln!(f, "{}: {} service(s)", c.source.display(), c.services.len())?;
+        writeln!(f, "workers: {workers}; admin: {admin}")?;
+        for s in &c.services {
+            writeln!(f)?;
+            service(f, s)?;
+        }
+        Ok(())
+    }
+}
+
+fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
+    let mode = match (s.mode, s.on_non_tls) {
+        (Mode::Tcp, _) => "tcp",
+        (Mode::Tls, OnNonTls::Reject) => "tls, non-TLS rejected",
+        (Mode::Tls, OnNonTls::Forward) => "tls, non-TLS forwarded",
+    };
+    writeln!(f, "service {} ({mode})", s.name)?;
+    for l in &s.listen {
+        let freebind = if l.freebind { ", freebind" } else { "" };
+        writeln!(
+            f,
+            "  listen    {} (backlog {}, max {} connections{freebind})",
+            l.addr, l.backlog, l.max_connections
+        )?;
+    }
+    if !s.server_names.is_empty() || s.default {
+        let mut names = s.server_names.join(", ");
+        if s.default {
+            names.push_str(if names.is_empty() {
+                "default"
+            } else {
+                " (and default)"
+            });
+        }
+        writeln!(f, "  names     {names}")?;
+    }
+    let balance = match s.balance {
+        Balance::RoundRobin => "roundrobin".to_string(),
+        Balance::LeastConn => "leastconn".to_string(),
+        Balance::Source => "source".to_string(),
+        Balance::First => format!(
+            "first, failback {}",
+            if s.failback == Failback::Manual {
+                "manual"
+            } else {
+                "auto"
+            }
+        ),
+    };
+    writeln!(f, "  balance   {balance}")?;
+    let stick = match &s.stick {
+        None => "off".to_string(),
+        Some(t) => {
+            let on: Vec<&str> = t.on.iter().map(stick_on).collect();
+            let file = t
+                .state_file
+                .as_ref()
+                .map_or(String::new(), |f| format!(", saved to {}", f.display()));
+            format!(
+                "{}; {} entries, expire {}{file}",
+                on.join(", "),
+                t.size,
+                dur(t.expire)
+            )
+        }
+    };
+    writeln!(f, "  stick     {stick}")?;
+    let t = &s.timeouts;
+    writeln!(
+        f,
+        "  timeouts  hello {}, connect {}, idle {}, queue {}, shutdown {}",
+        dur(t.client_hello),
+        dur(t.connect),
+        dur(t.idle),
+        dur(t.queue),
+        dur(t.shutdown)
+    )?;
+    backends(f, &s.backends)
+}
+
+fn backends(f: &mut fmt::Formatter<'_>, backends: &[BackendConfig]) -> fmt::Result {
+    writeln!(f, "  backends")?;
+    let name_w = backends.iter().map(|b| b.name.len()).max().unwrap_or(0);
+    let addr_w = backends
+        .iter()
+        .map(|b| b.address.to_string().len())
+        .max()
+        .unwrap_or(0);
+    for b in backends {
+        let mut flags = format!("weight {}", b.weight);
+        if let Some(m) = b.max_connections {
+            flags.push_str(&format!(", max {m}"));
+        }
+        if b.backup {
+            flags.push_str(", backup");
+        }
+        if b.disabled {
+            flags.push_str(", disabled");
+        }
+        if let Some(p) = b.proxy_protocol {
+            flags.push_str(if p == ProxyProtocol::V1 {
+                ", proxy v1"
+            } else {
+                ", proxy v2"
+            });
+        }
+        writeln!(
+            f,
+            "    {:name_w$}  {:addr_w$}  {flags}; {}",
+            b.name,
+            b.address.to_string(),
+            check(&b.health)
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! Configuration files: everything in conf/ loads, every bad fixture fails where
+//! and how its `.expect` file says, and defaults and merges resolve as documented.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crossbar::config::{
+    Balance, CheckKind, Config, ConfigError, Failback, Mode, OnNonTls, StickOn,
+};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    Config::from_str_at(text, Path::new("test.yaml"))
+}
+
+fn ok(text: &str) -> Config {
+    load(text).unwrap_or_else(|e| panic!("should load:\n{e}"))
+}
+
+#[test]
+fn every_file_in_conf_loads() {
+    let files = yaml_files(&root().join("conf"));
+    assert!(files.len() >= 3, "conf/ has {files:?}");
+    for f in files {
+        let config = Config::load(&f).unwrap_or_else(|e| panic!("{}:\n{e}", f.display()));
+        let summary = config.summary();
+        for s in &config.services {
+            assert!(
+                summary.contains(&format!("service {}", s.name)),
+                "{summary}"
+            );
+        }
+    }
+}
+
+/// Each `bad/NAME.yaml` has a `bad/NAME.expect`: one `line:col fragment` per
+/// expected diagnostic, in order (`-` for "no position"); the number must match.
+#[test]
+fn every_bad_fixture_fails_with_its_message_and_position() {
+    let dir = root().join("tests/fixtures/config/bad");
+    let files = yaml_files(&dir);
+    assert!(files.len() >= 15);
+    let mut failures = Vec::new();
+    for f in files {
+        let err = match Config::load(&f) {
+            Ok(_) => {
+                failures.push(format!("{}: loaded, but should fail", f.display()));
+                continue;
+            }
+            Err(e) => e,
+        };
+        let expect_file = f.with_extension("expect");
+        let expect = std::fs::read_to_string(&expect_file).unwrap_or_default();
+        let expected: Vec<&str> = expect.lines().filter(|l| !l.trim().is_empty()).collect();
+        let got = &err.diagnostics;
+        let matches = expected.len() == got.len()
+            && expected.iter().zip(got).all(|(want, d)| {
+                let (pos, fragment) = want.split_once(' ').unwrap_or((want, ""));
+                let at = d.position.map_or("-".into(), |(l, c)| format!("{l}:{c}"));
+                at == pos && d.to_string().contains(fragment)
+            });
+        if !matches {
+            failures.push(format!(
+                "{}:\n  expected:\n    {}\n  got:\n    {}",
+                f.display(),
+                expected.join("\n    "),
+                err.to_string().replace('\n', "\n    ")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn errors_print_file_line_col_path_message() {
+    let err =
+        load("services:\n  p:\n    listen: [\"10.0.0.1:8140\"]\n    backends: []\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "test.yaml:4:5: services.p.backends: no backends: a service needs at least one"
+    );
+}
+
+#[test]
+fn several_problems_are_all_reported_in_file_order() {
+    let text = "\
+services:
+  a:
+    listen: [\"10.0.0.1:8140\"]
+    backends:
+      - { name: x, address: \"nohost\" }
+      - { name: y, address: \"10.0.1.1:8140\", weight: 0 }
+  b:
+    listen: [\"bad\"]
+    timeouts: { connect: 3 }
+    backends: []
+";
+    let err = load(text).unwrap_err();
+    let lines: Vec<String> = err.diagnostics.iter().map(|d| d.to_string()).collect();
+    assert_eq!(lines.len(), 5, "{err}");
+    assert!(
+        lines[0].starts_with("test.yaml:5:29: services.a.backends[0].address:"),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "test.yaml:6:54: services.a.backends[1].weight: must be between 1 and 256"
+        ),
+        "{err}"
+    );
+    assert!(
+        lines[2].starts_with("test.yaml:8:14: services.b.listen[0]:"),
+        "{err}"
+    );
+    assert!(lines[3].contains("write 3s, not 3"), "{err}");
+    assert!(
+        lines[4].starts_with("test.yaml:10:5: services.b.backends: no backends"),
+        "{err}"
+    );
+}
+
+#[test]
+fn defaults_are_applied_as_documented() {
+    let c = ok("services:\n  p:\n    listen: [\"10.0.0.1:8140\"]\n    backends:\n      - { name: a, address: \"h.example.com:8140\" }\n");
+    assert_eq!(c.workers, None);
+    let admin = c.admin.as_ref().expect("admin is on by default");
+    assert_eq!(
+        admin.listen.to_string(),
+        crossbar::config::DEFAULT_ADMIN_LISTEN
+    );
+    assert_eq!(admin.token_file, None);
+    let s = c.service("p").unwrap();
+    assert_eq!(s.mode, Mode::Tls);
+    assert_eq!(s.on_non_tls, OnNonTls::Reject);
+    assert!(s.server_names.is_empty() && !s.default);
+    assert_eq!(s.balance, Balance::RoundRobin);
+    assert_eq!(s.failback, Failback::Auto);
+    assert_eq!(s.stick, None);
+    assert_eq!(s.timeouts, Default::default());
+    assert_eq!(s.max_hello_size, crossbar::config::DEFAULT_MAX_HELLO);
+    assert_eq!(s.retries, crossbar::config::DEFAULT_RETRIES);
+    assert_eq!(s.queue_size, crossbar::config::DEFAULT_QUEUE_SIZE);
+    assert_eq!(s.slow_start, Duration::ZERO);
+    let l = &s.listen[0];
+    assert_eq!(l.backlog, crossbar::config::DEFAULT_BACKLOG);
+    assert_eq!(
+        l.max_connections,
+        crossbar::config::DEFAULT_LISTENER_MAX_CONNECTIONS
+    );
+    assert!(!l.freebind);
+    let b = &s.backends[0];
+    assert_eq!((b.weight, b.backup, b.disabled), (1, false, false));
+    assert_eq!((b.max_connections, b.proxy_protocol), (None, None));
+    assert_eq!(b.health, Default::default());
+    assert_eq!(b.health.check, CheckKind::Tcp);
+}
+
+#[test]
+fn first_defaults_to_manual_failback_and_empty_stick_to_every_key() {
+    let c = ok("\
+services:
+  ca:
+    listen: [\"10.0.0.1:8140\"]
+    balance: first
+    stick: {}
+    backends: [{ name: a, address: \"10.0.1.1:8140\" }]
+  ssh:
+    listen: [\"10.0.0.1:22\"]
+    mode: tcp
+    stick: {}
+    backends: [{ name: a, address: \"10.0.1.1:22\" }]
+");
+    let ca = c.service("ca").unwrap();
+    assert_eq!(ca.failback, Failback::Manual);
+    let st = ca.stick.as_ref().unwrap();
+    let all = [
+        StickOn::SessionId,
+        StickOn::Ticket,
+        StickOn::Psk,
+        StickOn::Source,
+    ];
+    assert_eq!(st.on, all);
+    assert_eq!(
+        (st.size, st.expire, st.source_expire),
+        (
+            100_000,
+            Duration::from_secs(1800),
+            Duration::from_secs(1800)
+        )
+    );
+    assert_eq!(
+        (st.source_prefix_v4, st.source_prefix_v6, st.ticket_prefix),
+        (32, 64, 16)
+    );
+    assert_eq!(
+        (st.state_file.clone(), st.save_interval),
+        (None, Duration::from_secs(60))
+    );
+    assert_eq!(
+        c.service("ssh").unwrap().stick.as_ref().unwrap().on,
+        [StickOn::Source]
+    );
+}
+
+#[test]
+fn ipv6_listen_and_backend_addresses_parse() {
+    let c = ok("\
+services:
+  p:
+    listen: [\"[::]:8140\", { address: \"[2001:db8::10]:8140\", backlog: 512, freebind: true, max_connections: 5 }]
+    backends:
+      - { name: a, address: \"[2001:db8::1]:8140\" }
+      - { name: b, address: \"10.0.1.2:8140\" }
+");
+    let s = c.service("p").unwrap();
+    assert_eq!(s.listen[0].addr.to_string(), "[::]:8140");
+    let l = &s.listen[1];
+    assert_eq!(
+        (
+            l.addr.to_string().as_str(),
+            l.backlog,
+            l.freebind,
+            l.max_connections
+        ),
+        ("[2001:db8::10]:8140", 512, true, 5)
+    );
+    assert_eq!(s.backends[0].address.host, "2001:db8::1");
+    assert_eq!(
+        s.backends[0].address.as_socket_addr().unwrap().to_string(),
+        "[2001:db8::1]:8140"
+    );
+}
+
+#[test]
+fn health_merges_defaults_then_service_then_backend() {
+    let c = ok("\
+defaults:
+  health: { check: tls-hello, interval: 5s, rise: 4 }
+  timeouts: { connect: 1s, idle: 1h }
+services:
+  p:
+    listen: [\"10.0.0.1:8140\"]
+    timeouts: { idle: 2h }
+    health: { check: https, path: /status/v1/services, fall: 5, client_cert: /c.pem, client_key: /k.pem }
+    backends:
+      - { name: a, address: \"10.0.1.1:8140\" }
+      - { name: b, address: \"10.0.1.2:8140\", health: { interval: 10s, expect_body: \"\" } }
+      - { name: c, address: \"10.0.1.3:8140\", health: { check: tcp } }
+");
+    let s = c.service("p").unwrap();
+    assert_eq!(s.timeouts.connect, Duration::from_secs(1));
+    assert_eq!(s.timeouts.idle, Duration::from_secs(7200));
+    assert_eq!(s.timeouts.client_hello, Duration::from_secs(5));
+    let a = &s.backends[0].health;
+    assert_eq!(
+        (a.interval, a.timeout, a.rise, a.fall),
+        (Duration::from_secs(5), Duration::from_secs(1), 4, 5)
+    );
+    let CheckKind::Https(h) = &a.check else {
+        panic!("{a:?}")
+    };
+    assert_eq!(h.path, "/status/v1/services");
+    assert_eq!(
+        (h.expect_status, h.expect_body.as_deref()),
+        (200, Some("running"))
+    );
+    assert_eq!(h.client_cert, Some(("/c.pem".into(), "/k.pem".into())));
+    let b = &s.backends[1].health;
+    assert_eq!(
+        (b.interval, b.rise, b.fall),
+        (Duration::from_secs(10), 4, 5)
+    );
+    let CheckKind::Https(h) = &b.check else {
+        panic!("{b:?}")
+    };
+    assert_eq!(
+        (h.path.as_str(), h.expect_body.clone()),
+        ("/status/v1/services", None)
+    );
+    assert_eq!(s.backends[2].health.check, CheckKind::Tcp);
+    assert_eq!(s.backends[2].health.fall, 5);
+}
+
+#[test]
+fn server_names_are_lower_cased_without_trailing_dot_and_admin_can_be_disabled() {
+    let c = ok("\
+admin: { enabled: false }
+services:
+  p:
+    listen: [\"10.0.0.1:8140\"]
+    server_names: [Puppet.Example.COM., \"*.Example.org\"]
+    backends: [{ name: a, address: \"10.0.1.1:8140\" }]
+");
+    assert!(c.admin.is_none());
+    assert_eq!(
+        c.service("p").unwrap().server_names,
+        ["puppet.example.com", "*.example.org"]
+    );
+}
+
+#[test]
+fn the_complete_example_in_the_docs_loads() {
+    let doc = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let start = doc.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let len = doc[start..].find("```").unwrap();
+    let c = ok(&doc[start..start + len]);
+    assert_eq!(c.services.len(), 3);
+}
