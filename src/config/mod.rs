@@ -351,13 +351,3 @@ impl Config {
     }
 }
 
-impl Config {
-    /// One-screen summary for `crossbar check` (placeholder until the config work lands).
-    pub fn summary(&self) -> String {
-        let mut s = String::new();
-        for svc in &self.services {
-            s.push_str(&format!("service {}: {} backend(s)\n", svc.name, svc.backends.len()));
-        }
-        s
-    }
-}
