@@ -345,7 +345,8 @@ impl Pool {
         self.queued.load(Ordering::Acquire)
     }
 
-    /// Candidates: available primaries not yet tried, else available backups.
+    /// Candidates: available primaries not yet tried; else (every primary down,
+    /// disabled, or already tried for this connection) available backups not yet tried.
     fn candidates(&self, tried: &[usize]) -> Vec<usize> {
         let ok = |b: &&Arc<Backend>| b.is_available() && !tried.contains(&b.index);
         let primaries: Vec<usize> = self
@@ -357,14 +358,6 @@ impl Pool {
             .collect();
         if !primaries.is_empty() {
             return primaries;
-        }
-        // Backups serve only while no primary is available at all (tried or not).
-        if self
-            .backends
-            .iter()
-            .any(|b| !b.config.backup && b.is_available())
-        {
-            return Vec::new();
         }
         self.backends
             .iter()
@@ -623,10 +616,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn backups_wait_while_a_primary_is_merely_tried() {
+    async fn backups_take_retries_once_every_primary_was_tried() {
         let p = pool(Balance::RoundRobin, &[backend("a", 1, false, None), backend("bk", 1, true, None)]);
-        // Primary "a" failed a connect (tried) but is still up: no backup, no backend.
-        assert_eq!(p.acquire(ip(1), &[0]).await.unwrap_err(), PickError::NoBackendAvailable);
+        // Primary "a" refused this connection (tried): the retry goes to the backup.
+        assert_eq!(&*p.acquire(ip(1), &[0]).await.unwrap().backend().name, "bk");
+        assert_eq!(p.acquire(ip(1), &[0, 1]).await.unwrap_err(), PickError::NoBackendAvailable);
     }
 
     #[tokio::test]

@@ -165,12 +165,13 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
 
     println!("\n3. one shared address routes by SNI ({}):", server.local_addrs("puppet").get(1).map(|a| a.to_string()).unwrap_or_default());
     let cfg = testbed::client_config(ca, Versions::Both, true)?;
-    for svc in ["puppetca", "puppet", "puppetfiles"] {
+    for (svc, expect) in [("puppetca", "ca"), ("puppet", "compile"), ("puppetfiles", "files")] {
         let shared = *server.local_addrs(svc).get(1).context("no shared listener")?;
-        let r = testbed::get(shared, &format!("{svc}.{DOMAIN}"), cfg.clone(), "/").await?;
-        println!("   SNI {svc}.{DOMAIN:<12} -> {}", r.backend);
-        if !r.backend.starts_with(&svc[6.min(svc.len())..].chars().take(2).collect::<String>()) && svc == "puppetfiles" && !r.backend.starts_with("files") {
-            bail!("SNI routing sent {svc} to {}", r.backend);
+        let name = format!("{svc}.{DOMAIN}");
+        let r = testbed::get(shared, &name, cfg.clone(), "/").await?;
+        println!("   SNI {name:<24} -> {}", r.backend);
+        if !r.backend.starts_with(expect) {
+            bail!("SNI routing sent {name} to {}", r.backend);
         }
     }
     Ok(())

@@ -51,9 +51,9 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -63,7 +63,9 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // The demo prints its own story; its access log is there with RUST_LOG=info.
+    let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
+    init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => {

@@ -95,10 +95,28 @@ struct ListenerHandle {
     stop: CancellationToken,
 }
 
+/// Identifies a listener across reloads: its address, or for port 0 (an ephemeral
+/// port, used by tests and the demo) the service and position that asked for it,
+/// since two `:0` entries are two different sockets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ListenKey {
+    addr: SocketAddr,
+    owner: Option<(String, usize)>,
+}
+
+impl ListenKey {
+    fn new(svc: &ServiceConfig, index: usize, l: &ListenConfig) -> ListenKey {
+        ListenKey {
+            addr: l.addr,
+            owner: (l.addr.port() == 0).then(|| (svc.name.clone(), index)),
+        }
+    }
+}
+
 struct State {
     config: Config,
     services: Vec<Arc<Service>>,
-    listeners: HashMap<SocketAddr, ListenerHandle>,
+    listeners: HashMap<ListenKey, ListenerHandle>,
 }
 
 /// Starting or reloading failed.
@@ -172,7 +190,8 @@ impl Server {
         svc.config
             .listen
             .iter()
-            .filter_map(|l| st.listeners.get(&l.addr).map(|h| h.local))
+            .enumerate()
+            .filter_map(|(i, l)| st.listeners.get(&ListenKey::new(&svc.config, i, l)).map(|h| h.local))
             .collect()
     }
 
@@ -192,33 +211,34 @@ impl Server {
             .collect();
 
         // Group listen addresses.
-        let mut by_addr: Vec<(ListenConfig, Vec<Arc<Service>>)> = Vec::new();
+        let mut by_addr: Vec<(ListenKey, ListenConfig, Vec<Arc<Service>>)> = Vec::new();
         for svc in &services {
-            for l in &svc.config.listen {
-                match by_addr.iter_mut().find(|(a, _)| a.addr == l.addr) {
-                    Some((_, list)) => list.push(svc.clone()),
-                    None => by_addr.push((l.clone(), vec![svc.clone()])),
+            for (i, l) in svc.config.listen.iter().enumerate() {
+                let key = ListenKey::new(&svc.config, i, l);
+                match by_addr.iter_mut().find(|(k, _, _)| *k == key) {
+                    Some((_, _, list)) => list.push(svc.clone()),
+                    None => by_addr.push((key, l.clone(), vec![svc.clone()])),
                 }
             }
         }
 
         // Bind new addresses first: if one fails, nothing changes.
         let mut fresh = HashMap::new();
-        for (l, _) in &by_addr {
-            if !st.listeners.contains_key(&l.addr) {
-                fresh.insert(l.addr, listener::bind(l)?);
+        for (key, l, _) in &by_addr {
+            if !st.listeners.contains_key(key) {
+                fresh.insert(key.clone(), listener::bind(l)?);
             }
         }
 
         let mut listeners = HashMap::new();
-        for (l, svcs) in by_addr {
+        for (key, l, svcs) in by_addr {
             let routes = Arc::new(build_routes(svcs));
-            if let Some(h) = st.listeners.remove(&l.addr) {
+            if let Some(h) = st.listeners.remove(&key) {
                 h.routes.store(routes);
-                listeners.insert(l.addr, h);
+                listeners.insert(key, h);
                 continue;
             }
-            let Some(sock) = fresh.remove(&l.addr) else {
+            let Some(sock) = fresh.remove(&key) else {
                 continue;
             };
             let local = sock.local_addr().unwrap_or(l.addr);
@@ -229,11 +249,11 @@ impl Server {
             };
             self.spawn_accept(sock, &l, &handle);
             tracing::info!(listen = %local, "listening");
-            listeners.insert(l.addr, handle);
+            listeners.insert(key, handle);
         }
         // Addresses no longer configured stop accepting; their connections continue.
-        for (addr, h) in st.listeners.drain() {
-            tracing::info!(listen = %addr, "listener removed");
+        for (_, h) in st.listeners.drain() {
+            tracing::info!(listen = %h.local, "listener removed");
             h.stop.cancel();
         }
         // Old services' background tasks stop; removed backends leave the tables.
