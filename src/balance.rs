@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::config::{Balance, BackendConfig};
+use crate::config::{BackendConfig, Balance};
 use crate::metrics::BackendMetrics;
 
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
@@ -171,10 +171,12 @@ impl Backend {
             if cur >= max {
                 return None;
             }
-            match self
-                .active
-                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match self.active.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => {
                     self.metrics.active.inc();
                     return Some(Lease {
@@ -413,7 +415,10 @@ impl Pool {
         let mut best = open[start];
         let load = |i: usize| {
             let b = &self.backends[i];
-            (u64::from(b.active()) + 1, b.effective_weight(self.slow_start))
+            (
+                u64::from(b.active()) + 1,
+                b.effective_weight(self.slow_start),
+            )
         };
         for k in 1..open.len() {
             let i = open[(start + k) % open.len()];
@@ -507,10 +512,12 @@ impl<'a> QueueSlot<'a> {
             if cur >= pool.queue_size {
                 return None;
             }
-            match pool
-                .queued
-                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
+            match pool.queued.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return Some(QueueSlot { pool }),
                 Err(now) => cur = now,
             }
@@ -576,21 +583,41 @@ mod tests {
 
     #[tokio::test]
     async fn round_robin_is_even_and_smooth() {
-        let p = pool(Balance::RoundRobin, &[backend("a", 1, false, None), backend("b", 1, false, None), backend("c", 1, false, None)]);
+        let p = pool(
+            Balance::RoundRobin,
+            &[
+                backend("a", 1, false, None),
+                backend("b", 1, false, None),
+                backend("c", 1, false, None),
+            ],
+        );
         let got = names(&p, 9).await;
         for n in ["a", "b", "c"] {
             assert_eq!(got.iter().filter(|x| *x == n).count(), 3, "{got:?}");
         }
-        let p = pool(Balance::RoundRobin, &[backend("a", 5, false, None), backend("b", 1, false, None), backend("c", 1, false, None)]);
+        let p = pool(
+            Balance::RoundRobin,
+            &[
+                backend("a", 5, false, None),
+                backend("b", 1, false, None),
+                backend("c", 1, false, None),
+            ],
+        );
         let got = names(&p, 7).await;
         assert_eq!(got.iter().filter(|x| *x == "a").count(), 5, "{got:?}");
         // Smooth: never three a's in a row within one cycle of 7.
-        assert!(!got.windows(3).any(|w| w.iter().all(|x| x == "a")), "{got:?}");
+        assert!(
+            !got.windows(3).any(|w| w.iter().all(|x| x == "a")),
+            "{got:?}"
+        );
     }
 
     #[tokio::test]
     async fn least_conn_prefers_the_idle_backend() {
-        let p = pool(Balance::LeastConn, &[backend("a", 1, false, None), backend("b", 1, false, None)]);
+        let p = pool(
+            Balance::LeastConn,
+            &[backend("a", 1, false, None), backend("b", 1, false, None)],
+        );
         let first = p.acquire(ip(1), &[]).await.unwrap();
         let second = p.acquire(ip(1), &[]).await.unwrap();
         assert_ne!(first.backend().name, second.backend().name);
@@ -605,7 +632,14 @@ mod tests {
 
     #[tokio::test]
     async fn first_and_backup_order() {
-        let p = pool(Balance::First, &[backend("ca1", 1, false, None), backend("ca2", 1, true, None), backend("ca3", 1, true, None)]);
+        let p = pool(
+            Balance::First,
+            &[
+                backend("ca1", 1, false, None),
+                backend("ca2", 1, true, None),
+                backend("ca3", 1, true, None),
+            ],
+        );
         assert_eq!(names(&p, 3).await, ["ca1", "ca1", "ca1"]);
         p.backends[0].set_healthy(false);
         assert_eq!(names(&p, 2).await, ["ca2", "ca2"]);
@@ -617,16 +651,31 @@ mod tests {
 
     #[tokio::test]
     async fn backups_take_retries_once_every_primary_was_tried() {
-        let p = pool(Balance::RoundRobin, &[backend("a", 1, false, None), backend("bk", 1, true, None)]);
+        let p = pool(
+            Balance::RoundRobin,
+            &[backend("a", 1, false, None), backend("bk", 1, true, None)],
+        );
         // Primary "a" refused this connection (tried): the retry goes to the backup.
         assert_eq!(&*p.acquire(ip(1), &[0]).await.unwrap().backend().name, "bk");
-        assert_eq!(p.acquire(ip(1), &[0, 1]).await.unwrap_err(), PickError::NoBackendAvailable);
+        assert_eq!(
+            p.acquire(ip(1), &[0, 1]).await.unwrap_err(),
+            PickError::NoBackendAvailable
+        );
     }
 
     #[tokio::test]
     async fn source_is_stable_and_moves_about_one_nth_when_adding() {
-        let three = [backend("a", 1, false, None), backend("b", 1, false, None), backend("c", 1, false, None)];
-        let four = [three[0].clone(), three[1].clone(), three[2].clone(), backend("d", 1, false, None)];
+        let three = [
+            backend("a", 1, false, None),
+            backend("b", 1, false, None),
+            backend("c", 1, false, None),
+        ];
+        let four = [
+            three[0].clone(),
+            three[1].clone(),
+            three[2].clone(),
+            backend("d", 1, false, None),
+        ];
         let (p3, p4) = (pool(Balance::Source, &three), pool(Balance::Source, &four));
         let clients = 2000;
         let mut moved = 0;
@@ -648,12 +697,19 @@ mod tests {
     async fn max_connections_queue_and_timeout() {
         let p = pool(Balance::RoundRobin, &[backend("a", 1, false, Some(1))]);
         let held = p.acquire(ip(1), &[]).await.unwrap();
-        assert_eq!(p.acquire(ip(1), &[]).await.unwrap_err(), PickError::QueueTimeout);
+        assert_eq!(
+            p.acquire(ip(1), &[]).await.unwrap_err(),
+            PickError::QueueTimeout
+        );
         // A queued connection gets the slot as soon as it is released.
         let p = Arc::new(p);
         let waiter = tokio::spawn({
             let p = p.clone();
-            async move { p.acquire(ip(1), &[]).await.map(|l| l.backend().name.to_string()) }
+            async move {
+                p.acquire(ip(1), &[])
+                    .await
+                    .map(|l| l.backend().name.to_string())
+            }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(p.queued(), 1);
@@ -663,7 +719,10 @@ mod tests {
 
     #[tokio::test]
     async fn queue_is_bounded() {
-        let p = Arc::new(pool(Balance::RoundRobin, &[backend("a", 1, false, Some(1))]));
+        let p = Arc::new(pool(
+            Balance::RoundRobin,
+            &[backend("a", 1, false, Some(1))],
+        ));
         let _held = p.acquire(ip(1), &[]).await.unwrap();
         let waiters: Vec<_> = (0..4)
             .map(|_| {
@@ -672,7 +731,10 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(p.acquire(ip(1), &[]).await.unwrap_err(), PickError::QueueFull);
+        assert_eq!(
+            p.acquire(ip(1), &[]).await.unwrap_err(),
+            PickError::QueueFull
+        );
         for w in waiters {
             assert_eq!(w.await.unwrap().unwrap_err(), PickError::QueueTimeout);
         }

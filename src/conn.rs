@@ -75,7 +75,12 @@ struct AccessLog {
 
 /// Serve one accepted connection to the end. Never panics on client input; every
 /// outcome is logged once on `crossbar::access`.
-pub async fn handle(acc: Accepted, routes: Arc<ListenerRoutes>, shared: Arc<Shared>, listener: Arc<str>) {
+pub async fn handle(
+    acc: Accepted,
+    routes: Arc<ListenerRoutes>,
+    shared: Arc<Shared>,
+    listener: Arc<str>,
+) {
     let started = Instant::now();
     let Accepted {
         mut stream,
@@ -172,12 +177,23 @@ async fn serve(
     backend.metrics.connections.inc();
     if let Some(table) = &svc.table {
         if svc.sticks_on(StickOn::Source) {
-            learn(&svc, table, KeyKind::Source, &source_bytes(&svc, client_ip), &backend.name);
+            learn(
+                &svc,
+                table,
+                KeyKind::Source,
+                &source_bytes(&svc, client_ip),
+                &backend.name,
+            );
         }
     }
     if let Some(v) = backend.config.proxy_protocol {
         let local = stream.local_addr().unwrap_or(peer);
-        let header = crate::proxy_protocol::header(v, peer, local, hello.as_ref().and_then(|h| h.sni.as_deref()));
+        let header = crate::proxy_protocol::header(
+            v,
+            peer,
+            local,
+            hello.as_ref().and_then(|h| h.sni.as_deref()),
+        );
         write_backend(&mut server, &header, &backend.name).await?;
     }
     if !buf.is_empty() {
@@ -214,7 +230,15 @@ async fn serve(
         c2s: backend.metrics.bytes_c2s.clone(),
         s2c: backend.metrics.bytes_s2c.clone(),
     };
-    let stats = relay::relay(stream, &mut server, svc.config.timeouts.idle, &counters, watch, &shared.hard_stop).await;
+    let stats = relay::relay(
+        stream,
+        &mut server,
+        svc.config.timeouts.idle,
+        &counters,
+        watch,
+        &shared.hard_stop,
+    )
+    .await;
     log.handshake = *handshake_kind.lock().unwrap_or_else(|e| e.into_inner());
     log.c2s = stats.client_to_server + buf.len() as u64;
     log.s2c = stats.server_to_client;
@@ -225,7 +249,9 @@ async fn serve(
     if stats.end == RelayEnd::ServerError && stats.server_to_client == 0 {
         tracing::warn!(service = %svc.name(), backend = %backend.name, "backend reset the connection before answering");
     }
-    svc.metrics.duration.observe(started.elapsed().as_secs_f64());
+    svc.metrics
+        .duration
+        .observe(started.elapsed().as_secs_f64());
     drop(lease);
     Ok(())
 }
@@ -352,7 +378,8 @@ fn lookup(svc: &Service, hello: Option<&ClientHelloInfo>, ip: IpAddr) -> Sticky 
             }),
             (StickOn::Source, _) => {
                 last = Some(KeyKind::Source);
-                probe(svc, table, KeyKind::Source, &source_bytes(svc, ip)).map(|b| (KeyKind::Source, b))
+                probe(svc, table, KeyKind::Source, &source_bytes(svc, ip))
+                    .map(|b| (KeyKind::Source, b))
             }
             _ => None,
         };
@@ -477,7 +504,9 @@ async fn connect(
         let started = Instant::now();
         match connect_to(&b.config.address, svc.config.timeouts.connect).await {
             Ok(s) => {
-                b.metrics.connect_duration.observe(started.elapsed().as_secs_f64());
+                b.metrics
+                    .connect_duration
+                    .observe(started.elapsed().as_secs_f64());
                 return Ok((s, l));
             }
             Err(e) => {
@@ -502,7 +531,10 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
         let stream = match addr.as_socket_addr() {
             Some(sa) => TcpStream::connect(sa).await?,
             None => {
-                let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{} resolves to no address", addr.host));
+                let mut last = io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} resolves to no address", addr.host),
+                );
                 let mut found = None;
                 for sa in tokio::net::lookup_host((addr.host.as_str(), addr.port)).await? {
                     match TcpStream::connect(sa).await {
@@ -519,16 +551,26 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
         stream.set_nodelay(true)?;
         Ok(stream)
     };
-    tokio::time::timeout(timeout, attempt)
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("no answer within {timeout:?}")))?
+    tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no answer within {timeout:?}"),
+        )
+    })?
 }
 
-async fn write_backend(server: &mut TcpStream, bytes: &[u8], backend: &Arc<str>) -> Result<(), ConnError> {
-    server.write_all(bytes).await.map_err(|error| ConnError::BackendWrite {
-        backend: backend.clone(),
-        error,
-    })
+async fn write_backend(
+    server: &mut TcpStream,
+    bytes: &[u8],
+    backend: &Arc<str>,
+) -> Result<(), ConnError> {
+    server
+        .write_all(bytes)
+        .await
+        .map_err(|error| ConnError::BackendWrite {
+            backend: backend.clone(),
+            error,
+        })
 }
 
 /// Bounds error log lines (garbage floods must not fill a disk): at most

@@ -30,7 +30,11 @@ struct Site {
 async fn start_backends(ca: &TestCa) -> Result<BTreeMap<&'static str, Vec<TlsBackend>>> {
     let plan: [(&str, [&str; 3], BackendTls); 3] = [
         ("puppetca", ["ca1", "ca2", "ca3"], BackendTls::default()),
-        ("puppet", ["compile1", "compile2", "compile3"], BackendTls::default()),
+        (
+            "puppet",
+            ["compile1", "compile2", "compile3"],
+            BackendTls::default(),
+        ),
         (
             "puppetfiles",
             ["files1", "files2", "files3"],
@@ -71,8 +75,16 @@ fn site_yaml(backends: &BTreeMap<&'static str, Vec<TlsBackend>>, shared: SocketA
             default = if *svc == "puppet" { "    default: true\n" } else { "" }
         );
         for (i, b) in list.iter().enumerate() {
-            let backup = if *svc == "puppetca" && i > 0 { ", backup: true" } else { "" };
-            let _ = writeln!(y, "      - {{ name: {}, address: \"{}\"{backup} }}", b.name, b.addr);
+            let backup = if *svc == "puppetca" && i > 0 {
+                ", backup: true"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                y,
+                "      - {{ name: {}, address: \"{}\"{backup} }}",
+                b.name, b.addr
+            );
         }
     }
     y
@@ -97,9 +109,14 @@ pub async fn run(serve: bool) -> Result<()> {
     let path = dir.join("crossbar.yaml");
     std::fs::write(&path, &site.yaml)?;
     let config = Config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let server = Server::start(config, Metrics::new()).await.context("starting crossbar")?;
+    let server = Server::start(config, Metrics::new())
+        .await
+        .context("starting crossbar")?;
 
-    println!("crossbar demo: 9 TLS backends (3 per service), crossbar in front, config {}", path.display());
+    println!(
+        "crossbar demo: 9 TLS backends (3 per service), crossbar in front, config {}",
+        path.display()
+    );
     for svc in site.backends.keys() {
         println!("  {svc:<12} listens on {:?}", server.local_addrs(svc));
     }
@@ -117,19 +134,42 @@ pub async fn run(serve: bool) -> Result<()> {
 }
 
 async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
-    let addr = |svc: &str| server.local_addrs(svc).first().copied().context("service has no listener");
+    let addr = |svc: &str| {
+        server
+            .local_addrs(svc)
+            .first()
+            .copied()
+            .context("service has no listener")
+    };
 
-    println!("1. puppetca (balance: first, ca2/ca3 are backups): three agents request certificates");
+    println!(
+        "1. puppetca (balance: first, ca2/ca3 are backups): three agents request certificates"
+    );
     let cfg = testbed::client_config(ca, Versions::Both, true)?;
     for i in 1..=3 {
-        let r = testbed::get(addr("puppetca")?, &format!("puppetca.{DOMAIN}"), cfg.clone(), "/").await?;
+        let r = testbed::get(
+            addr("puppetca")?,
+            &format!("puppetca.{DOMAIN}"),
+            cfg.clone(),
+            "/",
+        )
+        .await?;
         println!("   agent{i} -> {}", r.backend);
     }
     site.backends["puppetca"][0].stop();
     println!("   ca1 stopped (its port now refuses connections)");
     for i in 4..=5 {
-        let r = testbed::get(addr("puppetca")?, &format!("puppetca.{DOMAIN}"), cfg.clone(), "/").await?;
-        println!("   agent{i} -> {} (connect to ca1 refused, retried on the backup)", r.backend);
+        let r = testbed::get(
+            addr("puppetca")?,
+            &format!("puppetca.{DOMAIN}"),
+            cfg.clone(),
+            "/",
+        )
+        .await?;
+        println!(
+            "   agent{i} -> {} (connect to ca1 refused, retried on the backup)",
+            r.backend
+        );
     }
 
     for (svc, versions, label) in [
@@ -144,7 +184,8 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
             let mut line = format!("   agent{a}:");
             let mut first = None;
             for _ in 0..=RESUMPTIONS {
-                let r = testbed::get(addr(svc)?, &format!("{svc}.{DOMAIN}"), cfg.clone(), "/").await?;
+                let r =
+                    testbed::get(addr(svc)?, &format!("{svc}.{DOMAIN}"), cfg.clone(), "/").await?;
                 let first_backend = first.get_or_insert_with(|| r.backend.clone());
                 if r.resumed {
                     resumed += 1;
@@ -152,7 +193,12 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
                 if *first_backend == r.backend && r.resumed {
                     same += 1;
                 }
-                let _ = write!(line, " {}{}", r.backend, if r.resumed { "(resumed)" } else { "(full)" });
+                let _ = write!(
+                    line,
+                    " {}{}",
+                    r.backend,
+                    if r.resumed { "(resumed)" } else { "(full)" }
+                );
             }
             println!("{line}");
         }
@@ -163,10 +209,24 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
         }
     }
 
-    println!("\n3. one shared address routes by SNI ({}):", server.local_addrs("puppet").get(1).map(|a| a.to_string()).unwrap_or_default());
+    println!(
+        "\n3. one shared address routes by SNI ({}):",
+        server
+            .local_addrs("puppet")
+            .get(1)
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
     let cfg = testbed::client_config(ca, Versions::Both, true)?;
-    for (svc, expect) in [("puppetca", "ca"), ("puppet", "compile"), ("puppetfiles", "files")] {
-        let shared = *server.local_addrs(svc).get(1).context("no shared listener")?;
+    for (svc, expect) in [
+        ("puppetca", "ca"),
+        ("puppet", "compile"),
+        ("puppetfiles", "files"),
+    ] {
+        let shared = *server
+            .local_addrs(svc)
+            .get(1)
+            .context("no shared listener")?;
         let name = format!("{svc}.{DOMAIN}");
         let r = testbed::get(shared, &name, cfg.clone(), "/").await?;
         println!("   SNI {name:<24} -> {}", r.backend);
@@ -182,7 +242,12 @@ fn print_tables(server: &Server) {
     for svc in server.services() {
         let Some(t) = &svc.table else { continue };
         let s = t.stats();
-        println!("  {}: {} entries (capacity {})", svc.name(), s.entries, s.capacity);
+        println!(
+            "  {}: {} entries (capacity {})",
+            svc.name(),
+            s.entries,
+            s.capacity
+        );
         for e in t.entries(8) {
             println!(
                 "    {:<14} {} -> {}",

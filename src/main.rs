@@ -54,7 +54,9 @@ enum Command {
 fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -64,7 +66,11 @@ fn init_logging(format: LogFormat, default: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own story; its access log is there with RUST_LOG=info.
-    let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
+    let default_level = if matches!(cli.command, Command::Demo { .. }) {
+        "warn"
+    } else {
+        "info"
+    };
     init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Check { config } => match Config::load(&config) {

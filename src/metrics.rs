@@ -87,49 +87,127 @@ impl Metrics {
                 tracing::warn!("process metrics unavailable: {e}");
             }
         }
-        let build = gauge_vec(&r, "crossbar_build_info", "Build information.", &["version"]);
+        let build = gauge_vec(
+            &r,
+            "crossbar_build_info",
+            "Build information.",
+            &["version"],
+        );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         let tables = Arc::new(TableCollector::new());
         r.register(Box::new(TableCollectorHandle(tables.clone())))
             .expect("unique metric name"); // ok: static
         Arc::new(Metrics {
-            stick_lookups: counter_vec(&r, "crossbar_stick_lookups_total",
-                "Stick table lookups by key kind and result.", &["service", "key", "result"]),
-            stick_learned: counter_vec(&r, "crossbar_stick_learned_total",
-                "Stick entries learned from the server's handshake, by key kind.", &["service", "key"]),
-            tls_handshakes: counter_vec(&r, "crossbar_tls_handshakes_total",
-                "TLS handshakes seen in the ServerHello, by kind (resumed|full).", &["service", "backend", "kind"]),
-            connections: counter_vec(&r, "crossbar_connections_total",
-                "Connections relayed to a backend.", &["service", "backend"]),
-            active: gauge_vec(&r, "crossbar_active_connections",
-                "Connections open to a backend now.", &["service", "backend"]),
-            backend_up: gauge_vec(&r, "crossbar_backend_up",
-                "1 if the backend takes new connections (healthy and enabled), else 0.", &["service", "backend"]),
-            backend_state: gauge_vec(&r, "crossbar_backend_state",
-                "1 for the backend's current state (up|down|drain|disabled|standby).", &["service", "backend", "state"]),
-            bytes: counter_vec(&r, "crossbar_bytes_total",
-                "Bytes relayed, by direction.", &["service", "backend", "direction"]),
-            connect_errors: counter_vec(&r, "crossbar_connect_errors_total",
-                "Failed connect attempts to a backend.", &["service", "backend"]),
-            hello_errors: counter_vec(&r, "crossbar_client_hello_errors_total",
-                "Connections closed because the ClientHello was unusable, by reason.", &["service", "reason"]),
-            connect_duration: histogram_vec(&r, "crossbar_connect_duration_seconds",
-                "Time to connect to a backend.", &["service", "backend"], CONNECT_BUCKETS),
-            connection_duration: histogram_vec(&r, "crossbar_connection_duration_seconds",
-                "Lifetime of relayed connections.", &["service"], DURATION_BUCKETS),
-            listener_accepts: counter_vec(&r, "crossbar_listener_accepts_total",
-                "Connections accepted by a listener.", &["listener"]),
-            listener_refused: counter_vec(&r, "crossbar_listener_refused_total",
-                "Connections a listener refused, by reason.", &["listener", "reason"]),
-            routing_refused: counter_vec(&r, "crossbar_route_refused_total",
+            stick_lookups: counter_vec(
+                &r,
+                "crossbar_stick_lookups_total",
+                "Stick table lookups by key kind and result.",
+                &["service", "key", "result"],
+            ),
+            stick_learned: counter_vec(
+                &r,
+                "crossbar_stick_learned_total",
+                "Stick entries learned from the server's handshake, by key kind.",
+                &["service", "key"],
+            ),
+            tls_handshakes: counter_vec(
+                &r,
+                "crossbar_tls_handshakes_total",
+                "TLS handshakes seen in the ServerHello, by kind (resumed|full).",
+                &["service", "backend", "kind"],
+            ),
+            connections: counter_vec(
+                &r,
+                "crossbar_connections_total",
+                "Connections relayed to a backend.",
+                &["service", "backend"],
+            ),
+            active: gauge_vec(
+                &r,
+                "crossbar_active_connections",
+                "Connections open to a backend now.",
+                &["service", "backend"],
+            ),
+            backend_up: gauge_vec(
+                &r,
+                "crossbar_backend_up",
+                "1 if the backend takes new connections (healthy and enabled), else 0.",
+                &["service", "backend"],
+            ),
+            backend_state: gauge_vec(
+                &r,
+                "crossbar_backend_state",
+                "1 for the backend's current state (up|down|drain|disabled|standby).",
+                &["service", "backend", "state"],
+            ),
+            bytes: counter_vec(
+                &r,
+                "crossbar_bytes_total",
+                "Bytes relayed, by direction.",
+                &["service", "backend", "direction"],
+            ),
+            connect_errors: counter_vec(
+                &r,
+                "crossbar_connect_errors_total",
+                "Failed connect attempts to a backend.",
+                &["service", "backend"],
+            ),
+            hello_errors: counter_vec(
+                &r,
+                "crossbar_client_hello_errors_total",
+                "Connections closed because the ClientHello was unusable, by reason.",
+                &["service", "reason"],
+            ),
+            connect_duration: histogram_vec(
+                &r,
+                "crossbar_connect_duration_seconds",
+                "Time to connect to a backend.",
+                &["service", "backend"],
+                CONNECT_BUCKETS,
+            ),
+            connection_duration: histogram_vec(
+                &r,
+                "crossbar_connection_duration_seconds",
+                "Lifetime of relayed connections.",
+                &["service"],
+                DURATION_BUCKETS,
+            ),
+            listener_accepts: counter_vec(
+                &r,
+                "crossbar_listener_accepts_total",
+                "Connections accepted by a listener.",
+                &["listener"],
+            ),
+            listener_refused: counter_vec(
+                &r,
+                "crossbar_listener_refused_total",
+                "Connections a listener refused, by reason.",
+                &["listener", "reason"],
+            ),
+            routing_refused: counter_vec(
+                &r,
+                "crossbar_route_refused_total",
                 "Connections refused by routing or because no backend could take them, by reason.",
-                &["service", "reason"]),
-            queue_timeouts: counter_vec(&r, "crossbar_queue_timeouts_total",
-                "Connections that waited for a backend slot and gave up.", &["service"]),
-            config_reloads: counter_vec(&r, "crossbar_config_reloads_total",
-                "Configuration reloads by result (ok|error).", &["result"]),
-            health_checks: counter_vec(&r, "crossbar_health_checks_total",
-                "Active health checks by result (ok|fail).", &["service", "backend", "result"]),
+                &["service", "reason"],
+            ),
+            queue_timeouts: counter_vec(
+                &r,
+                "crossbar_queue_timeouts_total",
+                "Connections that waited for a backend slot and gave up.",
+                &["service"],
+            ),
+            config_reloads: counter_vec(
+                &r,
+                "crossbar_config_reloads_total",
+                "Configuration reloads by result (ok|error).",
+                &["result"],
+            ),
+            health_checks: counter_vec(
+                &r,
+                "crossbar_health_checks_total",
+                "Active health checks by result (ok|fail).",
+                &["service", "backend", "result"],
+            ),
             tables,
             registry: r,
         })
@@ -147,7 +225,8 @@ impl Metrics {
     /// Handles of one service.
     pub fn service(&self, service: &str) -> ServiceMetrics {
         let lookup = |key: &str, result: &str| {
-            self.stick_lookups.with_label_values(&[service, key, result])
+            self.stick_lookups
+                .with_label_values(&[service, key, result])
         };
         let keys = ["session_id", "ticket", "psk", "source"];
         ServiceMetrics {
@@ -169,14 +248,26 @@ impl Metrics {
             connections: self.connections.with_label_values(&l),
             active: self.active.with_label_values(&l),
             up: self.backend_up.with_label_values(&l),
-            bytes_c2s: self.bytes.with_label_values(&[service, backend, "client_to_server"]),
-            bytes_s2c: self.bytes.with_label_values(&[service, backend, "server_to_client"]),
+            bytes_c2s: self
+                .bytes
+                .with_label_values(&[service, backend, "client_to_server"]),
+            bytes_s2c: self
+                .bytes
+                .with_label_values(&[service, backend, "server_to_client"]),
             connect_errors: self.connect_errors.with_label_values(&l),
             connect_duration: self.connect_duration.with_label_values(&l),
-            resumed: self.tls_handshakes.with_label_values(&[service, backend, "resumed"]),
-            full: self.tls_handshakes.with_label_values(&[service, backend, "full"]),
-            check_ok: self.health_checks.with_label_values(&[service, backend, "ok"]),
-            check_fail: self.health_checks.with_label_values(&[service, backend, "fail"]),
+            resumed: self
+                .tls_handshakes
+                .with_label_values(&[service, backend, "resumed"]),
+            full: self
+                .tls_handshakes
+                .with_label_values(&[service, backend, "full"]),
+            check_ok: self
+                .health_checks
+                .with_label_values(&[service, backend, "ok"]),
+            check_fail: self
+                .health_checks
+                .with_label_values(&[service, backend, "fail"]),
             state: self.backend_state.clone(),
             service: service.to_string(),
             backend: backend.to_string(),
@@ -192,7 +283,9 @@ impl Metrics {
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
         for state in BACKEND_STATES {
-            let _ = self.backend_state.remove_label_values(&[service, backend, state]); // ok
+            let _ = self
+                .backend_state
+                .remove_label_values(&[service, backend, state]); // ok
         }
     }
 
@@ -200,8 +293,12 @@ impl Metrics {
     pub fn listener(&self, listener: &str) -> ListenerMetrics {
         ListenerMetrics {
             accepts: self.listener_accepts.with_label_values(&[listener]),
-            refused_full: self.listener_refused.with_label_values(&[listener, "max_connections"]),
-            accept_errors: self.listener_refused.with_label_values(&[listener, "accept_error"]),
+            refused_full: self
+                .listener_refused
+                .with_label_values(&[listener, "max_connections"]),
+            accept_errors: self
+                .listener_refused
+                .with_label_values(&[listener, "accept_error"]),
         }
     }
 
@@ -266,12 +363,16 @@ impl ServiceMetrics {
 
     /// Count a hello error (rare path: label lookup here is fine).
     pub fn hello_error(&self, reason: &str) {
-        self.hello_errors.with_label_values(&[&self.name, reason]).inc()
+        self.hello_errors
+            .with_label_values(&[&self.name, reason])
+            .inc()
     }
 
     /// Count a refusal after routing (no backend, queue full, ...).
     pub fn refused(&self, reason: &str) {
-        self.routing_refused.with_label_values(&[&self.name, reason]).inc()
+        self.routing_refused
+            .with_label_values(&[&self.name, reason])
+            .inc()
     }
 }
 
@@ -281,7 +382,10 @@ pub fn unrouted(metrics: &Metrics, hello_reason: Option<&str>, refused: Option<&
         metrics.hello_errors.with_label_values(&[UNROUTED, r]).inc();
     }
     if let Some(r) = refused {
-        metrics.routing_refused.with_label_values(&[UNROUTED, r]).inc();
+        metrics
+            .routing_refused
+            .with_label_values(&[UNROUTED, r])
+            .inc();
     }
 }
 
@@ -349,13 +453,26 @@ struct TableCollector {
 impl TableCollector {
     fn new() -> TableCollector {
         let g = |n: &str, h: &str| IntGaugeVec::new(Opts::new(n, h), &["service"]).expect("static"); // ok: static
-        let c = |n: &str, h: &str| IntCounterVec::new(Opts::new(n, h), &["service"]).expect("static"); // ok: static
+        let c =
+            |n: &str, h: &str| IntCounterVec::new(Opts::new(n, h), &["service"]).expect("static"); // ok: static
         TableCollector {
             tables: Mutex::new(Vec::new()),
-            entries: g("crossbar_stick_table_entries", "Entries in the service's stick table."),
-            capacity: g("crossbar_stick_table_capacity", "Configured size of the stick table."),
-            expired: c("crossbar_stick_expired_total", "Stick entries removed because they expired."),
-            evicted: c("crossbar_stick_evicted_total", "Stick entries evicted to make room."),
+            entries: g(
+                "crossbar_stick_table_entries",
+                "Entries in the service's stick table.",
+            ),
+            capacity: g(
+                "crossbar_stick_table_capacity",
+                "Configured size of the stick table.",
+            ),
+            expired: c(
+                "crossbar_stick_expired_total",
+                "Stick entries removed because they expired.",
+            ),
+            evicted: c(
+                "crossbar_stick_evicted_total",
+                "Stick entries evicted to make room.",
+            ),
         }
     }
 }
@@ -365,7 +482,13 @@ struct TableCollectorHandle(Arc<TableCollector>);
 impl Collector for TableCollectorHandle {
     fn desc(&self) -> Vec<&Desc> {
         let t = &self.0;
-        [t.entries.desc(), t.capacity.desc(), t.expired.desc(), t.evicted.desc()].concat()
+        [
+            t.entries.desc(),
+            t.capacity.desc(),
+            t.expired.desc(),
+            t.evicted.desc(),
+        ]
+        .concat()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
@@ -382,6 +505,12 @@ impl Collector for TableCollectorHandle {
             t.expired.with_label_values(&[name]).inc_by(s.expired);
             t.evicted.with_label_values(&[name]).inc_by(s.evicted);
         }
-        [t.entries.collect(), t.capacity.collect(), t.expired.collect(), t.evicted.collect()].concat()
+        [
+            t.entries.collect(),
+            t.capacity.collect(),
+            t.expired.collect(),
+            t.evicted.collect(),
+        ]
+        .concat()
     }
 }

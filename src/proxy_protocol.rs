@@ -22,20 +22,31 @@ const MAX_AUTHORITY: usize = 253;
 fn same_family(src: SocketAddr, dst: SocketAddr) -> (SocketAddr, SocketAddr) {
     let (s, d) = (src.ip().to_canonical(), dst.ip().to_canonical());
     match (s, d) {
-        (IpAddr::V4(_), IpAddr::V4(_)) => (SocketAddr::new(s, src.port()), SocketAddr::new(d, dst.port())),
+        (IpAddr::V4(_), IpAddr::V4(_)) => (
+            SocketAddr::new(s, src.port()),
+            SocketAddr::new(d, dst.port()),
+        ),
         _ => {
             let v6 = |ip: IpAddr| match ip {
                 IpAddr::V4(a) => IpAddr::V6(a.to_ipv6_mapped()),
                 v6 => v6,
             };
-            (SocketAddr::new(v6(s), src.port()), SocketAddr::new(v6(d), dst.port()))
+            (
+                SocketAddr::new(v6(s), src.port()),
+                SocketAddr::new(v6(d), dst.port()),
+            )
         }
     }
 }
 
 /// The header for a connection from `src` (the client) to `dst` (crossbar's listener).
 /// `authority` (the SNI) is sent as a PP2_TYPE_AUTHORITY TLV in v2.
-pub fn header(version: ProxyProtocol, src: SocketAddr, dst: SocketAddr, authority: Option<&str>) -> Vec<u8> {
+pub fn header(
+    version: ProxyProtocol,
+    src: SocketAddr,
+    dst: SocketAddr,
+    authority: Option<&str>,
+) -> Vec<u8> {
     let (src, dst) = same_family(src, dst);
     match version {
         ProxyProtocol::V1 => v1(src, dst),
@@ -45,7 +56,14 @@ pub fn header(version: ProxyProtocol, src: SocketAddr, dst: SocketAddr, authorit
 
 fn v1(src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
     let fam = if src.is_ipv4() { "TCP4" } else { "TCP6" };
-    format!("PROXY {fam} {} {} {} {}\r\n", src.ip(), dst.ip(), src.port(), dst.port()).into_bytes()
+    format!(
+        "PROXY {fam} {} {} {} {}\r\n",
+        src.ip(),
+        dst.ip(),
+        src.port(),
+        dst.port()
+    )
+    .into_bytes()
 }
 
 fn v2(src: SocketAddr, dst: SocketAddr, authority: Option<&str>) -> Vec<u8> {
@@ -92,19 +110,34 @@ mod tests {
 
     #[test]
     fn v1_tcp4_matches_the_spec_example_form() {
-        let h = header(ProxyProtocol::V1, sa("192.168.0.1:56324"), sa("192.168.0.11:443"), None);
+        let h = header(
+            ProxyProtocol::V1,
+            sa("192.168.0.1:56324"),
+            sa("192.168.0.11:443"),
+            None,
+        );
         assert_eq!(h, b"PROXY TCP4 192.168.0.1 192.168.0.11 56324 443\r\n");
     }
 
     #[test]
     fn v1_mixed_families_become_tcp6() {
-        let h = header(ProxyProtocol::V1, sa("[2001:db8::1]:1000"), sa("10.0.0.1:8140"), None);
+        let h = header(
+            ProxyProtocol::V1,
+            sa("[2001:db8::1]:1000"),
+            sa("10.0.0.1:8140"),
+            None,
+        );
         assert_eq!(h, b"PROXY TCP6 2001:db8::1 ::ffff:10.0.0.1 1000 8140\r\n");
     }
 
     #[test]
     fn v2_tcp4_layout() {
-        let h = header(ProxyProtocol::V2, sa("10.1.2.3:4000"), sa("10.0.0.10:8140"), None);
+        let h = header(
+            ProxyProtocol::V2,
+            sa("10.1.2.3:4000"),
+            sa("10.0.0.10:8140"),
+            None,
+        );
         assert_eq!(&h[..12], &V2_SIGNATURE);
         assert_eq!(h[12], 0x21);
         assert_eq!(h[13], 0x11);
@@ -118,13 +151,21 @@ mod tests {
 
     #[test]
     fn v2_tcp6_with_authority_tlv() {
-        let h = header(ProxyProtocol::V2, sa("[::1]:5"), sa("[::1]:8140"), Some("puppet.example.com"));
+        let h = header(
+            ProxyProtocol::V2,
+            sa("[::1]:5"),
+            sa("[::1]:8140"),
+            Some("puppet.example.com"),
+        );
         assert_eq!(h[13], 0x21);
         let len = u16::from_be_bytes([h[14], h[15]]) as usize;
         assert_eq!(h.len(), 16 + len);
         let tlv = &h[16 + 36..];
         assert_eq!(tlv[0], PP2_TYPE_AUTHORITY);
-        assert_eq!(u16::from_be_bytes([tlv[1], tlv[2]]) as usize, "puppet.example.com".len());
+        assert_eq!(
+            u16::from_be_bytes([tlv[1], tlv[2]]) as usize,
+            "puppet.example.com".len()
+        );
         assert_eq!(&tlv[3..], b"puppet.example.com");
     }
 }

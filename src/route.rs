@@ -106,7 +106,11 @@ mod tests {
         Routes::shared(vec![
             (vec!["puppet.example.com".into()], false, Arc::new("puppet")),
             (vec!["*.example.com".into()], false, Arc::new("wild")),
-            (vec!["*.ca.example.com".into(), "puppetca.example.com".into()], default, Arc::new("ca")),
+            (
+                vec!["*.ca.example.com".into(), "puppetca.example.com".into()],
+                default,
+                Arc::new("ca"),
+            ),
         ])
     }
 

@@ -177,7 +177,11 @@ impl Server {
 
     /// One running service.
     pub fn service(&self, name: &str) -> Option<Arc<Service>> {
-        self.lock().services.iter().find(|s| s.name() == name).cloned()
+        self.lock()
+            .services
+            .iter()
+            .find(|s| s.name() == name)
+            .cloned()
     }
 
     /// The addresses a service's listeners are bound to (ports resolved when the
@@ -191,7 +195,11 @@ impl Server {
             .listen
             .iter()
             .enumerate()
-            .filter_map(|(i, l)| st.listeners.get(&ListenKey::new(&svc.config, i, l)).map(|h| h.local))
+            .filter_map(|(i, l)| {
+                st.listeners
+                    .get(&ListenKey::new(&svc.config, i, l))
+                    .map(|h| h.local)
+            })
             .collect()
     }
 
@@ -298,8 +306,13 @@ impl Server {
             |b| metrics.backend(&sc.name, &b.name),
             |b| {
                 let prev = old?.pool.get(&b.name)?;
-                (prev.config.address == b.address)
-                    .then(|| (prev.is_healthy(), carry_admin(prev.admin_state(), b.disabled), prev.is_standby()))
+                (prev.config.address == b.address).then(|| {
+                    (
+                        prev.is_healthy(),
+                        carry_admin(prev.admin_state(), b.disabled),
+                        prev.is_standby(),
+                    )
+                })
             },
         );
         let table = sc.stick.as_ref().map(|st| {
@@ -336,10 +349,21 @@ impl Server {
         let metrics = shared.metrics.listener(&label);
         let limit = Arc::new(Semaphore::new(l.max_connections));
         let stop = h.stop.clone();
-        self.tracker.spawn(listener::accept_loop(sock, limit, metrics, stop, move |acc| {
-            let routes = routes.load_full();
-            tracker.spawn(crate::conn::handle(acc, routes, shared.clone(), label.clone()));
-        }));
+        self.tracker.spawn(listener::accept_loop(
+            sock,
+            limit,
+            metrics,
+            stop,
+            move |acc| {
+                let routes = routes.load_full();
+                tracker.spawn(crate::conn::handle(
+                    acc,
+                    routes,
+                    shared.clone(),
+                    label.clone(),
+                ));
+            },
+        ));
     }
 
     fn spawn_service_tasks(&self, svc: &Arc<Service>) {
@@ -360,12 +384,22 @@ impl Server {
     /// Save every stick table that has a `state_file`.
     pub fn save_tables(&self) {
         for svc in self.services() {
-            let (Some(t), Some(path)) = (&svc.table, svc.config.stick.as_ref().and_then(|s| s.state_file.as_ref())) else {
+            let (Some(t), Some(path)) = (
+                &svc.table,
+                svc.config
+                    .stick
+                    .as_ref()
+                    .and_then(|s| s.state_file.as_ref()),
+            ) else {
                 continue;
             };
             match t.save(path) {
-                Ok(n) => tracing::info!(service = %svc.name(), entries = n, "stick table saved to {}", path.display()),
-                Err(e) => tracing::error!(service = %svc.name(), "saving stick table to {} failed: {e}", path.display()),
+                Ok(n) => {
+                    tracing::info!(service = %svc.name(), entries = n, "stick table saved to {}", path.display())
+                }
+                Err(e) => {
+                    tracing::error!(service = %svc.name(), "saving stick table to {} failed: {e}", path.display())
+                }
             }
         }
     }
@@ -379,14 +413,24 @@ impl Server {
         }
         self.tracker.close();
         let open_before = self.tracker.len();
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_ok() {
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok()
+        {
             self.save_tables();
             return 0;
         }
         let cut = self.tracker.len();
-        tracing::warn!(connections = cut, of = open_before, "shutdown grace period over; closing remaining connections");
+        tracing::warn!(
+            connections = cut,
+            of = open_before,
+            "shutdown grace period over; closing remaining connections"
+        );
         self.shared.hard_stop.cancel();
-        if tokio::time::timeout(HARD_STOP_GRACE, self.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(HARD_STOP_GRACE, self.tracker.wait())
+            .await
+            .is_err()
+        {
             tracing::error!("some connections did not close after the hard stop");
         }
         self.save_tables();
@@ -422,8 +466,16 @@ fn table_params(st: &crate::config::StickConfig) -> TableParams {
 }
 
 fn build_routes(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
-    let hello_timeout = svcs.iter().map(|s| s.config.timeouts.client_hello).max().unwrap_or_default();
-    let max_hello = svcs.iter().map(|s| s.config.max_hello_size).max().unwrap_or_default();
+    let hello_timeout = svcs
+        .iter()
+        .map(|s| s.config.timeouts.client_hello)
+        .max()
+        .unwrap_or_default();
+    let max_hello = svcs
+        .iter()
+        .map(|s| s.config.max_hello_size)
+        .max()
+        .unwrap_or_default();
     if let [only] = svcs.as_slice() {
         return ListenerRoutes {
             tcp: only.config.mode == Mode::Tcp,

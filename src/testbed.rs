@@ -67,7 +67,8 @@ impl TestCa {
     }
 
     fn issue_raw(&self, cn: &str, names: &[&str]) -> Result<(rcgen::Certificate, KeyPair)> {
-        let mut p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        let mut p =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
         p.distinguished_name.push(DnType::CommonName, cn);
         let key = KeyPair::generate()?;
         let cert = p.signed_by(&key, &self.cert, &self.key)?;
@@ -75,7 +76,11 @@ impl TestCa {
     }
 
     /// A leaf certificate for `names` (DNS names or IP literals), with its key.
-    pub fn issue(&self, cn: &str, names: &[&str]) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    pub fn issue(
+        &self,
+        cn: &str,
+        names: &[&str],
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
         let (cert, key) = self.issue_raw(cn, names)?;
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         Ok((vec![cert.der().clone()], key))
@@ -106,7 +111,8 @@ impl Versions {
     fn list(self) -> &'static [&'static rustls::SupportedProtocolVersion] {
         static TLS12: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
         static TLS13: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS13];
-        static BOTH: [&rustls::SupportedProtocolVersion; 2] = [&rustls::version::TLS13, &rustls::version::TLS12];
+        static BOTH: [&rustls::SupportedProtocolVersion; 2] =
+            [&rustls::version::TLS13, &rustls::version::TLS12];
         match self {
             Versions::Tls12 => &TLS12,
             Versions::Tls13 => &TLS13,
@@ -140,7 +146,12 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// The rustls server configuration of a test backend.
-pub fn server_config(ca: &TestCa, name: &str, names: &[&str], tls: BackendTls) -> Result<Arc<ServerConfig>> {
+pub fn server_config(
+    ca: &TestCa,
+    name: &str,
+    names: &[&str],
+    tls: BackendTls,
+) -> Result<Arc<ServerConfig>> {
     let (chain, key) = ca.issue(name, names)?;
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(tls.versions.list())?
@@ -177,13 +188,27 @@ pub struct TlsBackend {
 
 impl TlsBackend {
     /// Start a backend on `bind` (use port 0), serving `names` with a certificate from `ca`.
-    pub async fn start(ca: &TestCa, name: &str, names: &[&str], tls: BackendTls, bind: SocketAddr) -> Result<TlsBackend> {
+    pub async fn start(
+        ca: &TestCa,
+        name: &str,
+        names: &[&str],
+        tls: BackendTls,
+        bind: SocketAddr,
+    ) -> Result<TlsBackend> {
         let cfg = server_config(ca, name, names, tls)?;
-        let listener = TcpListener::bind(bind).await.with_context(|| format!("binding {bind}"))?;
+        let listener = TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("binding {bind}"))?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let stats = Arc::new(BackendStats::default());
-        tokio::spawn(serve_backend(listener, TlsAcceptor::from(cfg), name.to_string(), stats.clone(), stop.clone()));
+        tokio::spawn(serve_backend(
+            listener,
+            TlsAcceptor::from(cfg),
+            name.to_string(),
+            stats.clone(),
+            stop.clone(),
+        ));
         Ok(TlsBackend {
             name: name.to_string(),
             addr,
@@ -204,7 +229,13 @@ impl Drop for TlsBackend {
     }
 }
 
-async fn serve_backend(listener: TcpListener, acceptor: TlsAcceptor, name: String, stats: Arc<BackendStats>, stop: CancellationToken) {
+async fn serve_backend(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    name: String,
+    stats: Arc<BackendStats>,
+    stop: CancellationToken,
+) {
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -214,26 +245,30 @@ async fn serve_backend(listener: TcpListener, acceptor: TlsAcceptor, name: Strin
         let (acceptor, name, stats) = (acceptor.clone(), name.clone(), stats.clone());
         stats.connections.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(tcp).await else { return };
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
             let resumed = tls.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed);
             let counter = if resumed { &stats.resumed } else { &stats.full };
             counter.fetch_add(1, Ordering::Relaxed);
-            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let name = name.clone();
-                async move {
-                    let body = if req.uri().path() == "/status/v1/simple" {
-                        "running".to_string()
-                    } else {
-                        format!("{name}\n")
-                    };
-                    let resp = hyper::Response::builder()
-                        .header("x-backend", name.as_str())
-                        .header("x-resumed", if resumed { "true" } else { "false" })
-                        .body(Full::new(Bytes::from(body)));
-                    Ok::<_, Infallible>(resp.unwrap_or_default())
-                }
-            });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc);
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let name = name.clone();
+                    async move {
+                        let body = if req.uri().path() == "/status/v1/simple" {
+                            "running".to_string()
+                        } else {
+                            format!("{name}\n")
+                        };
+                        let resp = hyper::Response::builder()
+                            .header("x-backend", name.as_str())
+                            .header("x-resumed", if resumed { "true" } else { "false" })
+                            .body(Full::new(Bytes::from(body)));
+                        Ok::<_, Infallible>(resp.unwrap_or_default())
+                    }
+                });
+            let conn =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc);
             if let Err(e) = conn.await {
                 tracing::debug!("test backend connection: {e}");
             }
@@ -268,10 +303,21 @@ pub struct Reply {
 }
 
 /// Connect to `addr`, handshake with SNI `server_name`, `GET path`, and report who answered.
-pub async fn get(addr: SocketAddr, server_name: &str, cfg: Arc<ClientConfig>, path: &str) -> Result<Reply> {
-    let tcp = TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-    let name = ServerName::try_from(server_name.to_string()).map_err(|e| anyhow!("bad server name: {e}"))?;
-    let tls = TlsConnector::from(cfg).connect(name, tcp).await.context("TLS handshake")?;
+pub async fn get(
+    addr: SocketAddr,
+    server_name: &str,
+    cfg: Arc<ClientConfig>,
+    path: &str,
+) -> Result<Reply> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let name = ServerName::try_from(server_name.to_string())
+        .map_err(|e| anyhow!("bad server name: {e}"))?;
+    let tls = TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await
+        .context("TLS handshake")?;
     let (_, conn) = tls.get_ref();
     let resumed = conn.handshake_kind() == Some(HandshakeKind::Resumed);
     let version = conn.protocol_version();

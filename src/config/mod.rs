@@ -350,4 +350,3 @@ impl Config {
         self.services.iter().find(|s| s.name == name)
     }
 }
-
