@@ -22,6 +22,7 @@ pub mod demo;
 pub mod hello;
 pub mod listener;
 pub mod metrics;
+pub mod probe;
 pub mod proxy_protocol;
 pub mod relay;
 pub mod route;

@@ -280,6 +280,7 @@ impl Server {
         }
         for svc in &services {
             self.spawn_service_tasks(svc);
+            crate::probe::spawn(svc);
         }
         self.shared.metrics.set_tables(
             services

@@ -224,6 +224,9 @@ pub struct StickConfig {
     pub state_file: Option<PathBuf>,
     /// How often the table is saved when `state_file` is set (default 60s).
     pub save_interval: Duration,
+    /// How often crossbar asks each backend for session tickets to learn its
+    /// ticket-key name (`tls` mode with `ticket` or `psk`); `None` (`0s`) disables.
+    pub probe_interval: Option<Duration>,
 }
 
 /// `proxy_protocol:` version sent to a backend.

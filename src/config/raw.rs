@@ -226,6 +226,7 @@ pub(super) struct RawStick {
     pub ticket_prefix: Option<u64>,
     pub state_file: Option<PathBuf>,
     pub save_interval: Option<RawDuration>,
+    pub probe_interval: Option<RawDuration>,
 }
 
 /// `proxy_protocol:`

@@ -11,6 +11,9 @@ const MAX_STICK_SIZE: u64 = 100_000_000;
 const DEFAULT_STICK_EXPIRE: Duration = Duration::from_secs(30 * 60);
 /// Default state file save interval.
 const DEFAULT_SAVE_INTERVAL: Duration = Duration::from_secs(60);
+/// Ticket-key probes: often enough to follow key rotation (nginx/OpenSSL rotate in
+/// hours), rare enough to cost each backend one handshake a minute.
+const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 /// Default source prefixes: one client per IPv4 address, one site per IPv6 /64.
 const DEFAULT_PREFIX_V4: u64 = 32;
 const DEFAULT_PREFIX_V6: u64 = 64;
@@ -82,6 +85,12 @@ impl Checker<'_> {
             DEFAULT_SAVE_INTERVAL,
             true,
         );
+        let probe = self.duration(
+            raw.probe_interval.as_ref(),
+            &join(p, "probe_interval"),
+            DEFAULT_PROBE_INTERVAL,
+            false,
+        );
         Some(StickConfig {
             on: self.stick_on(raw.on.as_deref(), mode, &join(p, "on")),
             size: size as usize,
@@ -92,6 +101,7 @@ impl Checker<'_> {
             ticket_prefix: ticket as usize,
             state_file: raw.state_file.clone(),
             save_interval: save,
+            probe_interval: (!probe.is_zero() && mode == Mode::Tls).then_some(probe),
         })
     }
 

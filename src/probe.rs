@@ -1,0 +1,450 @@
+//! Ticket-key probe: crossbar asks each backend for TLS 1.3 session tickets itself,
+//! to learn the name of the key the backend encrypts its tickets with.
+//!
+//! TLS 1.3 tickets travel encrypted, so a passthrough balancer can't read the ones
+//! a backend gives its clients. But OpenSSL-based servers (and rustls) start every
+//! ticket with the 16-byte name of their ticket key. Connecting as an ordinary
+//! client, crossbar receives tickets like anyone else; a fresh rustls connection
+//! then writes a resumption ClientHello carrying a ticket as its PSK identity, which
+//! [`crate::hello`] reads. When two tickets from one backend share their prefix, the
+//! prefix is that backend's key name: learned as a `TicketPrefix` entry, it routes
+//! every client's ticket from that backend back to it from the first resumption on,
+//! even when all clients share one NAT address. Backends whose tickets share no
+//! prefix (session-cache tickets, other stacks) are left alone; backends sharing a
+//! key are recognised by the stick table as shared and not stuck.
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+
+use crate::balance::Backend;
+use crate::config::{BackendAddress, StickOn};
+use crate::hello::{parse_client_hello, HelloParse};
+use crate::server::Service;
+use crate::stick::KeyKind;
+
+/// How long one probe handshake may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to wait after the handshake for the server's NewSessionTicket messages
+/// (OpenSSL and rustls send them right after the client's Finished).
+const TICKET_WAIT: Duration = Duration::from_millis(300);
+/// Largest resumption hello we parse (ours are ~300-600 bytes).
+const MAX_PROBE_HELLO: usize = 16 * 1024;
+
+/// Why a probe learned nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Connecting failed.
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    /// The TLS 1.3 handshake failed (a TLS 1.2-only backend ends here).
+    #[error("TLS 1.3 handshake: {0}")]
+    Handshake(std::io::Error),
+    /// The handshake took too long.
+    #[error("timed out")]
+    Timeout,
+    /// rustls refused to build a client.
+    #[error("client: {0}")]
+    Client(#[from] rustls::Error),
+}
+
+/// Start the probe loop of a service if it sticks on tickets or PSKs in `tls` mode.
+pub fn spawn(svc: &Arc<Service>) {
+    let Some(stick) = &svc.config.stick else {
+        return;
+    };
+    let (Some(interval), true) = (stick.probe_interval, stick.ticket_prefix > 0) else {
+        return;
+    };
+    if !(svc.sticks_on(StickOn::Ticket) || svc.sticks_on(StickOn::Psk)) || svc.table.is_none() {
+        return;
+    }
+    let svc = svc.clone();
+    tokio::spawn(async move {
+        let stop = svc.tasks.clone();
+        loop {
+            for b in &svc.pool.backends {
+                if stop.is_cancelled() {
+                    return;
+                }
+                if b.is_healthy() {
+                    probe_into_table(&svc, b).await;
+                }
+            }
+            // ±10% jitter so probes of many crossbar instances don't synchronise.
+            let jitter = 0.9 + fastrand::f64() * 0.2;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(interval.mul_f64(jitter)) => {}
+            }
+        }
+    });
+}
+
+async fn probe_into_table(svc: &Service, b: &Backend) {
+    let Some(table) = &svc.table else { return };
+    let Some(stick) = &svc.config.stick else {
+        return;
+    };
+    let name = server_name(svc, b);
+    match probe(
+        &b.config.address,
+        name,
+        svc.config.timeouts.connect,
+        stick.ticket_prefix,
+    )
+    .await
+    {
+        Ok(Some(prefix)) => {
+            table.learn_prefix(table.key(KeyKind::TicketPrefix, &prefix), &b.name);
+            tracing::debug!(service = %svc.name(), backend = %b.name, "ticket key name learned by probe");
+        }
+        Ok(None) => {
+            tracing::debug!(service = %svc.name(), backend = %b.name, "probe: tickets carry no common key name");
+        }
+        Err(e) => tracing::debug!(service = %svc.name(), backend = %b.name, "probe: {e}"),
+    }
+}
+
+/// The name the probe sends as SNI: the service's first exact server name, else the
+/// backend's host.
+fn server_name(svc: &Service, b: &Backend) -> ServerName<'static> {
+    let exact = svc.config.server_names.iter().find(|n| !n.starts_with('*'));
+    let host = exact
+        .cloned()
+        .unwrap_or_else(|| b.config.address.host.clone());
+    ServerName::try_from(host)
+        .unwrap_or(ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()))
+}
+
+/// Ask the backend at `addr` for tickets; `Some(prefix)` when every ticket received
+/// starts with the same `prefix_len` bytes (its ticket-key name).
+pub async fn probe(
+    addr: &BackendAddress,
+    name: ServerName<'static>,
+    connect_timeout: Duration,
+    prefix_len: usize,
+) -> Result<Option<Vec<u8>>, ProbeError> {
+    let cfg = probe_config()?;
+    let mut ids = Vec::new();
+    // One connection usually brings two tickets (OpenSSL and rustls send two);
+    // servers that send one get a second connection.
+    for _ in 0..2 {
+        handshake(&cfg, addr, name.clone(), connect_timeout).await?;
+        while let Some(id) = resumption_identity(&cfg, &name)? {
+            ids.push(id);
+        }
+        if ids.len() >= 2 {
+            break;
+        }
+    }
+    Ok(common_prefix(&ids, prefix_len))
+}
+
+/// The first `len` bytes shared by every identity, if there are at least two.
+fn common_prefix(ids: &[Vec<u8>], len: usize) -> Option<Vec<u8>> {
+    let first = ids.first()?;
+    if ids.len() < 2 || first.len() <= len {
+        return None;
+    }
+    let p = &first[..len];
+    ids.iter()
+        .all(|id| id.len() > len && &id[..len] == p)
+        .then(|| p.to_vec())
+}
+
+async fn handshake(
+    cfg: &Arc<ClientConfig>,
+    addr: &BackendAddress,
+    name: ServerName<'static>,
+    connect_timeout: Duration,
+) -> Result<(), ProbeError> {
+    let tcp = crate::conn::connect_to(addr, connect_timeout)
+        .await
+        .map_err(ProbeError::Connect)?;
+    let connect = TlsConnector::from(cfg.clone()).connect(name, tcp);
+    let mut tls = tokio::time::timeout(PROBE_TIMEOUT, connect)
+        .await
+        .map_err(|_| ProbeError::Timeout)?
+        .map_err(ProbeError::Handshake)?;
+    // Reading processes the post-handshake NewSessionTicket messages; the server
+    // sends no data, so this ends at the timeout (or at the server's close).
+    let mut buf = [0u8; 1024];
+    let _ = tokio::time::timeout(TICKET_WAIT, tls.read(&mut buf)).await; // ok: only tickets matter
+    let _ = tokio::time::timeout(TICKET_WAIT, tls.shutdown()).await; // ok: best-effort close_notify
+    Ok(())
+}
+
+/// The PSK identity a new connection would offer (consuming one stored ticket).
+fn resumption_identity(
+    cfg: &Arc<ClientConfig>,
+    name: &ServerName<'static>,
+) -> Result<Option<Vec<u8>>, ProbeError> {
+    let mut conn = ClientConnection::new(cfg.clone(), name.clone())?;
+    let mut hello = Vec::new();
+    while conn.wants_write() {
+        if conn.write_tls(&mut hello).is_err() {
+            break;
+        }
+    }
+    Ok(match parse_client_hello(&hello, MAX_PROBE_HELLO) {
+        HelloParse::Found(h) => h.psk_identities.into_iter().next(),
+        _ => None,
+    })
+}
+
+fn probe_config() -> Result<Arc<ClientConfig>, ProbeError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
+}
+
+/// The probe only collects tickets: it sends nothing and trusts nothing it receives,
+/// so it does not verify the backend's certificate (and needs no CA file).
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_needs_two_agreeing_ids() {
+        let a = [vec![1u8; 16], vec![2u8; 20]].concat();
+        let b = [vec![1u8; 16], vec![3u8; 20]].concat();
+        let c = [vec![9u8; 16], vec![3u8; 20]].concat();
+        assert_eq!(
+            common_prefix(&[a.clone(), b.clone()], 16),
+            Some(vec![1u8; 16])
+        );
+        assert_eq!(common_prefix(&[a.clone()], 16), None);
+        assert_eq!(common_prefix(&[a, c], 16), None);
+        assert_eq!(
+            common_prefix(&[vec![1u8; 16], vec![1u8; 16]], 16),
+            None,
+            "no bytes after the name"
+        );
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+    use crate::testbed::{BackendTls, TestCa, TlsBackend, Versions};
+
+    fn addr(a: std::net::SocketAddr) -> BackendAddress {
+        BackendAddress {
+            host: a.ip().to_string(),
+            port: a.port(),
+        }
+    }
+
+    #[tokio::test]
+    async fn learns_a_stable_key_name_per_backend_and_distinct_across_backends() {
+        let ca = TestCa::new("probe test").unwrap();
+        let tls = BackendTls {
+            versions: Versions::Both,
+            tickets: true,
+        };
+        let any = "127.0.0.1:0".parse().unwrap();
+        let a = TlsBackend::start(&ca, "a", &["localhost"], tls, any)
+            .await
+            .unwrap();
+        let b = TlsBackend::start(&ca, "b", &["localhost"], tls, any)
+            .await
+            .unwrap();
+        let name = || ServerName::try_from("localhost").unwrap();
+        let t = Duration::from_secs(2);
+        let pa1 = probe(&addr(a.addr), name(), t, 16)
+            .await
+            .unwrap()
+            .expect("prefix of a");
+        let pa2 = probe(&addr(a.addr), name(), t, 16)
+            .await
+            .unwrap()
+            .expect("prefix of a again");
+        let pb = probe(&addr(b.addr), name(), t, 16)
+            .await
+            .unwrap()
+            .expect("prefix of b");
+        assert_eq!(pa1, pa2, "same backend, same key name");
+        assert_ne!(pa1, pb, "independent backends, different key names");
+    }
+
+    #[tokio::test]
+    async fn session_cache_tickets_have_no_key_name() {
+        let ca = TestCa::new("probe test").unwrap();
+        let tls = BackendTls {
+            versions: Versions::Both,
+            tickets: false,
+        };
+        let a = TlsBackend::start(
+            &ca,
+            "a",
+            &["localhost"],
+            tls,
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let p = probe(
+            &addr(a.addr),
+            ServerName::try_from("localhost").unwrap(),
+            Duration::from_secs(2),
+            16,
+        )
+        .await
+        .unwrap();
+        assert_eq!(p, None);
+    }
+
+    #[tokio::test]
+    async fn tls12_only_backend_is_an_error_not_a_hang() {
+        let ca = TestCa::new("probe test").unwrap();
+        let tls = BackendTls {
+            versions: Versions::Tls12,
+            tickets: true,
+        };
+        let a = TlsBackend::start(
+            &ca,
+            "a",
+            &["localhost"],
+            tls,
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let r = probe(
+            &addr(a.addr),
+            ServerName::try_from("localhost").unwrap(),
+            Duration::from_secs(2),
+            16,
+        )
+        .await;
+        assert!(matches!(r, Err(ProbeError::Handshake(_))), "{r:?}");
+    }
+}
+
+#[cfg(test)]
+mod openssl_tests {
+    use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Start `openssl s_server` on a free port; None when openssl is missing.
+    fn s_server(
+        dir: &std::path::Path,
+        ca: &crate::testbed::TestCa,
+    ) -> Option<(Kill, std::net::SocketAddr)> {
+        let pem = ca.issue_pem("s_server", &["localhost"]).unwrap();
+        std::fs::write(dir.join("c.pem"), pem.cert).unwrap();
+        std::fs::write(dir.join("k.pem"), pem.key).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("-cert")
+            .arg(dir.join("c.pem"))
+            .arg("-key")
+            .arg(dir.join("k.pem"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        // Bounded wait for the port to open (s_server prints nothing with -quiet).
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Some((Kill(child), addr));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn openssl_s_server_key_names() {
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ca = crate::testbed::TestCa::new("probe openssl").unwrap();
+        let (Some((_a, a)), Some((_b, b))) = (s_server(da.path(), &ca), s_server(db.path(), &ca))
+        else {
+            eprintln!("SKIP: openssl s_server not available");
+            return;
+        };
+        let addr = |s: std::net::SocketAddr| BackendAddress {
+            host: "127.0.0.1".into(),
+            port: s.port(),
+        };
+        let name = || ServerName::try_from("localhost").unwrap();
+        let t = Duration::from_secs(2);
+        let pa = probe(&addr(a), name(), t, 16)
+            .await
+            .unwrap()
+            .expect("openssl tickets carry a key name");
+        let pa2 = probe(&addr(a), name(), t, 16)
+            .await
+            .unwrap()
+            .expect("again");
+        let pb = probe(&addr(b), name(), t, 16)
+            .await
+            .unwrap()
+            .expect("second server");
+        assert_eq!(pa, pa2);
+        assert_ne!(pa, pb);
+    }
+}
