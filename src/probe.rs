@@ -260,7 +260,7 @@ mod tests {
             common_prefix(&[a.clone(), b.clone()], 16),
             Some(vec![1u8; 16])
         );
-        assert_eq!(common_prefix(&[a.clone()], 16), None);
+        assert_eq!(common_prefix(std::slice::from_ref(&a), 16), None);
         assert_eq!(common_prefix(&[a, c], 16), None);
         assert_eq!(
             common_prefix(&[vec![1u8; 16], vec![1u8; 16]], 16),
