@@ -29,4 +29,5 @@ pub mod route;
 pub mod run;
 pub mod server;
 pub mod stick;
+pub mod system;
 pub mod testbed;

@@ -14,8 +14,17 @@ use crate::server::Server;
 pub async fn run(config: Config) -> Result<()> {
     let metrics = Metrics::new();
     let source = config.source.clone();
+    let wanted: u64 = config
+        .services
+        .iter()
+        .flat_map(|s| s.listen.iter().map(|l| l.max_connections as u64))
+        .sum();
+    if let Err(e) = crate::system::raise_nofile(wanted) {
+        tracing::warn!("cannot read the open-file limit: {e}");
+    }
     let server = Server::start(config, metrics).await.context("starting")?;
     tracing::info!(config = %source.display(), "crossbar {} running", env!("CARGO_PKG_VERSION"));
+    crate::system::sd_notify("READY=1");
     let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -26,6 +35,7 @@ pub async fn run(config: Config) -> Result<()> {
             _ = int.recv() => break,
         }
     }
+    crate::system::sd_notify("STOPPING=1");
     let grace = shutdown_grace(&server.config());
     tracing::info!(grace = ?grace, open = server.open_tasks(), "shutting down: no new connections, draining");
     let srv = server.clone();
@@ -43,9 +53,11 @@ pub async fn run(config: Config) -> Result<()> {
 pub fn reload(server: &Arc<Server>) {
     let path = server.config().source;
     tracing::info!(config = %path.display(), "reloading");
+    crate::system::sd_notify("RELOADING=1");
     let result = Config::load(&path)
         .map_err(|e| e.to_string())
         .and_then(|cfg| server.reload(cfg).map_err(|e| e.to_string()));
+    crate::system::sd_notify("READY=1");
     match result {
         Ok(()) => {
             server.metrics().reload(true);

@@ -281,6 +281,7 @@ impl Server {
         for svc in &services {
             self.spawn_service_tasks(svc);
             crate::probe::spawn(svc);
+            spawn_saver(svc);
         }
         self.shared.metrics.set_tables(
             services
@@ -442,6 +443,32 @@ impl Server {
     pub fn open_tasks(&self) -> usize {
         self.tracker.len()
     }
+}
+
+/// Save a service's stick table every `save_interval` when it has a `state_file`
+/// (and once more at shutdown, by [`Server::shutdown`]).
+fn spawn_saver(svc: &Arc<Service>) {
+    let (Some(table), Some(stick)) = (svc.table.clone(), svc.config.stick.as_ref()) else {
+        return;
+    };
+    let Some(path) = stick.state_file.clone() else { return };
+    let (every, stop, name) = (stick.save_interval, svc.tasks.clone(), svc.config.name.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await; // the first tick is immediate: nothing new to save yet
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let (t, p) = (table.clone(), path.clone());
+            match tokio::task::spawn_blocking(move || t.save(&p)).await {
+                Ok(Ok(n)) => tracing::debug!(service = %name, entries = n, "stick table saved"),
+                Ok(Err(e)) => tracing::error!(service = %name, "saving stick table to {} failed: {e}", path.display()),
+                Err(e) => tracing::error!(service = %name, "stick table save task failed: {e}"),
+            }
+        }
+    });
 }
 
 /// The admin state to keep for a backend across a reload: the operator's drain or

@@ -1,0 +1,93 @@
+//! The process's place in the system: file-descriptor limits and systemd readiness.
+use std::io;
+
+/// File descriptors per relayed connection: the client socket and the backend socket.
+const FDS_PER_CONNECTION: u64 = 2;
+/// Descriptors kept for listeners, the admin server, health checks, logs and state files.
+const FD_RESERVE: u64 = 256;
+
+/// Raise RLIMIT_NOFILE's soft limit to the hard limit and return the new soft limit.
+/// Warns when `max_connections` (the sum over listeners) can't be reached with it.
+pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read/write the struct we pass; no aliasing.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let wanted = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    let soft = lim.rlim_cur as u64;
+    let needed = max_connections.saturating_mul(FDS_PER_CONNECTION).saturating_add(FD_RESERVE);
+    if needed > soft {
+        tracing::warn!(
+            limit = soft,
+            needed,
+            "open-file limit too low for the configured max_connections; raise LimitNOFILE (systemd) or `ulimit -n`"
+        );
+    }
+    Ok(soft)
+}
+
+/// Tell systemd (Type=notify) about a state change: `READY=1`, `RELOADING=1`,
+/// `STOPPING=1`. Does nothing when NOTIFY_SOCKET is not set.
+pub fn sd_notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    if let Err(e) = notify_to(&path, state) {
+        tracing::warn!("sd_notify({state}) failed: {e}");
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn notify_to(path: &std::ffi::OsStr, state: &str) -> io::Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let bytes = path.as_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(abstract_name) => SocketAddr::from_abstract_name(abstract_name)?,
+        None => SocketAddr::from_pathname(std::path::Path::new(path))?,
+    };
+    let sock = UnixDatagram::unbound()?;
+    sock.send_to_addr(state.as_bytes(), &addr)?;
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn notify_to(_path: &std::ffi::OsStr, _state: &str) -> io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nofile_is_at_least_what_it_was() {
+        let soft = raise_nofile(10).unwrap();
+        assert!(soft >= 64);
+    }
+
+    #[test]
+    fn notify_reaches_a_datagram_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        notify_to(path.as_os_str(), "READY=1").unwrap();
+        let mut buf = [0u8; 64];
+        let n = sock.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1");
+    }
+}
