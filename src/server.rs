@@ -451,8 +451,14 @@ fn spawn_saver(svc: &Arc<Service>) {
     let (Some(table), Some(stick)) = (svc.table.clone(), svc.config.stick.as_ref()) else {
         return;
     };
-    let Some(path) = stick.state_file.clone() else { return };
-    let (every, stop, name) = (stick.save_interval, svc.tasks.clone(), svc.config.name.clone());
+    let Some(path) = stick.state_file.clone() else {
+        return;
+    };
+    let (every, stop, name) = (
+        stick.save_interval,
+        svc.tasks.clone(),
+        svc.config.name.clone(),
+    );
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await; // the first tick is immediate: nothing new to save yet
@@ -464,7 +470,9 @@ fn spawn_saver(svc: &Arc<Service>) {
             let (t, p) = (table.clone(), path.clone());
             match tokio::task::spawn_blocking(move || t.save(&p)).await {
                 Ok(Ok(n)) => tracing::debug!(service = %name, entries = n, "stick table saved"),
-                Ok(Err(e)) => tracing::error!(service = %name, "saving stick table to {} failed: {e}", path.display()),
+                Ok(Err(e)) => {
+                    tracing::error!(service = %name, "saving stick table to {} failed: {e}", path.display())
+                }
                 Err(e) => tracing::error!(service = %name, "stick table save task failed: {e}"),
             }
         }

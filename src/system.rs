@@ -30,7 +30,9 @@ pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
         }
     }
     let soft = lim.rlim_cur as u64;
-    let needed = max_connections.saturating_mul(FDS_PER_CONNECTION).saturating_add(FD_RESERVE);
+    let needed = max_connections
+        .saturating_mul(FDS_PER_CONNECTION)
+        .saturating_add(FD_RESERVE);
     if needed > soft {
         tracing::warn!(
             limit = soft,
@@ -44,7 +46,9 @@ pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
 /// Tell systemd (Type=notify) about a state change: `READY=1`, `RELOADING=1`,
 /// `STOPPING=1`. Does nothing when NOTIFY_SOCKET is not set.
 pub fn sd_notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
     if let Err(e) = notify_to(&path, state) {
         tracing::warn!("sd_notify({state}) failed: {e}");
     }

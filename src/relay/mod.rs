@@ -9,11 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::hello::{ServerHandshake, ServerWatcher};
+
+#[cfg(target_os = "linux")]
+mod splice;
 
 /// Per-direction copy buffer: large enough for a full TLS record (16 KiB + overhead)
 /// in one read.
@@ -105,18 +109,49 @@ enum Side {
 }
 
 /// Copy `src` to `dst` until EOF, then shut down `dst`'s write side (half-close).
-async fn pump<R, W>(
-    mut src: R,
-    mut dst: W,
+/// Bytes go through user space while the handshake is watched (the watcher must see
+/// them), then through splice(2) on Linux.
+async fn pump(
+    src: ReadHalf<'_>,
+    mut dst: WriteHalf<'_>,
+    counter: &IntCounter,
+    total: &AtomicU64,
+    activity: &Activity,
+    watch: Option<Watch<'_>>,
+) -> Result<(), Side> {
+    let zero_copy = cfg!(target_os = "linux") && splice_enabled();
+    let eof = if watch.is_some() || !zero_copy {
+        copy(src, &mut dst, counter, total, activity, watch, zero_copy).await?
+    } else {
+        Phase::Switch(src)
+    };
+    #[cfg(target_os = "linux")]
+    if let Phase::Switch(src) = eof {
+        splice::pump(src.as_ref(), dst.as_ref(), counter, total, activity).await?;
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = eof; // ok: only Linux switches to splice
+    dst.shutdown().await.map_err(Side::Write)
+}
+
+/// Why the user-space copy stopped.
+enum Phase<'a> {
+    /// The source reached EOF.
+    Eof,
+    /// The watcher is done and splice can take over.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    Switch(ReadHalf<'a>),
+}
+
+async fn copy<'a>(
+    mut src: ReadHalf<'a>,
+    dst: &mut WriteHalf<'_>,
     counter: &IntCounter,
     total: &AtomicU64,
     activity: &Activity,
     mut watch: Option<Watch<'_>>,
-) -> Result<(), Side>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+    switch_when_done: bool,
+) -> Result<Phase<'a>, Side> {
     let mut buf = vec![0u8; BUF_SIZE];
     loop {
         let n = src.read(&mut buf).await.map_err(Side::Read)?;
@@ -124,8 +159,7 @@ where
             if let Some(w) = watch.take() {
                 (w.on_handshake)(w.watcher.info());
             }
-            dst.shutdown().await.map_err(Side::Write)?;
-            return Ok(());
+            return Ok(Phase::Eof);
         }
         activity.touch();
         dst.write_all(&buf[..n]).await.map_err(Side::Write)?;
@@ -136,8 +170,23 @@ where
                 if let Some(w) = watch.take() {
                     (w.on_handshake)(w.watcher.info());
                 }
+                if switch_when_done {
+                    return Ok(Phase::Switch(src));
+                }
             }
         }
+    }
+}
+
+/// Zero-copy is on unless `CROSSBAR_NO_SPLICE=1` (for benchmarks and diagnosis).
+fn splice_enabled() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        splice::supported()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
     }
 }
 
@@ -202,5 +251,141 @@ pub async fn relay(
         server_to_client: s2c_total.load(Ordering::Relaxed),
         end,
         error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+    use tokio::net::TcpListener;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    fn counters() -> RelayCounters {
+        let c = |n: &str| IntCounter::new(n, "test").unwrap();
+        RelayCounters {
+            c2s: c("c2s"),
+            s2c: c("s2c"),
+        }
+    }
+
+    fn data(len: usize, seed: u64) -> Vec<u8> {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        (0..len).map(|_| rng.u8(..)).collect()
+    }
+
+    /// client <-> [relay] <-> server, both directions at once, then half-closes.
+    async fn roundtrip(len: usize) {
+        let (mut client, mut proxy_client_side) = pair().await;
+        let (mut proxy_server_side, mut server) = pair().await;
+        let up = data(len, 1);
+        let down = data(len, 2);
+        let (up2, down2) = (up.clone(), down.clone());
+        let cnt = counters();
+        let stop = CancellationToken::new();
+        let relay = tokio::spawn(async move {
+            let c = cnt.clone();
+            let s = relay(
+                &mut proxy_client_side,
+                &mut proxy_server_side,
+                Duration::from_secs(30),
+                &c,
+                None,
+                &stop,
+            )
+            .await;
+            (s, cnt.c2s.get(), cnt.s2c.get())
+        });
+        let srv = tokio::spawn(async move {
+            let (mut r, mut w) = server.split();
+            let send = async {
+                w.write_all(&down2).await.unwrap();
+                w.shutdown().await.unwrap();
+            };
+            let recv = async {
+                let mut got = Vec::new();
+                r.read_to_end(&mut got).await.unwrap();
+                got
+            };
+            let ((), got) = tokio::join!(send, recv);
+            Sha256::digest(&got)
+        });
+        let (mut r, mut w) = client.split();
+        let send = async {
+            w.write_all(&up2).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let recv = async {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        let ((), got) = tokio::join!(send, recv);
+        assert_eq!(
+            Sha256::digest(&got),
+            Sha256::digest(&down),
+            "server->client bytes"
+        );
+        assert_eq!(
+            srv.await.unwrap(),
+            Sha256::digest(&up),
+            "client->server bytes"
+        );
+        let (stats, c2s, s2c) = relay.await.unwrap();
+        assert_eq!(stats.client_to_server, len as u64);
+        assert_eq!(stats.server_to_client, len as u64);
+        assert_eq!((c2s, s2c), (len as u64, len as u64));
+        assert!(
+            matches!(stats.end, RelayEnd::ClientClosed | RelayEnd::ServerClosed),
+            "{:?}",
+            stats.end
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bytes_intact_both_ways_with_half_close() {
+        for len in [0, 1, 1000, 70_000, 4 << 20] {
+            roundtrip(len).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_timeout_closes() {
+        let (_client, mut a) = pair().await;
+        let (mut b, _server) = pair().await;
+        let stats = relay(
+            &mut a,
+            &mut b,
+            Duration::from_millis(200),
+            &counters(),
+            None,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(stats.end, RelayEnd::IdleTimeout);
+    }
+
+    #[tokio::test]
+    async fn hard_stop_cuts() {
+        let (_client, mut a) = pair().await;
+        let (mut b, _server) = pair().await;
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let stats = relay(
+            &mut a,
+            &mut b,
+            Duration::from_secs(60),
+            &counters(),
+            None,
+            &stop,
+        )
+        .await;
+        assert_eq!(stats.end, RelayEnd::Shutdown);
     }
 }
