@@ -29,6 +29,7 @@ pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
             }
         }
     }
+    #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every platform
     let soft = lim.rlim_cur as u64;
     let needed = max_connections
         .saturating_mul(FDS_PER_CONNECTION)
