@@ -188,3 +188,71 @@ async fn listen_address_in_use_is_an_error_naming_the_address() {
     assert!(err.contains(&addr.to_string()), "{err}");
     assert!(err.contains("in use"), "{err}");
 }
+
+/// A listener's own `max_connections`: the connection over the limit is closed at
+/// once, without reaching a backend, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_max_connections_closes_the_excess() {
+    let echo = Backend::echo("e", true).await;
+    let yaml = one_service("    mode: tcp\n", &[backend_line("e", echo.addr, "")]).replace(
+        "listen: [\"127.0.0.1:0\"]",
+        "listen: [{ address: \"127.0.0.1:0\", max_connections: 1 }]",
+    );
+    let lb = Crossbar::start(&yaml).await;
+
+    let (_, held) = who(lb.addr("svc")).await;
+    let mut excess = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    let (got, _) = within(
+        "the excess connection to close",
+        read_to_end_or_error(&mut excess),
+    )
+    .await;
+
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(echo.accepted(), 1);
+    assert_eq!(
+        lb.metric("crossbar_listener_refused_total", &[]),
+        1.0,
+        "{}",
+        lb.server.metrics().encode()
+    );
+    // The slot frees when the held connection ends.
+    drop(held);
+    wait_until("the held connection ends", || lb.active("svc", "e") == 0).await;
+    let (name, _) = who(lb.addr("svc")).await;
+    assert_eq!(name, "e");
+}
+
+/// Shutdown stops accepting, lets a connection that finishes within the grace period
+/// finish, and cuts (and counts) one that doesn't. Time is the subject: a 1 s grace
+/// (the finishing connection needs a few ms of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_accepting_and_cuts_what_outlives_the_grace() {
+    let echo = Backend::echo("e", true).await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n",
+        &[backend_line("e", echo.addr, "")],
+    ))
+    .await;
+    let addr = lb.addr("svc");
+    let (_, mut lingering) = who(addr).await;
+    let (_, finishing) = who(addr).await;
+
+    let server = lb.server.clone();
+    let shutdown = tokio::spawn(async move { server.shutdown(Duration::from_secs(1)).await });
+    // The finishing connection still relays during the grace period.
+    let data = payload(64 * 1024, 9);
+    let (n, digest) = exchange(finishing, &data).await;
+    assert_eq!((n, hex(&digest)), (data.len() as u64, hex(&sha(&data))));
+
+    let cut = within("shutdown", shutdown).await.unwrap();
+    assert_eq!(cut, 1, "exactly the lingering connection is cut");
+    let (got, _) = within("the cut", read_to_end_or_error(&mut lingering)).await;
+    assert!(got.is_empty());
+    assert_eq!(lb.server.open_tasks(), 0);
+    // The listener is closed.
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
+}
