@@ -1,0 +1,158 @@
+//! The `crossbar` binary: `check` on every shipped config and on a bad one, `demo`,
+//! `--version` and `--help`.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn crossbar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the crossbar binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn conf_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("conf/ exists")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn check_accepts_every_shipped_config_and_prints_a_summary() {
+    let files = conf_files();
+    assert!(
+        files.len() >= 3,
+        "expected the shipped configs, found {files:?}"
+    );
+    for f in files {
+        let path = f.to_str().expect("utf-8 path");
+        let out = crossbar(&["check", "-c", path]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{path}:\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        assert!(stdout.contains(&format!("{path}: OK")), "{stdout}");
+        // The summary: a header with the count, then each service with its backends.
+        assert!(stdout.starts_with(&format!("{path}: ")), "{stdout}");
+        assert!(stdout.contains(" service(s)\n"), "{stdout}");
+        assert!(stdout.contains("\nservice "), "{stdout}");
+        for key in ["listen", "balance", "timeouts", "backends"] {
+            assert!(
+                stdout.contains(&format!("\n  {key}")),
+                "no {key} line:\n{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_rejects_a_bad_file_with_file_line_col() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "services:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    bogus_key: 1\n    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n",
+    )
+    .unwrap();
+
+    let out = crossbar(&["check", "-c", path.to_str().unwrap()]);
+
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:4:5: ", path.display())),
+        "no file:line:col of the unknown key:\n{stderr}"
+    );
+    assert!(stderr.contains("bogus_key"), "{stderr}");
+    assert!(!text(&out.stdout).contains("OK"));
+}
+
+#[test]
+fn check_of_a_missing_file_fails() {
+    let out = crossbar(&["check", "-c", "/nonexistent/crossbar.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/crossbar.yaml"));
+}
+
+/// Parse "resumed X/Y resumption attempts, Z/Y on the agent's first backend".
+fn resumption_line(line: &str) -> Option<(u32, u32, u32, u32)> {
+    let rest = line.trim().strip_prefix("resumed ")?;
+    let (resumed, rest) = rest.split_once('/')?;
+    let (attempts, rest) = rest.split_once(" resumption attempts, ")?;
+    let (same, rest) = rest.split_once('/')?;
+    let attempts2 = rest.strip_suffix(" on the agent's first backend")?;
+    Some((
+        resumed.parse().ok()?,
+        attempts.parse().ok()?,
+        same.parse().ok()?,
+        attempts2.parse().ok()?,
+    ))
+}
+
+#[test]
+fn demo_runs_and_keeps_every_resumption_on_its_backend() {
+    let out = crossbar(&["demo"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+
+    let counts: Vec<_> = stdout.lines().filter_map(resumption_line).collect();
+    // One line for puppet (TLS 1.3 PSK) and one for puppetfiles (TLS 1.2 tickets):
+    // 4 agents x 4 resumptions, all resumed, all on the agent's first backend.
+    assert_eq!(counts, vec![(16, 16, 16, 16), (16, 16, 16, 16)], "{stdout}");
+    assert!(!stdout.contains("not kept on their backend"), "{stdout}");
+    // Failover to the backup once ca1 refuses.
+    for line in [
+        "agent1 -> ca1",
+        "agent3 -> ca1",
+        "agent4 -> ca2",
+        "agent5 -> ca2",
+    ] {
+        assert!(stdout.contains(line), "no {line:?}:\n{stdout}");
+    }
+    assert!(stdout.contains("stick tables:"), "{stdout}");
+}
+
+#[test]
+fn version_and_help() {
+    let out = crossbar(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("crossbar {}", env!("CARGO_PKG_VERSION"))
+    );
+
+    let out = crossbar(&["--help"]);
+    let help = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    for cmd in ["run", "check", "demo"] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(cmd)),
+            "no {cmd} in help:\n{help}"
+        );
+    }
+    assert!(help.contains("Usage: crossbar"), "{help}");
+
+    let out = crossbar(&["check", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("--config"));
+
+    // No subcommand is a usage error (clap exits 2).
+    assert_eq!(crossbar(&[]).status.code(), Some(2));
+}

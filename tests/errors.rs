@@ -1,0 +1,258 @@
+//! Failures on either side: a backend reset, a silent backend and the idle timeout,
+//! clients that leave early, and a listen address already taken.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Backend `r` resets after 64 KiB mid-stream: that client's connection is closed
+/// (EOF or error, no hang); a concurrent connection on another backend is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_reset_closes_the_client_and_spares_other_connections() {
+    let resetter = Backend::reset_after("r", 64 * 1024).await;
+    let echo = Backend::echo("e", true).await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    balance: roundrobin\n",
+        &[
+            backend_line("r", resetter.addr, ""),
+            backend_line("e", echo.addr, ""),
+        ],
+    ))
+    .await;
+
+    let mut conns = vec![who(lb.addr("svc")).await, who(lb.addr("svc")).await];
+    conns.sort_by(|a, b| a.0.cmp(&b.0));
+    let [(en, good), (rn, mut doomed)] = <[_; 2]>::try_from(conns).unwrap();
+    assert_eq!((en.as_str(), rn.as_str()), ("e", "r"));
+
+    // The doomed client streams until its connection breaks; its reader must end.
+    let (mut dr, mut dw) = doomed.split();
+    let data = payload(4 * 1024 * 1024, 3);
+    let writer = async {
+        for chunk in data.chunks(16 * 1024) {
+            if dw.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let ((), (got, _clean)) = within("the reset to reach the client", async {
+        tokio::join!(writer, read_to_end_or_error(&mut dr))
+    })
+    .await;
+    assert!(
+        got.is_empty(),
+        "the resetting backend sent no data, got {got:?}"
+    );
+    let seen = resetter.next_report().await;
+    assert_eq!(seen.received, 64 * 1024);
+
+    // The other connection still relays, intact.
+    let data = payload(1024 * 1024, 4);
+    let (n, digest) = exchange(good, &data).await;
+    assert_eq!(n, data.len() as u64);
+    assert_eq!(hex(&digest), hex(&sha(&data)));
+}
+
+/// Time is the subject: `timeouts: { idle: 1s }` closes a connection whose backend
+/// accepted but never answers, on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_timeout_closes_a_connection_to_a_silent_backend() {
+    let silent = Backend::silent("quiet").await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    timeouts: { idle: 1s }\n",
+        &[backend_line("quiet", silent.addr, "")],
+    ))
+    .await;
+
+    let mut client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    client.write_all(b"hello?").await.unwrap();
+    let started = Instant::now();
+    let (got, _) = within("the idle timeout", read_to_end_or_error(&mut client)).await;
+
+    assert!(got.is_empty());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed after {:?}, before the idle timeout",
+        started.elapsed()
+    );
+    // crossbar closed the backend side too; it had received the 6 bytes.
+    let seen = silent.next_report().await;
+    assert_eq!(seen.received, 6);
+}
+
+/// A client that leaves while crossbar is still connecting (the backend's SYNs are
+/// dropped): the connection task ends after the connect timeout; nothing leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_during_a_black_holed_connect_leaks_nothing() {
+    let hole = BlackHole::new();
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    retries: 0\n    timeouts: { connect: 300ms }\n",
+        &[backend_line("hole", hole.addr, "")],
+    ))
+    .await;
+    let baseline = lb.server.open_tasks();
+
+    let client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    wait_until("crossbar accepts", || {
+        lb.metric("crossbar_listener_accepts_total", &[]) == 1.0
+    })
+    .await;
+    drop(client);
+
+    wait_until("the connect attempt fails", || {
+        lb.metric("crossbar_connect_errors_total", &[("backend", "hole")]) == 1.0
+    })
+    .await;
+    wait_until("the connection task ends", || {
+        lb.server.open_tasks() == baseline
+    })
+    .await;
+    assert_eq!(lb.active("svc", "hole"), 0);
+}
+
+/// A client that leaves right after connecting to a backend that never speaks: the
+/// backend sees EOF (crossbar closes its side) and the task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_early_closes_the_backend_side() {
+    let silent = Backend::silent("quiet").await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n",
+        &[backend_line("quiet", silent.addr, "")],
+    ))
+    .await;
+    let baseline = lb.server.open_tasks();
+
+    for _ in 0..5 {
+        let client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+        drop(client);
+    }
+    for _ in 0..5 {
+        let seen = silent.next_report().await;
+        assert_eq!(seen.received, 0);
+    }
+    wait_until("the connection tasks end", || {
+        lb.server.open_tasks() == baseline
+    })
+    .await;
+    assert_eq!(silent.accepted(), 5);
+    assert_eq!(lb.active("svc", "quiet"), 0);
+}
+
+/// Same in `mode: tls`: a client that sends half a ClientHello and leaves never
+/// reaches a backend, and its task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_mid_hello_ends_without_a_backend_connection() {
+    let silent = Backend::silent("quiet").await;
+    let lb = Crossbar::start(&one_service("", &[backend_line("quiet", silent.addr, "")])).await;
+    let baseline = lb.server.open_tasks();
+
+    let mut client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    // A handshake record header announcing 512 bytes, and only 4 of them.
+    client
+        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc])
+        .await
+        .unwrap();
+    drop(client);
+
+    wait_until("the connection task ends", || {
+        lb.server.open_tasks() == baseline
+    })
+    .await;
+    assert_eq!(silent.accepted(), 0);
+    assert_eq!(
+        lb.metric(
+            "crossbar_client_hello_errors_total",
+            &[("service", "svc"), ("reason", "truncated")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_address_in_use_is_an_error_naming_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen: [\"{addr}\"]\n    backends:\n      - {{ name: b, address: \"127.0.0.1:1\" }}\n"
+    );
+
+    let (result, _dir) = try_start(&yaml).await;
+
+    let err = match result {
+        Ok(_) => panic!("crossbar started on {addr}, which is taken"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&addr.to_string()), "{err}");
+    assert!(err.contains("in use"), "{err}");
+}
+
+/// A listener's own `max_connections`: the connection over the limit is closed at
+/// once, without reaching a backend, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_max_connections_closes_the_excess() {
+    let echo = Backend::echo("e", true).await;
+    let yaml = one_service("    mode: tcp\n", &[backend_line("e", echo.addr, "")]).replace(
+        "listen: [\"127.0.0.1:0\"]",
+        "listen: [{ address: \"127.0.0.1:0\", max_connections: 1 }]",
+    );
+    let lb = Crossbar::start(&yaml).await;
+
+    let (_, held) = who(lb.addr("svc")).await;
+    let mut excess = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    let (got, _) = within(
+        "the excess connection to close",
+        read_to_end_or_error(&mut excess),
+    )
+    .await;
+
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(echo.accepted(), 1);
+    assert_eq!(
+        lb.metric("crossbar_listener_refused_total", &[]),
+        1.0,
+        "{}",
+        lb.server.metrics().encode()
+    );
+    // The slot frees when the held connection ends.
+    drop(held);
+    wait_until("the held connection ends", || lb.active("svc", "e") == 0).await;
+    let (name, _) = who(lb.addr("svc")).await;
+    assert_eq!(name, "e");
+}
+
+/// Shutdown stops accepting, lets a connection that finishes within the grace period
+/// finish, and cuts (and counts) one that doesn't. Time is the subject: a 1 s grace
+/// (the finishing connection needs a few ms of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_accepting_and_cuts_what_outlives_the_grace() {
+    let echo = Backend::echo("e", true).await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n",
+        &[backend_line("e", echo.addr, "")],
+    ))
+    .await;
+    let addr = lb.addr("svc");
+    let (_, mut lingering) = who(addr).await;
+    let (_, finishing) = who(addr).await;
+
+    let server = lb.server.clone();
+    let shutdown = tokio::spawn(async move { server.shutdown(Duration::from_secs(1)).await });
+    // The finishing connection still relays during the grace period.
+    let data = payload(64 * 1024, 9);
+    let (n, digest) = exchange(finishing, &data).await;
+    assert_eq!((n, hex(&digest)), (data.len() as u64, hex(&sha(&data))));
+
+    let cut = within("shutdown", shutdown).await.unwrap();
+    assert_eq!(cut, 1, "exactly the lingering connection is cut");
+    let (got, _) = within("the cut", read_to_end_or_error(&mut lingering)).await;
+    assert!(got.is_empty());
+    assert_eq!(lb.server.open_tasks(), 0);
+    // The listener is closed.
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
+}
