@@ -30,6 +30,17 @@ pub struct BindError {
     hint: &'static str,
 }
 
+impl BindError {
+    /// A bind error for `addr` without a hint.
+    pub fn new(addr: SocketAddr, source: io::Error) -> BindError {
+        BindError {
+            addr,
+            source,
+            hint: "",
+        }
+    }
+}
+
 /// Create a listening socket with crossbar's options: SO_REUSEADDR, SO_REUSEPORT
 /// (so a new crossbar process can bind next to the old one during an upgrade),
 /// IPV6_V6ONLY for IPv6 addresses (so `[::]` and `0.0.0.0` can both be bound),

@@ -6,6 +6,7 @@
 //! its socket across reloads and only its routing table is swapped.
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -93,6 +94,8 @@ struct ListenerHandle {
     routes: Arc<ArcSwap<ListenerRoutes>>,
     local: SocketAddr,
     stop: CancellationToken,
+    /// A duplicate of the listening socket, to hand to a successor on upgrade.
+    fd: Option<OwnedFd>,
 }
 
 /// Identifies a listener across reloads: its address, or for port 0 (an ephemeral
@@ -130,6 +133,9 @@ pub enum ServerError {
 /// A running balancer.
 pub struct Server {
     state: Mutex<State>,
+    /// Listening sockets received from a predecessor (upgrade), used instead of
+    /// binding when the address matches.
+    inherited: Mutex<HashMap<SocketAddr, std::net::TcpListener>>,
     shared: Arc<Shared>,
     tracker: TaskTracker,
     accepting: CancellationToken,
@@ -138,7 +144,19 @@ pub struct Server {
 impl Server {
     /// Build every service, bind every listen address, start accepting.
     pub async fn start(config: Config, metrics: Arc<Metrics>) -> Result<Arc<Server>, ServerError> {
+        Server::start_inheriting(config, metrics, HashMap::new()).await
+    }
+
+    /// Like [`Server::start`], accepting on `inherited` sockets (from a predecessor
+    /// process, see [`crate::upgrade`]) for the addresses they were listening on.
+    /// Inherited sockets the configuration no longer lists are closed.
+    pub async fn start_inheriting(
+        config: Config,
+        metrics: Arc<Metrics>,
+        inherited: HashMap<SocketAddr, std::net::TcpListener>,
+    ) -> Result<Arc<Server>, ServerError> {
         let server = Arc::new(Server {
+            inherited: Mutex::new(inherited),
             state: Mutex::new(State {
                 config: config.clone(),
                 services: Vec::new(),
@@ -153,6 +171,10 @@ impl Server {
             accepting: CancellationToken::new(),
         });
         server.apply(config)?;
+        let unused = std::mem::take(&mut *server.inherited.lock().unwrap_or_else(|e| e.into_inner()));
+        for addr in unused.keys() {
+            tracing::info!(listen = %addr, "inherited socket not in the configuration: closed");
+        }
         Ok(server)
     }
 
@@ -203,6 +225,16 @@ impl Server {
             .collect()
     }
 
+    /// The listening sockets (duplicated) with the addresses the configuration lists
+    /// for them, for handing to a successor. Port-0 listeners are not included.
+    pub fn listen_sockets(&self) -> Vec<(SocketAddr, OwnedFd)> {
+        self.lock()
+            .listeners
+            .iter()
+            .filter_map(|(k, h)| Some((k.addr, h.fd.as_ref()?.try_clone().ok()?)))
+            .collect()
+    }
+
     /// Replace the running configuration: services rebuilt (stick tables and backend
     /// state carried over by name), new addresses bound, removed ones closed, kept
     /// ones re-routed. Established connections are untouched.
@@ -232,11 +264,20 @@ impl Server {
 
         // Bind new addresses first: if one fails, nothing changes.
         let mut fresh = HashMap::new();
+        let mut inherited = self.inherited.lock().unwrap_or_else(|e| e.into_inner());
         for (key, l, _) in &by_addr {
-            if !st.listeners.contains_key(key) {
-                fresh.insert(key.clone(), listener::bind(l)?);
+            if st.listeners.contains_key(key) {
+                continue;
             }
+            let sock = match inherited.remove(&l.addr).filter(|_| key.owner.is_none()) {
+                Some(std_sock) => tokio::net::TcpListener::from_std(std_sock).map_err(|source| {
+                    BindError::new(l.addr, source)
+                })?,
+                None => listener::bind(l)?,
+            };
+            fresh.insert(key.clone(), sock);
         }
+        drop(inherited);
 
         let mut listeners = HashMap::new();
         for (key, l, svcs) in by_addr {
@@ -254,6 +295,7 @@ impl Server {
                 routes: Arc::new(ArcSwap::new(routes)),
                 local,
                 stop: self.accepting.child_token(),
+                fd: key.owner.is_none().then(|| sock.as_fd().try_clone_to_owned().ok()).flatten(),
             };
             self.spawn_accept(sock, &l, &handle);
             tracing::info!(listen = %local, "listening");
