@@ -381,6 +381,13 @@ async fn run(ca: &TestCa, case: Case, client: Peer, server: Peer) -> Row {
 
 /// Every client/backend pair of one case, concurrently; prints the rows; asserts.
 async fn case(case: Case) {
+    // `RUST_LOG=crossbar=debug` shows the access log (stick, stick_result, handshake).
+    let filter = tracing_subscriber::EnvFilter::from_default_env();
+    // Fails only when another test of this binary installed it first.
+    let _ = tracing_subscriber::fmt() // ok: see above
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
     let ca = TestCa::new("stickiness test CA").expect("CA");
     let pairs = [
         (Peer::Openssl, Peer::Openssl),
