@@ -29,6 +29,6 @@ pub mod route;
 pub mod run;
 pub mod server;
 pub mod stick;
-pub mod upgrade;
 pub mod system;
 pub mod testbed;
+pub mod upgrade;

@@ -29,9 +29,14 @@ use crate::stick::KeyKind;
 
 /// How long one probe handshake may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long to wait after the handshake for the server's NewSessionTicket messages
-/// (OpenSSL and rustls send them right after the client's Finished).
+/// Longest wait after the handshake for the server's NewSessionTicket messages
+/// (OpenSSL and rustls send them right after the client's Finished, so on a LAN
+/// they are there within a millisecond; the wait ends as soon as two arrived).
 const TICKET_WAIT: Duration = Duration::from_millis(300);
+/// Granularity of that wait.
+const TICKET_POLL: Duration = Duration::from_millis(5);
+/// Tickets wanted: two agreeing prefixes make a key name.
+const TICKETS_WANTED: usize = 2;
 /// Largest resumption hello we parse (ours are ~300-600 bytes).
 const MAX_PROBE_HELLO: usize = 16 * 1024;
 
@@ -67,13 +72,20 @@ pub fn spawn(svc: &Arc<Service>) {
     tokio::spawn(async move {
         let stop = svc.tasks.clone();
         loop {
-            for b in &svc.pool.backends {
-                if stop.is_cancelled() {
-                    return;
-                }
-                if b.is_healthy() {
-                    probe_into_table(&svc, b).await;
-                }
+            // All backends at once: right after start, the sooner every key name is
+            // known, the fewer first resumptions depend on the source hint.
+            let round = svc
+                .pool
+                .backends
+                .iter()
+                .filter(|b| b.is_healthy())
+                .map(|b| probe_into_table(&svc, b));
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = futures_join_all(round) => {}
+            }
+            if let Some(tx) = first_round.take() {
+                let _ = tx.send(()); // ok: nobody waiting is fine
             }
             // ±10% jitter so probes of many crossbar instances don't synchronise.
             let jitter = 0.9 + fastrand::f64() * 0.2;
@@ -83,6 +95,22 @@ pub fn spawn(svc: &Arc<Service>) {
             }
         }
     });
+    Some(rx)
+}
+
+/// Run futures concurrently on this task and wait for all (a few backends: no need
+/// for a crate).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futs: impl Iterator<Item = F>) {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futs.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 async fn probe_into_table(svc: &Service, b: &Backend) {
@@ -129,12 +157,12 @@ pub async fn probe(
     connect_timeout: Duration,
     prefix_len: usize,
 ) -> Result<Option<Vec<u8>>, ProbeError> {
-    let cfg = probe_config()?;
+    let (cfg, tickets) = probe_config()?;
     let mut ids = Vec::new();
     // One connection usually brings two tickets (OpenSSL and rustls send two);
     // servers that send one get a second connection.
     for _ in 0..2 {
-        handshake(&cfg, addr, name.clone(), connect_timeout).await?;
+        handshake(&cfg, &tickets, addr, name.clone(), connect_timeout).await?;
         while let Some(id) = resumption_identity(&cfg, &name)? {
             ids.push(id);
         }
@@ -159,6 +187,7 @@ fn common_prefix(ids: &[Vec<u8>], len: usize) -> Option<Vec<u8>> {
 
 async fn handshake(
     cfg: &Arc<ClientConfig>,
+    tickets: &CountingStore,
     addr: &BackendAddress,
     name: ServerName<'static>,
     connect_timeout: Duration,
@@ -171,10 +200,17 @@ async fn handshake(
         .await
         .map_err(|_| ProbeError::Timeout)?
         .map_err(ProbeError::Handshake)?;
-    // Reading processes the post-handshake NewSessionTicket messages; the server
-    // sends no data, so this ends at the timeout (or at the server's close).
+    // Reading processes the post-handshake NewSessionTicket messages (the server
+    // sends no data): read in short slices until enough tickets arrived.
     let mut buf = [0u8; 1024];
-    let _ = tokio::time::timeout(TICKET_WAIT, tls.read(&mut buf)).await; // ok: only tickets matter
+    let deadline = tokio::time::Instant::now() + TICKET_WAIT;
+    let before = tickets.count();
+    while tickets.count() < before + TICKETS_WANTED && tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(TICKET_POLL, tls.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break, // the server closed: take what arrived
+            _ => {}
+        }
+    }
     let _ = tokio::time::timeout(TICKET_WAIT, tls.shutdown()).await; // ok: best-effort close_notify
     Ok(())
 }
@@ -197,14 +233,76 @@ fn resumption_identity(
     })
 }
 
-fn probe_config() -> Result<Arc<ClientConfig>, ProbeError> {
+fn probe_config() -> Result<(Arc<ClientConfig>, Arc<CountingStore>), ProbeError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = ClientConfig::builder_with_provider(provider.clone())
+    let mut cfg = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
         .with_no_client_auth();
-    Ok(Arc::new(cfg))
+    let store = Arc::new(CountingStore::default());
+    cfg.resumption = rustls::client::Resumption::store(store.clone());
+    Ok((Arc::new(cfg), store))
+}
+
+/// rustls's in-memory session store, counting the TLS 1.3 tickets it is given so the
+/// probe knows when to stop waiting.
+#[derive(Debug)]
+struct CountingStore {
+    inner: rustls::client::ClientSessionMemoryCache,
+    tickets: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for CountingStore {
+    fn default() -> Self {
+        CountingStore {
+            inner: rustls::client::ClientSessionMemoryCache::new(8),
+            tickets: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+impl CountingStore {
+    fn count(&self) -> usize {
+        self.tickets.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl rustls::client::ClientSessionStore for CountingStore {
+    fn set_kx_hint(&self, n: ServerName<'static>, g: rustls::NamedGroup) {
+        self.inner.set_kx_hint(n, g)
+    }
+    fn kx_hint(&self, n: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.inner.kx_hint(n)
+    }
+    fn set_tls12_session(
+        &self,
+        n: ServerName<'static>,
+        v: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.inner.set_tls12_session(n, v)
+    }
+    fn tls12_session(&self, n: &ServerName<'_>) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.inner.tls12_session(n)
+    }
+    fn remove_tls12_session(&self, n: &ServerName<'static>) {
+        self.inner.remove_tls12_session(n)
+    }
+    fn insert_tls13_ticket(
+        &self,
+        n: ServerName<'static>,
+        v: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.tickets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.inner.insert_tls13_ticket(n, v)
+    }
+    fn take_tls13_ticket(
+        &self,
+        n: &ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.inner.take_tls13_ticket(n)
+    }
 }
 
 /// The probe only collects tickets: it sends nothing and trusts nothing it receives,

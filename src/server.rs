@@ -24,6 +24,9 @@ use crate::stick::{StickTable, TableParams};
 
 /// How often each stick table's sweeper removes expired entries.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// How long start-up waits for the first ticket-key probe round, so that crossbar
+/// knows its backends' key names before it reports ready (listeners already accept).
+const FIRST_PROBE_WAIT: Duration = Duration::from_secs(1);
 /// After the shutdown grace period, how long cut connections get to finish logging.
 const HARD_STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -170,8 +173,15 @@ impl Server {
             tracker: TaskTracker::new(),
             accepting: CancellationToken::new(),
         });
-        server.apply(config)?;
-        let unused = std::mem::take(&mut *server.inherited.lock().unwrap_or_else(|e| e.into_inner()));
+        let probes = server.apply(config)?;
+        let first_round = async {
+            for rx in probes {
+                let _ = rx.await; // ok: a probe task that ended early counts as done
+            }
+        };
+        let _ = tokio::time::timeout(FIRST_PROBE_WAIT, first_round).await; // ok: bounded wait
+        let unused =
+            std::mem::take(&mut *server.inherited.lock().unwrap_or_else(|e| e.into_inner()));
         for addr in unused.keys() {
             tracing::info!(listen = %addr, "inherited socket not in the configuration: closed");
         }
@@ -239,10 +249,14 @@ impl Server {
     /// state carried over by name), new addresses bound, removed ones closed, kept
     /// ones re-routed. Established connections are untouched.
     pub fn reload(&self, config: Config) -> Result<(), ServerError> {
-        self.apply(config)
+        self.apply(config).map(drop)
     }
 
-    fn apply(&self, config: Config) -> Result<(), ServerError> {
+    /// Apply a configuration; returns the first-round signals of the new probes.
+    fn apply(
+        &self,
+        config: Config,
+    ) -> Result<Vec<tokio::sync::oneshot::Receiver<()>>, ServerError> {
         let mut st = self.lock();
         let services: Vec<Arc<Service>> = config
             .services
@@ -270,9 +284,8 @@ impl Server {
                 continue;
             }
             let sock = match inherited.remove(&l.addr).filter(|_| key.owner.is_none()) {
-                Some(std_sock) => tokio::net::TcpListener::from_std(std_sock).map_err(|source| {
-                    BindError::new(l.addr, source)
-                })?,
+                Some(std_sock) => tokio::net::TcpListener::from_std(std_sock)
+                    .map_err(|source| BindError::new(l.addr, source))?,
                 None => listener::bind(l)?,
             };
             fresh.insert(key.clone(), sock);
@@ -295,7 +308,11 @@ impl Server {
                 routes: Arc::new(ArcSwap::new(routes)),
                 local,
                 stop: self.accepting.child_token(),
-                fd: key.owner.is_none().then(|| sock.as_fd().try_clone_to_owned().ok()).flatten(),
+                fd: key
+                    .owner
+                    .is_none()
+                    .then(|| sock.as_fd().try_clone_to_owned().ok())
+                    .flatten(),
             };
             self.spawn_accept(sock, &l, &handle);
             tracing::info!(listen = %local, "listening");
@@ -320,9 +337,10 @@ impl Server {
                 }
             }
         }
+        let mut probes = Vec::new();
         for svc in &services {
             self.spawn_service_tasks(svc);
-            crate::probe::spawn(svc);
+            probes.extend(crate::probe::spawn(svc));
             spawn_saver(svc);
         }
         self.shared.metrics.set_tables(
@@ -334,7 +352,7 @@ impl Server {
         st.listeners = listeners;
         st.services = services;
         st.config = config;
-        Ok(())
+        Ok(probes)
     }
 
     fn build_service(&self, sc: &ServiceConfig, old: Option<&Arc<Service>>) -> Arc<Service> {

@@ -62,16 +62,30 @@ impl Handover {
 pub fn take_over(path: &Path) -> io::Result<Option<Handover>> {
     let mut stream = match UnixStream::connect(path) {
         Ok(s) => s,
-        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => return Ok(None),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None)
+        }
         Err(e) => return Err(e),
     };
     stream.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
     stream.write_all(format!("{HELLO}\n").as_bytes())?;
     let (payload, fds) = receive(&stream)?;
-    let addrs: Vec<SocketAddr> = serde_json::from_slice(&payload)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad handover message: {e}")))?;
+    let addrs: Vec<SocketAddr> = serde_json::from_slice(&payload).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad handover message: {e}"),
+        )
+    })?;
     if addrs.len() != fds.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "address and socket counts differ"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "address and socket counts differ",
+        ));
     }
     let mut listeners = HashMap::new();
     for (addr, fd) in addrs.into_iter().zip(fds) {
@@ -90,14 +104,22 @@ fn receive(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; MAX_MESSAGE];
     let mut iov = [IoSliceMut::new(&mut buf)];
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(io::Error::from)?;
+    let msg = recvmsg::<()>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
     let mut fds = Vec::new();
     for c in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             // SAFETY: descriptors received with SCM_RIGHTS are fresh fds of this
             // process that nothing else owns.
-            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
         }
     }
     let n = msg.bytes;
@@ -141,19 +163,33 @@ fn hand_over(stream: &UnixStream, server: &Server) -> io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     if line.trim() != HELLO {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected request {line:?}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected request {line:?}"),
+        ));
     }
     let socks = server.listen_sockets();
     let addrs: Vec<SocketAddr> = socks.iter().map(|(a, _)| *a).collect();
     let payload = serde_json::to_vec(&addrs).map_err(io::Error::other)?;
     let fds: Vec<RawFd> = socks.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
-    sendmsg::<()>(stream.as_raw_fd(), &[IoSlice::new(&payload)], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None)
-        .map_err(io::Error::from)?;
-    tracing::info!(sockets = fds.len(), "upgrade: successor took the listening sockets; waiting for READY");
+    sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[IoSlice::new(&payload)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(io::Error::from)?;
+    tracing::info!(
+        sockets = fds.len(),
+        "upgrade: successor took the listening sockets; waiting for READY"
+    );
     line.clear();
     reader.read_line(&mut line)?;
     if line.trim() != "READY" {
-        return Err(io::Error::other(format!("successor did not confirm (said {line:?})")));
+        return Err(io::Error::other(format!(
+            "successor did not confirm (said {line:?})"
+        )));
     }
     Ok(())
 }
