@@ -58,17 +58,18 @@ pub enum ProbeError {
 }
 
 /// Start the probe loop of a service if it sticks on tickets or PSKs in `tls` mode.
-pub fn spawn(svc: &Arc<Service>) {
-    let Some(stick) = &svc.config.stick else {
-        return;
-    };
+/// The returned receiver fires when the first round (every healthy backend) is done.
+pub fn spawn(svc: &Arc<Service>) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    let stick = svc.config.stick.as_ref()?;
     let (Some(interval), true) = (stick.probe_interval, stick.ticket_prefix > 0) else {
-        return;
+        return None;
     };
     if !(svc.sticks_on(StickOn::Ticket) || svc.sticks_on(StickOn::Psk)) || svc.table.is_none() {
-        return;
+        return None;
     }
     let svc = svc.clone();
+    let (first_round, rx) = tokio::sync::oneshot::channel();
+    let mut first_round = Some(first_round);
     tokio::spawn(async move {
         let stop = svc.tasks.clone();
         loop {
