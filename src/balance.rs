@@ -58,6 +58,8 @@ pub struct Backend {
     epoch: Instant,
     /// Metric handles.
     pub metrics: BackendMetrics,
+    /// Consecutive check results (rise/fall), fed by active and passive checks.
+    pub health: crate::health::HealthStreak,
     slot_freed: Arc<Notify>,
 }
 
@@ -318,6 +320,7 @@ impl Pool {
                     up_since_ms: AtomicU64::new(0),
                     epoch,
                     metrics: make(c),
+                    health: Default::default(),
                     slot_freed: slot_freed.clone(),
                 };
                 b.publish_state();

@@ -504,6 +504,7 @@ async fn connect(
         let started = Instant::now();
         match connect_to(&b.config.address, svc.config.timeouts.connect).await {
             Ok(s) => {
+                crate::health::passive_success(&b);
                 b.metrics
                     .connect_duration
                     .observe(started.elapsed().as_secs_f64());
@@ -511,6 +512,7 @@ async fn connect(
             }
             Err(e) => {
                 b.metrics.connect_errors.inc();
+                crate::health::passive_failure(svc, &b, &e);
                 tracing::warn!(service = %svc.name(), backend = %b.name, address = %b.config.address, "connect failed: {e}");
                 tried.push(b.index);
                 log.backend = Some(b.name.clone());

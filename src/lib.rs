@@ -12,6 +12,7 @@
 //!
 //! Around them: [`config`] (YAML -> validated model), [`server`] (builds services,
 //! owns listeners, reload and shutdown), [`conn`] (one connection's life),
+//! [`health`] (active checks and passive failure counting: rise/fall),
 //! [`metrics`] and [`demo`] (a self-contained run with local TLS backends).
 #![deny(unsafe_code)]
 
@@ -19,6 +20,7 @@ pub mod balance;
 pub mod config;
 pub mod conn;
 pub mod demo;
+pub mod health;
 pub mod hello;
 pub mod listener;
 pub mod metrics;

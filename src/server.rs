@@ -429,6 +429,7 @@ impl Server {
     }
 
     fn spawn_service_tasks(&self, svc: &Arc<Service>) {
+        crate::health::spawn_checks(svc);
         if let Some(table) = svc.table.clone() {
             let stop = svc.tasks.clone();
             tokio::spawn(async move {

@@ -217,7 +217,9 @@ impl TlsBackend {
         })
     }
 
-    /// Stop accepting (open connections finish on their own).
+    /// Stop accepting and close the listening socket, so the port refuses connections
+    /// (open connections finish on their own). Takes effect when the accept task next
+    /// runs; a new backend can then bind the same address.
     pub fn stop(&self) {
         self.stop.cancel();
     }
@@ -237,9 +239,12 @@ async fn serve_backend(
     stop: CancellationToken,
 ) {
     loop {
+        // Accept first: connections the kernel already completed are served, not
+        // reset, when the backend stops; the listener closes (port refuses) on return.
         let accepted = tokio::select! {
-            () = stop.cancelled() => return,
+            biased;
             r = listener.accept() => r,
+            () = stop.cancelled() => return,
         };
         let Ok((tcp, _)) = accepted else { continue };
         let (acceptor, name, stats) = (acceptor.clone(), name.clone(), stats.clone());

@@ -1,0 +1,742 @@
+//! Health checks and failover, end to end on loopback: real rustls backends
+//! (testbed), crossbar started from a YAML file, real client handshakes.
+//!
+//! Timing figures are printed (`cargo test --test health -- --nocapture`).
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbar::balance::{AdminState, Backend};
+use crossbar::config::{BackendAddress, CheckKind, Config, HttpsCheck};
+use crossbar::health::{self, CheckError, Target};
+use crossbar::metrics::Metrics;
+use crossbar::server::Server;
+use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
+use rustls::pki_types::ServerName;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+const NAME: &str = "puppet.test";
+/// Check settings of every test: fast enough for a short test, slow enough for a
+/// busy 2-core machine.
+const INTERVAL: Duration = Duration::from_millis(150);
+const TIMEOUT: Duration = Duration::from_millis(150);
+const RISE: u32 = 2;
+const FALL: u32 = 2;
+/// Scheduling slack on a loaded machine, added to every timing bound.
+const SLACK: Duration = Duration::from_millis(250);
+/// Upper bound on every wait in these tests.
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn health_yaml(check: &str) -> String {
+    format!(
+        "{{ check: {check}, interval: {}ms, timeout: {}ms, rise: {RISE}, fall: {FALL} }}",
+        INTERVAL.as_millis(),
+        TIMEOUT.as_millis()
+    )
+}
+
+/// `fall` checks, each up to `interval` + 10% jitter apart, the last taking `timeout`.
+fn detection_bound() -> Duration {
+    INTERVAL.mul_f64(1.1) * FALL + TIMEOUT + SLACK
+}
+
+fn rise_bound() -> Duration {
+    INTERVAL.mul_f64(1.1) * RISE + TIMEOUT + SLACK
+}
+
+struct Lb {
+    server: Arc<Server>,
+    addr: SocketAddr,
+    _file: tempfile::NamedTempFile,
+}
+
+impl Lb {
+    /// Start crossbar with one service `puppet` in front of `backends` (name, addr, backup).
+    async fn start(service_extra: &str, backends: &[(&str, SocketAddr, bool)]) -> Lb {
+        let mut yaml = format!(
+            "admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    server_names: [\"{NAME}\"]\n{service_extra}    backends:\n"
+        );
+        for (name, addr, backup) in backends {
+            yaml.push_str(&format!(
+                "      - {{ name: {name}, address: \"{addr}\", backup: {backup} }}\n"
+            ));
+        }
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, yaml.as_bytes()).unwrap();
+        let config = Config::load(file.path()).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+        let server = Server::start(config, Metrics::new()).await.unwrap();
+        let addr = server.local_addrs("puppet")[0];
+        Lb {
+            server,
+            addr,
+            _file: file,
+        }
+    }
+
+    fn backend(&self, name: &str) -> Arc<Backend> {
+        self.server
+            .service("puppet")
+            .unwrap()
+            .pool
+            .get(name)
+            .unwrap()
+            .clone()
+    }
+}
+
+async fn tls_backend(ca: &TestCa, name: &str, bind: SocketAddr) -> TlsBackend {
+    TlsBackend::start(ca, name, &[NAME], BackendTls::default(), bind)
+        .await
+        .unwrap()
+}
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A new backend on the address a stopped one used (its listener closes as soon as
+/// its accept task sees the stop).
+async fn restart_on(ca: &TestCa, name: &str, addr: SocketAddr) -> TlsBackend {
+    let started = Instant::now();
+    loop {
+        match TlsBackend::start(ca, name, &[NAME], BackendTls::default(), addr).await {
+            Ok(b) => return b,
+            Err(e) if started.elapsed() < LIMIT => {
+                eprintln!("rebinding {addr}: {e:#}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("could not rebind {addr}: {e:#}"),
+        }
+    }
+}
+
+/// Poll `f` until true; returns how long it took, or panics after `LIMIT`.
+async fn wait_for(what: &str, f: impl Fn() -> bool) -> Duration {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < LIMIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+async fn get(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> Result<String, String> {
+    match tokio::time::timeout(LIMIT, testbed::get(addr, NAME, cfg, "/")).await {
+        Ok(Ok(r)) => Ok(r.backend),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(_) => Err("client timed out".into()),
+    }
+}
+
+/// One client connection: when it started and who answered (or why it failed).
+type Outcome = (Instant, Result<String, String>);
+
+/// Clients connecting back to back (a few in parallel) until stopped; each result
+/// is kept with the time its connection started.
+struct Load {
+    stop: Arc<AtomicBool>,
+    results: Arc<Mutex<Vec<Outcome>>>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Each worker makes at most this many connections (a bound, not a target).
+const MAX_PER_WORKER: usize = 5000;
+
+impl Load {
+    fn start(addr: SocketAddr, ca: &TestCa, workers: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let workers = (0..workers)
+            .map(|_| {
+                let cfg = testbed::client_config(ca, Versions::Both, true).unwrap();
+                let (stop, results) = (stop.clone(), results.clone());
+                tokio::spawn(async move {
+                    for _ in 0..MAX_PER_WORKER {
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        let t = Instant::now();
+                        let r = get(addr, cfg.clone()).await;
+                        results.lock().unwrap().push((t, r));
+                        // Pace: leave CPU for the balancer and backends on 2 cores.
+                        tokio::time::sleep(Duration::from_millis(3)).await;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            results,
+            workers,
+        }
+    }
+
+    fn served_by_since(&self, name: &str, since: Instant) -> usize {
+        self.results
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, r)| *t >= since && r.as_deref() == Ok(name))
+            .count()
+    }
+
+    fn failures(&self) -> Vec<String> {
+        self.results
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, r)| r.clone().err())
+            .collect()
+    }
+
+    async fn finish(self) -> Vec<Outcome> {
+        self.stop.store(true, Ordering::Release);
+        for w in self.workers {
+            w.await.unwrap();
+        }
+        Arc::try_unwrap(self.results).unwrap().into_inner().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_its_port() {
+    let ca = TestCa::new("health CA").unwrap();
+    let b1 = tls_backend(&ca, "b1", any_port()).await;
+    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let b3 = tls_backend(&ca, "b3", any_port()).await;
+    let extra = format!(
+        "    balance: roundrobin\n    retries: 2\n    health: {}\n",
+        health_yaml("tls-hello")
+    );
+    let lb = Lb::start(
+        &extra,
+        &[
+            ("b1", b1.addr, false),
+            ("b2", b2.addr, false),
+            ("b3", b3.addr, false),
+        ],
+    )
+    .await;
+    let load = Load::start(lb.addr, &ca, 3);
+    let t0 = Instant::now();
+    wait_for("all three backends to serve", || {
+        ["b1", "b2", "b3"]
+            .iter()
+            .all(|n| load.served_by_since(n, t0) > 0)
+    })
+    .await;
+
+    // Kill b2 while clients keep connecting.
+    let dead = lb.backend("b2");
+    let stopped = Instant::now();
+    b2.stop();
+    let detected = wait_for("b2 to be marked down", || !dead.is_healthy()).await;
+    // Connects that picked b2 just before the flip may still fail right after it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let errors_at_detection = dead.metrics.connect_errors.get();
+    eprintln!(
+        "b2 down after {detected:?} under load (bound fall x interval + timeout = {:?}); \
+         connects refused before: {errors_at_detection}",
+        detection_bound() - SLACK
+    );
+    assert!(detected <= detection_bound(), "detection took {detected:?}");
+    assert_eq!(dead.state_name(), "down");
+    // After detection no new connection is sent to it: its connect errors stop growing
+    // while clients keep connecting, and nothing answers as b2.
+    let after = Instant::now();
+    wait_for("more traffic", || {
+        load.served_by_since("b1", after) + load.served_by_since("b3", after) >= 30
+    })
+    .await;
+    assert_eq!(dead.metrics.connect_errors.get(), errors_at_detection);
+    assert_eq!(
+        load.served_by_since("b2", stopped + Duration::from_millis(50)),
+        0
+    );
+
+    // b2 comes back on the same port and gets traffic after `rise` checks.
+    let b2 = restart_on(&ca, "b2", b2.addr).await;
+    let restarted = Instant::now();
+    let rose = wait_for("b2 to be up again", || dead.is_healthy()).await;
+    eprintln!(
+        "b2 up again {rose:?} after its restart (bound rise x interval + timeout = {:?})",
+        rise_bound() - SLACK
+    );
+    assert!(rose <= rise_bound(), "rise took {rose:?}");
+    wait_for("b2 to serve again", || {
+        load.served_by_since("b2", restarted) > 0
+    })
+    .await;
+    // Passive detection usually wins under load, so checks failed at least once.
+    assert!(dead.metrics.check_fail.get() >= 1);
+    assert!(dead.metrics.check_ok.get() >= u64::from(RISE));
+
+    let all = load.finish().await;
+    let failed: Vec<_> = all.iter().filter_map(|(_, r)| r.clone().err()).collect();
+    eprintln!("{} client connections, {} failed", all.len(), failed.len());
+    assert!(failed.is_empty(), "client connections failed: {failed:?}");
+    drop((b1, b2, b3));
+}
+
+/// Active checks alone (no traffic): detection within fall x interval + timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_checks_alone_take_a_dead_backend_down_in_time() {
+    let ca = TestCa::new("health CA").unwrap();
+    let b1 = tls_backend(&ca, "b1", any_port()).await;
+    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let extra = format!("    health: {}\n", health_yaml("tls-hello"));
+    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("b1");
+    // Let a couple of checks pass first so the measurement starts mid-cycle.
+    wait_for("checks to pass", || b.metrics.check_ok.get() >= 2).await;
+    b1.stop();
+    let detected = wait_for("b1 to be marked down", || !b.is_healthy()).await;
+    eprintln!(
+        "no traffic: b1 down after {detected:?} (bound {:?})",
+        detection_bound() - SLACK
+    );
+    assert!(detected <= detection_bound(), "detection took {detected:?}");
+    assert_eq!(b.metrics.connect_errors.get(), 0, "only checks saw it");
+    assert!(lb.backend("b2").is_healthy());
+}
+
+async fn ca_failover(failback: &str) {
+    let ca = TestCa::new("health CA").unwrap();
+    let ca1 = tls_backend(&ca, "ca1", any_port()).await;
+    let ca2 = tls_backend(&ca, "ca2", any_port()).await;
+    let extra = format!(
+        "    balance: first\n    failback: {failback}\n    health: {}\n",
+        health_yaml("tls-hello")
+    );
+    let lb = Lb::start(&extra, &[("ca1", ca1.addr, false), ("ca2", ca2.addr, true)]).await;
+    let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
+    assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca1");
+
+    // The primary dies: every connection is served, by the standby CA.
+    ca1.stop();
+    let primary = lb.backend("ca1");
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    while primary.is_healthy() {
+        assert!(started.elapsed() < LIMIT);
+        answers.push(get(lb.addr, cfg.clone()).await);
+    }
+    for _ in 0..5 {
+        answers.push(get(lb.addr, cfg.clone()).await);
+    }
+    assert!(
+        answers.iter().all(|a| a.as_deref() == Ok("ca2")),
+        "{answers:?}"
+    );
+
+    // The primary comes back on its port.
+    let ca1 = restart_on(&ca, "ca1", ca1.addr).await;
+    wait_for("ca1 to pass rise checks", || primary.is_healthy()).await;
+    if failback == "manual" {
+        assert_eq!(primary.state_name(), "standby");
+        assert!(!primary.is_available());
+        for _ in 0..10 {
+            assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca2");
+        }
+        // Still held after more checks pass.
+        let ok = primary.metrics.check_ok.get();
+        wait_for("more checks", || primary.metrics.check_ok.get() >= ok + 2).await;
+        assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca2");
+        // The operator fails back (`crossbar backend enable puppet/ca1`).
+        primary.set_admin_state(AdminState::Enabled);
+    }
+    assert_eq!(primary.state_name(), "up");
+    for _ in 0..5 {
+        assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca1");
+    }
+    drop((ca1, ca2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_failover_with_manual_failback_waits_for_the_operator() {
+    ca_failover("manual").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_failover_with_auto_failback_returns_after_rise() {
+    ca_failover("auto").await;
+}
+
+/// A recovered primary is not held in standby when nothing else is serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_failback_does_not_hold_the_only_backend() {
+    let ca = TestCa::new("health CA").unwrap();
+    let ca1 = tls_backend(&ca, "ca1", any_port()).await;
+    let extra = format!(
+        "    balance: first\n    failback: manual\n    health: {}\n",
+        health_yaml("tls-hello")
+    );
+    let lb = Lb::start(&extra, &[("ca1", ca1.addr, false)]).await;
+    let b = lb.backend("ca1");
+    ca1.stop();
+    wait_for("ca1 down", || !b.is_healthy()).await;
+    let ca1 = restart_on(&ca, "ca1", ca1.addr).await;
+    wait_for("ca1 up", || b.is_healthy()).await;
+    assert_eq!(b.state_name(), "up");
+    drop(ca1);
+}
+
+fn target(addr: SocketAddr, name: &str) -> Target {
+    Target {
+        address: BackendAddress {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+        },
+        server_name: ServerName::try_from(name.to_string()).unwrap(),
+    }
+}
+
+/// Accepts and answers like an SSH server.
+async fn ssh_like() -> SocketAddr {
+    let l = TcpListener::bind(any_port()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                if s.write_all(b"SSH-2.0-x\r\n").await.is_ok() {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
+    let ca = TestCa::new("health CA").unwrap();
+    let tls = tls_backend(&ca, "b1", any_port()).await;
+    let hello = CheckKind::TlsHello;
+    health::probe(&hello, &target(tls.addr, NAME), TIMEOUT)
+        .await
+        .unwrap();
+    // A TLS 1.2-only server answers the same modern hello.
+    let tls12 = TlsBackend::start(
+        &ca,
+        "b12",
+        &[NAME],
+        BackendTls {
+            versions: Versions::Tls12,
+            tickets: false,
+        },
+        any_port(),
+    )
+    .await
+    .unwrap();
+    health::probe(&hello, &target(tls12.addr, NAME), TIMEOUT)
+        .await
+        .unwrap();
+
+    let ssh = ssh_like().await;
+    let err = health::probe(&hello, &target(ssh, NAME), TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CheckError::NotTls(ref s) if s.starts_with("SSH-2.0")),
+        "{err}"
+    );
+    // The same port passes a tcp check: tls-hello is the stronger one.
+    health::probe(&CheckKind::Tcp, &target(ssh, NAME), TIMEOUT)
+        .await
+        .unwrap();
+
+    // Accepts (the kernel completes the handshake) but never answers.
+    let silent = TcpListener::bind(any_port()).await.unwrap();
+    let t = Instant::now();
+    let err = health::probe(&hello, &target(silent.local_addr().unwrap(), NAME), TIMEOUT)
+        .await
+        .unwrap_err();
+    let took = t.elapsed();
+    eprintln!("silent backend: tls-hello failed after {took:?} (timeout {TIMEOUT:?})");
+    assert!(matches!(err, CheckError::Timeout(_)), "{err}");
+    assert!(took >= TIMEOUT && took <= TIMEOUT + SLACK, "{took:?}");
+
+    // A closed port fails fast.
+    let closed = {
+        let l = TcpListener::bind(any_port()).await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let err = health::probe(&hello, &target(closed, NAME), TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CheckError::Connect(_)), "{err}");
+}
+
+fn https(expect_body: Option<&str>) -> HttpsCheck {
+    HttpsCheck {
+        path: "/status/v1/simple".into(),
+        expect_status: 200,
+        expect_body: expect_body.map(str::to_string),
+        ca_file: None,
+        client_cert: None,
+        server_name: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_check_reads_the_puppet_status_page() {
+    let ca = TestCa::new("health CA").unwrap();
+    let b = tls_backend(&ca, "b1", any_port()).await;
+    let t = target(b.addr, NAME);
+    let timeout = Duration::from_secs(2);
+    let probe = |h: HttpsCheck| {
+        let t = t.clone();
+        async move { health::probe(&CheckKind::Https(h), &t, timeout).await }
+    };
+    // No ca_file: no verification.
+    probe(https(Some("running"))).await.unwrap();
+    let err = probe(https(Some("stopping"))).await.unwrap_err();
+    assert!(matches!(err, CheckError::Body { .. }), "{err}");
+    let mut wrong_status = https(None);
+    wrong_status.expect_status = 204;
+    let err = probe(wrong_status).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckError::Status {
+                got: 200,
+                want: 204
+            }
+        ),
+        "{err}"
+    );
+
+    // Verified against the CA, with a client certificate from PEM files.
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let client = ca.issue_pem("lb.test", &["lb.test"]).unwrap();
+    let (cert, key) = (dir.path().join("lb.pem"), dir.path().join("lb.key"));
+    std::fs::write(&cert, client.cert).unwrap();
+    std::fs::write(&key, client.key).unwrap();
+    let mut verified = https(Some("running"));
+    verified.ca_file = Some(ca_file.clone());
+    verified.client_cert = Some((cert, key));
+    probe(verified.clone()).await.unwrap();
+
+    // The same check fails against a certificate from another CA.
+    let other = TestCa::new("other CA").unwrap();
+    let impostor = tls_backend(&other, "x", any_port()).await;
+    let err = health::probe(
+        &CheckKind::Https(verified.clone()),
+        &target(impostor.addr, NAME),
+        timeout,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CheckError::Tls(_)), "{err}");
+    // ... and against the right CA but the wrong name.
+    let err = health::probe(
+        &CheckKind::Https(verified),
+        &target(b.addr, "other.test"),
+        timeout,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CheckError::Tls(_)), "{err}");
+    // A missing ca_file is a failure that says which file.
+    let mut missing = https(None);
+    missing.ca_file = Some(dir.path().join("nope.pem"));
+    let err = probe(missing).await.unwrap_err();
+    assert!(err.to_string().contains("nope.pem"), "{err}");
+}
+
+/// Through crossbar: the https check keeps a backend up; a failing expectation takes
+/// it down even though it accepts TCP and TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_check_through_the_balancer() {
+    let ca = TestCa::new("health CA").unwrap();
+    let b1 = tls_backend(&ca, "b1", any_port()).await;
+    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let extra = format!(
+        "    health: {{ check: https, interval: {}ms, timeout: 1s, rise: {RISE}, fall: {FALL} }}\n",
+        INTERVAL.as_millis()
+    );
+    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("b1");
+    wait_for("https checks to pass", || b.metrics.check_ok.get() >= 3).await;
+    assert!(b.is_healthy() && b.metrics.check_fail.get() == 0);
+
+    let extra = format!(
+        "    health: {{ check: https, expect_body: not-running, interval: {}ms, timeout: 1s, rise: {RISE}, fall: {FALL} }}\n",
+        INTERVAL.as_millis()
+    );
+    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("b1");
+    wait_for("b1 down by https check", || !b.is_healthy()).await;
+    assert!(b.metrics.check_fail.get() >= u64::from(FALL));
+}
+
+async fn ask(
+    sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+) -> String {
+    use http_body_util::BodyExt;
+    let req = hyper::Request::get("/")
+        .header("host", NAME)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&body).trim().to_string()
+}
+
+/// Drain: the open connection keeps working; no new connection reaches the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_keeps_open_connections_and_takes_no_new_ones() {
+    use hyper_util::rt::TokioIo;
+
+    let ca = TestCa::new("health CA").unwrap();
+    let b1 = tls_backend(&ca, "b1", any_port()).await;
+    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let extra = format!("    health: {}\n", health_yaml("tls-hello"));
+    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
+
+    // One long-lived connection (an agent's keep-alive connection).
+    let tcp = TcpStream::connect(lb.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+        .connect(ServerName::try_from(NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let held = ask(&mut sender).await;
+    let backend = lb.backend(&held);
+    backend.set_admin_state(AdminState::Drain);
+    assert_eq!(backend.state_name(), "drain");
+    for _ in 0..10 {
+        assert_ne!(get(lb.addr, cfg.clone()).await.unwrap(), held);
+    }
+    // Checks keep running on a drained backend and don't undo the drain.
+    let ok = backend.metrics.check_ok.get();
+    wait_for("checks on the drained backend", || {
+        backend.metrics.check_ok.get() > ok
+    })
+    .await;
+    assert_eq!(backend.state_name(), "drain");
+    assert_eq!(
+        ask(&mut sender).await,
+        held,
+        "the open connection still reaches it"
+    );
+    assert_eq!(backend.active(), 1);
+    drop(sender);
+    driver.abort();
+    drop((b1, b2));
+}
+
+/// A listening socket whose accept queue is full: the kernel drops further SYNs, so
+/// connects hang (a black hole), all on loopback.
+async fn black_hole() -> (SocketAddr, socket2::Socket, Vec<TcpStream>) {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&any_port().into()).unwrap();
+    s.listen(0).unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..16 {
+        match tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(addr)).await {
+            Ok(Ok(c)) => fillers.push(c),
+            Ok(Err(e)) => panic!("filling the backlog: {e}"),
+            Err(_) => return (addr, s, fillers),
+        }
+    }
+    panic!("the accept queue of {addr} never filled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_continue_while_a_backend_is_black_holed() {
+    let ca = TestCa::new("health CA").unwrap();
+    let (hole, _sock, _fillers) = black_hole().await;
+    let good = tls_backend(&ca, "good", any_port()).await;
+    let extra = format!(
+        "    balance: roundrobin\n    retries: 2\n    timeouts: {{ connect: 300ms }}\n    health: {}\n",
+        health_yaml("tcp")
+    );
+    let lb = Lb::start(&extra, &[("hole", hole, false), ("good", good.addr, false)]).await;
+    let started = Instant::now();
+    // 20 clients at once: half are first sent to the black hole, wait out the connect
+    // timeout there, and are retried on the good backend, all concurrently.
+    let clients: Vec<_> = (0..20)
+        .map(|_| {
+            let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
+            let addr = lb.addr;
+            tokio::spawn(async move {
+                let t = Instant::now();
+                (get(addr, cfg).await, t.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for c in clients {
+        let (r, took) = c.await.unwrap();
+        assert_eq!(r.as_deref(), Ok("good"));
+        slowest = slowest.max(took);
+    }
+    let all = started.elapsed();
+    eprintln!("20 concurrent clients with a black-holed backend: all served in {all:?}, slowest {slowest:?}");
+    // Serialized accepts would need ~10 x 300 ms.
+    assert!(all < Duration::from_millis(1500), "{all:?}");
+    let b = lb.backend("hole");
+    wait_for("the black hole to be marked down", || !b.is_healthy()).await;
+    let detected = started.elapsed();
+    eprintln!(
+        "black-holed backend down {detected:?} after start (checks time out after {TIMEOUT:?})"
+    );
+    assert!(detected <= detection_bound(), "{detected:?}");
+    // Once it is down, clients are no longer delayed.
+    let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
+    for _ in 0..5 {
+        let t = Instant::now();
+        assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "good");
+        assert!(
+            t.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+}
+
+/// `check: none`: connect failures take a backend down; it is re-admitted after
+/// rise x interval, and goes down again if still dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
+    let ca = TestCa::new("health CA").unwrap();
+    let b1 = tls_backend(&ca, "b1", any_port()).await;
+    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let extra = format!(
+        "    balance: roundrobin\n    retries: 2\n    health: {}\n",
+        health_yaml("none")
+    );
+    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("b1");
+    b1.stop();
+    let load = Load::start(lb.addr, &ca, 2);
+    wait_for("b1 down by failed connects", || !b.is_healthy()).await;
+    let down_at = Instant::now();
+    assert!(b.metrics.connect_errors.get() >= u64::from(FALL));
+    let readmitted = wait_for("b1 re-admitted", || b.is_healthy()).await;
+    eprintln!(
+        "check none: re-admitted {readmitted:?} after going down (rise x interval = {:?})",
+        INTERVAL * RISE
+    );
+    assert!(readmitted >= INTERVAL.mul_f64(0.9) * (RISE - 1));
+    assert!(readmitted <= rise_bound());
+    // Still dead: the traffic takes it down again.
+    wait_for("b1 down again", || !b.is_healthy()).await;
+    assert!(down_at.elapsed() < LIMIT);
+    assert_eq!(b.metrics.check_ok.get() + b.metrics.check_fail.get(), 0);
+    assert!(load.failures().is_empty(), "{:?}", load.failures());
+    let all = load.finish().await;
+    assert!(all.iter().all(|(_, r)| r.as_deref() == Ok("b2")));
+    drop(b2);
+}
