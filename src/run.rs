@@ -22,10 +22,9 @@ pub async fn run(config: Config) -> Result<()> {
     // before any service address is bound.
     let admin_setup = match &config.admin {
         Some(a) => {
-            let token = admin::load_token(a).context("starting the admin endpoint")?;
-            let listener = admin::bind(a.listen)
-                .await
-                .context("starting the admin endpoint")?;
+            // Both errors name the admin address or token file themselves.
+            let token = admin::load_token(a)?;
+            let listener = admin::bind(a.listen).await?;
             Some((listener, token))
         }
         None => None,

@@ -192,7 +192,7 @@ struct Exposition {
     /// Families with a HELP line.
     helps: BTreeSet<String>,
     /// (sample name, sorted labels) -> value.
-    samples: BTreeMap<(String, Vec<(String, String)>), f64>,
+    samples: BTreeMap<(String, Labels), f64>,
 }
 
 fn is_metric_name(s: &str) -> bool {
@@ -219,7 +219,10 @@ fn parse_value(s: &str) -> Result<f64, String> {
 }
 
 /// Labels of `{a="x",b="y"}` (the text between the braces); returns the rest after `}`.
-fn parse_labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+/// Label pairs of one sample.
+type Labels = Vec<(String, String)>;
+
+fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     let mut rest = s;
     loop {
@@ -584,7 +587,29 @@ async fn dashboard_and_alerts_use_real_metrics() {
     tokio::io::AsyncReadExt::read_to_end(&mut http, &mut sink)
         .await
         .unwrap();
+    // A refusal (no backend left) and a reload make their families appear.
+    let a = call(
+        bed.admin,
+        Method::POST,
+        "/api/backends/broken/gone/disable",
+        None,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
+    assert!(testbed::get(bed.listen("broken"), NAME, cfg, "/")
+        .await
+        .is_err());
+    let a = call(bed.admin, Method::POST, "/api/reload", None).await;
+    assert_eq!(a.status, StatusCode::OK);
     let m = scrape(&bed).await;
+    assert_eq!(
+        m.get(
+            "crossbar_route_refused_total",
+            &[("service", "broken"), ("reason", "no_backend")]
+        ),
+        1.0
+    );
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
     let dashboard = std::fs::read_to_string(docs.join("grafana-dashboard.json")).unwrap();
     let _: Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");

@@ -22,12 +22,12 @@ impl fmt::Debug for Secret {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// The file could not be read.
-    #[error("admin token file {path}: {source}")]
+    #[error("admin token file {path}: {error}")]
     Unreadable {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file holds only whitespace.
     #[error("admin token file {path} is empty")]
@@ -47,9 +47,9 @@ impl Secret {
 
     /// Read a token file (trimmed); an empty or unreadable file is an error.
     pub fn from_file(path: &Path) -> Result<Secret, TokenError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TokenError::Unreadable {
+        let text = std::fs::read_to_string(path).map_err(|error| TokenError::Unreadable {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Secret::new(&text).ok_or_else(|| TokenError::Empty {
             path: path.to_path_buf(),

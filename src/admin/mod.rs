@@ -46,12 +46,12 @@ const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     /// The listen address could not be bound.
-    #[error("binding the admin endpoint on {addr}: {source}")]
+    #[error("binding the admin endpoint on {addr}: {error}")]
     Bind {
         /// The address.
         addr: SocketAddr,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The token file is unusable.
     #[error(transparent)]
@@ -62,7 +62,7 @@ pub enum AdminError {
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, AdminError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| AdminError::Bind { addr, source })
+        .map_err(|error| AdminError::Bind { addr, error })
 }
 
 /// Read the token file of `config`, if one is set (trimmed; empty or unreadable is
