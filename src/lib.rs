@@ -13,10 +13,14 @@
 //! Around them: [`config`] (YAML -> validated model), [`server`] (builds services,
 //! owns listeners, reload and shutdown), [`conn`] (one connection's life),
 //! [`health`] (active checks and passive failure counting: rise/fall),
-//! [`metrics`] and [`demo`] (a self-contained run with local TLS backends).
+//! [`metrics`], [`admin`] (the HTTP endpoint: /metrics, /healthz, /api), [`cli`]
+//! (the `crossbar status|table|backend|reload` clients of that API) and [`demo`]
+//! (a self-contained run with local TLS backends).
 #![deny(unsafe_code)]
 
+pub mod admin;
 pub mod balance;
+pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod demo;

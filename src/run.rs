@@ -1,11 +1,15 @@
 //! `crossbar run`: start the server, then serve signals: SIGHUP reloads the config
 //! file (a bad file keeps the old config), SIGTERM/SIGINT drain and exit (a second
-//! signal exits at once).
+//! signal exits at once). The admin endpoint runs next to the balancer and stops
+//! after the drain.
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 
+use crate::admin;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::server::Server;
@@ -22,7 +26,35 @@ pub async fn run(config: Config) -> Result<()> {
     if let Err(e) = crate::system::raise_nofile(wanted) {
         tracing::warn!("cannot read the open-file limit: {e}");
     }
+    // Token and admin socket first: a bad token file or a taken port stops the start
+    // before any service address is bound.
+    let admin_setup = match &config.admin {
+        Some(a) => {
+            // Both errors name the admin address or token file themselves.
+            let token = admin::load_token(a)?;
+            let listener = admin::bind(a.listen).await?;
+            Some((listener, token))
+        }
+        None => None,
+    };
     let server = Server::start(config, metrics).await.context("starting")?;
+    let admin_stop = CancellationToken::new();
+    let admin_task = admin_setup.map(|(listener, token)| {
+        if let Ok(addr) = listener.local_addr() {
+            let auth = if token.is_some() {
+                "token"
+            } else {
+                "loopback writes only"
+            };
+            tracing::info!(listen = %addr, auth, "admin endpoint listening");
+        }
+        tokio::spawn(admin::serve(
+            listener,
+            server.clone(),
+            token,
+            admin_stop.clone(),
+        ))
+    });
     tracing::info!(config = %source.display(), "crossbar {} running", env!("CARGO_PKG_VERSION"));
     crate::system::sd_notify("READY=1");
     let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
@@ -30,7 +62,10 @@ pub async fn run(config: Config) -> Result<()> {
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     loop {
         tokio::select! {
-            _ = hup.recv() => reload(&server),
+            _ = hup.recv() => {
+                // Logged and counted inside; on failure the running config stays.
+                let _outcome: Result<(), String> = reload(&server);
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -46,11 +81,23 @@ pub async fn run(config: Config) -> Result<()> {
         _ = term.recv() => tracing::warn!("second signal: exiting now"),
         _ = int.recv() => tracing::warn!("second signal: exiting now"),
     }
+    admin_stop.cancel();
+    if let Some(task) = admin_task {
+        if tokio::time::timeout(ADMIN_STOP_GRACE, task).await.is_err() {
+            tracing::warn!("admin endpoint did not stop in time");
+        }
+    }
     Ok(())
 }
 
+/// How long the admin endpoint's open requests get to finish at exit.
+const ADMIN_STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Re-read the config file and apply it; on any error keep the running config.
-pub fn reload(server: &Arc<Server>) {
+/// Logs and counts the outcome (SIGHUP and `POST /api/reload` both come here);
+/// the error is the reason, for the admin API to return. The admin endpoint itself
+/// (listen address, token) is not reloaded: that needs a restart.
+pub fn reload(server: &Arc<Server>) -> Result<(), String> {
     let path = server.config().source;
     tracing::info!(config = %path.display(), "reloading");
     crate::system::sd_notify("RELOADING=1");
@@ -62,10 +109,12 @@ pub fn reload(server: &Arc<Server>) {
         Ok(()) => {
             server.metrics().reload(true);
             tracing::info!("reload complete");
+            Ok(())
         }
         Err(e) => {
             server.metrics().reload(false);
             tracing::error!("reload failed, keeping the running configuration:\n{e}");
+            Err(e)
         }
     }
 }

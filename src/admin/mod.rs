@@ -1,0 +1,295 @@
+//! The admin HTTP endpoint: `/metrics`, `/healthz` and the `/api` to inspect
+//! services, show and flush stick tables, drain/enable/disable backends and reload.
+//!
+//! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
+//! header read timeout and request bodies capped (no endpoint takes a body). Reads
+//! are open to whoever reaches the address, so keep it on loopback or a management
+//! network; writes (POST/DELETE) need the bearer token when `admin.token_file` is
+//! set, else they are accepted from loopback peers only. Errors are JSON:
+//! `{"error": "..."}`.
+mod api;
+mod auth;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+pub use api::{Action, DEFAULT_TABLE_LIMIT, MAX_TABLE_LIMIT};
+pub use auth::{constant_time_eq, Secret, TokenError};
+
+use crate::config::AdminConfig;
+use crate::server::Server;
+
+/// Largest request body accepted; no endpoint needs one, so this only bounds abuse.
+const MAX_BODY: usize = 1024;
+/// Time a client has to send a request's headers (slowloris guard).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Concurrent admin connections: a scraper, a few operators and scripts.
+const MAX_CONNECTIONS: usize = 64;
+/// Pause after an accept error (EMFILE) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// The Prometheus text exposition format.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The admin endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The listen address could not be bound.
+    #[error("binding the admin endpoint on {addr}: {error}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The token file is unusable.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
+/// Bind the admin listen address.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, AdminError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|error| AdminError::Bind { addr, error })
+}
+
+/// Read the token file of `config`, if one is set (trimmed; empty or unreadable is
+/// an error). Read once: changing the token needs a restart.
+pub fn load_token(config: &AdminConfig) -> Result<Option<Secret>, AdminError> {
+    Ok(config
+        .token_file
+        .as_deref()
+        .map(Secret::from_file)
+        .transpose()?)
+}
+
+struct Ctx {
+    server: Arc<Server>,
+    token: Option<Secret>,
+}
+
+/// Serve the admin API on `listener` until `stop` fires; open connections then
+/// finish their current request.
+pub async fn serve(
+    listener: TcpListener,
+    server: Arc<Server>,
+    token: Option<Secret>,
+    stop: CancellationToken,
+) {
+    let ctx = Arc::new(Ctx { server, token });
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "admin: too many connections, closing");
+            continue;
+        };
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        tokio::spawn(async move {
+            connection(tcp, peer, ctx, stop).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<Ctx>,
+    stop: CancellationToken,
+) {
+    let svc = hyper::service::service_fn(move |req| {
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(handle(&ctx, peer, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(tcp), svc);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, "admin connection: {e}");
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_reply(status: StatusCode, v: &Value) -> Reply {
+    let mut body = v.to_string();
+    body.push('\n');
+    reply(status, "application/json", body)
+}
+
+fn error(status: StatusCode, msg: impl std::fmt::Display) -> Reply {
+    json_reply(status, &json!({ "error": msg.to_string() }))
+}
+
+/// The endpoints, with the methods each accepts.
+#[derive(Debug)]
+enum Route<'a> {
+    Metrics,
+    Healthz,
+    Services,
+    Table(&'a str),
+    Backend(&'a str, &'a str, Action),
+    Reload,
+}
+
+impl Route<'_> {
+    fn parse(path: &str) -> Option<Route<'_>> {
+        let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+        Some(match segs.as_slice() {
+            ["metrics"] => Route::Metrics,
+            ["healthz"] => Route::Healthz,
+            ["api", "services"] => Route::Services,
+            ["api", "tables", s] if !s.is_empty() => Route::Table(s),
+            ["api", "backends", s, b, a] if !s.is_empty() && !b.is_empty() => {
+                Route::Backend(s, b, Action::parse(a)?)
+            }
+            ["api", "reload"] => Route::Reload,
+            _ => return None,
+        })
+    }
+
+    fn allow(&self) -> &'static [Method] {
+        match self {
+            Route::Table(_) => &[Method::GET, Method::DELETE],
+            Route::Backend(..) | Route::Reload => &[Method::POST],
+            _ => &[Method::GET],
+        }
+    }
+}
+
+async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Reply {
+    let (parts, body) = req.into_parts();
+    let too_long = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_BODY as u64);
+    if too_long || Limited::new(body, MAX_BODY).collect().await.is_err() {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over {MAX_BODY} bytes (no endpoint takes a body)"),
+        );
+    }
+    let Some(route) = Route::parse(parts.uri.path()) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no such endpoint: {}", parts.uri.path()),
+        );
+    };
+    let allowed = route.allow();
+    if !allowed.contains(&parts.method) {
+        let list: Vec<&str> = allowed.iter().map(Method::as_str).collect();
+        let mut r = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "method {} not allowed here (allowed: {})",
+                parts.method,
+                list.join(", ")
+            ),
+        );
+        if let Ok(v) = HeaderValue::from_str(&list.join(", ")) {
+            r.headers_mut().insert(ALLOW, v);
+        }
+        return r;
+    }
+    if parts.method != Method::GET {
+        if let Err(denied) = auth::check_write(ctx.token.as_ref(), &parts.headers, peer.ip()) {
+            tracing::warn!(%peer, method = %parts.method, path = parts.uri.path(), ?denied, "admin: write refused");
+            return denied_reply(denied);
+        }
+    }
+    dispatch(ctx, route, &parts.method, parts.uri.query())
+}
+
+fn denied_reply(d: auth::Denied) -> Reply {
+    match d {
+        auth::Denied::BadToken => {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "write operations need `Authorization: Bearer <token>` with the admin token",
+            );
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            r
+        }
+        auth::Denied::NotLoopback => error(
+            StatusCode::FORBIDDEN,
+            "write operations are accepted from loopback only unless admin.token_file is set",
+        ),
+    }
+}
+
+fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&str>) -> Reply {
+    let server = &ctx.server;
+    let result = match route {
+        Route::Metrics => {
+            return reply(
+                StatusCode::OK,
+                METRICS_CONTENT_TYPE,
+                server.metrics().encode(),
+            )
+        }
+        Route::Healthz => {
+            return match api::healthz(server) {
+                Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+                Err(e) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    e + "\n",
+                ),
+            }
+        }
+        Route::Services => Ok(api::services(server)),
+        Route::Table(s) if method == Method::DELETE => api::flush(server, s),
+        Route::Table(s) => api::table_limit(query).and_then(|n| api::table(server, s, n)),
+        Route::Backend(s, b, a) => api::set_backend(server, s, b, a),
+        Route::Reload => api::reload(server),
+    };
+    match result {
+        Ok(v) => json_reply(StatusCode::OK, &v),
+        Err(e) => error(e.status(), e),
+    }
+}

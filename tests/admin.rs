@@ -1,0 +1,1147 @@
+//! The admin endpoint over real HTTP on loopback: /metrics after real TLS traffic
+//! (exact counters, exposition syntax, every family of DESIGN.md), the /api end to
+//! end (services, tables, drain observed in routing), auth, error codes, the CLI
+//! binary, and that the dashboard and alert files only use metrics that exist.
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crossbar::admin;
+use crossbar::config::Config;
+use crossbar::metrics::Metrics;
+use crossbar::server::Server;
+use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Bytes;
+use hyper::{HeaderMap, Method, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+const NAME: &str = "puppet.example.com";
+
+/// A running balancer with its admin endpoint and TLS backends, all on loopback.
+struct Bed {
+    server: Arc<Server>,
+    admin: SocketAddr,
+    stop: CancellationToken,
+    ca: TestCa,
+    dir: tempfile::TempDir,
+    _backends: Vec<TlsBackend>,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Bed {
+    /// Services: `puppet` (roundrobin, stick on session_id/ticket/psk, b1 b2),
+    /// `plain` (roundrobin, no stick, p1 p2) and `broken` (one backend on a closed port).
+    async fn start(token: Option<&str>) -> Bed {
+        let ca = TestCa::new("admin test CA").unwrap();
+        let mut backends = Vec::new();
+        for n in ["b1", "b2", "p1", "p2"] {
+            let bind = "127.0.0.1:0".parse().unwrap();
+            let b = TlsBackend::start(&ca, n, &[NAME], BackendTls::default(), bind)
+                .await
+                .unwrap();
+            backends.push(b);
+        }
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let addr = |i: usize| backends[i].addr;
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = format!(
+            "admin: {{ enabled: false }}\n\
+             defaults:\n  health: {{ check: none }}\n  retries: 0\n\
+             services:\n\
+             \x20 puppet:\n    listen: [\"127.0.0.1:0\"]\n    balance: roundrobin\n\
+             \x20   stick: {{ on: [session_id, ticket, psk], size: 1000, expire: 30m }}\n\
+             \x20   backends:\n\
+             \x20     - {{ name: b1, address: \"{}\" }}\n\
+             \x20     - {{ name: b2, address: \"{}\" }}\n\
+             \x20 plain:\n    listen: [\"127.0.0.1:0\"]\n    balance: roundrobin\n\
+             \x20   backends:\n\
+             \x20     - {{ name: p1, address: \"{}\" }}\n\
+             \x20     - {{ name: p2, address: \"{}\", weight: 1 }}\n\
+             \x20 broken:\n    listen: [\"127.0.0.1:0\"]\n\
+             \x20   backends:\n\
+             \x20     - {{ name: gone, address: \"{closed}\" }}\n",
+            addr(0),
+            addr(1),
+            addr(2),
+            addr(3),
+        );
+        let path = dir.path().join("crossbar.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let config = Config::load(&path).unwrap();
+        let server = Server::start(config, Metrics::new()).await.unwrap();
+        let token = token.map(|t| {
+            let f = dir.path().join("admin.token");
+            std::fs::write(&f, format!("{t}\n")).unwrap();
+            admin::Secret::from_file(&f).unwrap()
+        });
+        let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let admin = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(admin::serve(listener, server.clone(), token, stop.clone()));
+        Bed {
+            server,
+            admin,
+            stop,
+            ca,
+            dir,
+            _backends: backends,
+        }
+    }
+
+    fn listen(&self, service: &str) -> SocketAddr {
+        self.server.local_addrs(service)[0]
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.admin)
+    }
+
+    fn token_file(&self) -> PathBuf {
+        self.dir.path().join("admin.token")
+    }
+
+    /// One TLS connection with a fresh session cache; the backend that answered.
+    async fn once(&self, service: &str) -> String {
+        let cfg = testbed::client_config(&self.ca, Versions::Both, true).unwrap();
+        testbed::get(self.listen(service), NAME, cfg, "/")
+            .await
+            .unwrap()
+            .backend
+    }
+}
+
+/// An HTTP answer: status, headers, body.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// One request to the admin endpoint, optionally with a bearer token and a body.
+async fn call(addr: SocketAddr, method: Method, path: &str, token: Option<&str>) -> Answer {
+    call_with_body(addr, method, path, token, Bytes::new()).await
+}
+
+async fn call_with_body(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Bytes,
+) -> Answer {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = sender
+        .send_request(req.body(Full::new(body)).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    driver.abort();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+async fn get(bed: &Bed, path: &str) -> Answer {
+    call(bed.admin, Method::GET, path, None).await
+}
+
+// ---------------------------------------------------------------------------
+// A Prometheus text-format (0.0.4) parser, from the spec: lines are `# HELP name
+// text`, `# TYPE name type`, other `#` comments, blank, or samples
+// `name{label="value",...} value [timestamp]`.
+
+#[derive(Debug, Default)]
+struct Exposition {
+    /// Family name -> type.
+    types: BTreeMap<String, String>,
+    /// Families with a HELP line.
+    helps: BTreeSet<String>,
+    /// (sample name, sorted labels) -> value.
+    samples: BTreeMap<(String, Labels), f64>,
+}
+
+fn is_metric_name(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_' || f == ':')
+        && c.all(|x| x.is_ascii_alphanumeric() || x == '_' || x == ':')
+}
+
+fn is_label_name(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_')
+        && c.all(|x| x.is_ascii_alphanumeric() || x == '_')
+}
+
+fn parse_value(s: &str) -> Result<f64, String> {
+    match s {
+        "+Inf" | "Inf" => Ok(f64::INFINITY),
+        "-Inf" => Ok(f64::NEG_INFINITY),
+        "NaN" => Ok(f64::NAN),
+        _ => s.parse::<f64>().map_err(|e| format!("value {s:?}: {e}")),
+    }
+}
+
+/// Labels of `{a="x",b="y"}` (the text between the braces); returns the rest after `}`.
+/// Label pairs of one sample.
+type Labels = Vec<(String, String)>;
+
+fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
+    let mut labels = Vec::new();
+    let mut rest = s;
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix('}') {
+            return Ok((labels, r));
+        }
+        let eq = rest.find('=').ok_or("label without '='")?;
+        let name = rest[..eq].trim();
+        if !is_label_name(name) {
+            return Err(format!("bad label name {name:?}"));
+        }
+        let mut chars = rest[eq + 1..].char_indices();
+        if chars.next().map(|(_, c)| c) != Some('"') {
+            return Err("label value not quoted".into());
+        }
+        let mut value = String::new();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next().map(|(_, c)| c) {
+                    Some('\\') => value.push('\\'),
+                    Some('"') => value.push('"'),
+                    Some('n') => value.push('\n'),
+                    other => return Err(format!("bad escape {other:?}")),
+                },
+                '"' => {
+                    end = Some(eq + 1 + i + 1);
+                    break;
+                }
+                '\n' => return Err("newline in label value".into()),
+                c => value.push(c),
+            }
+        }
+        let end = end.ok_or("unterminated label value")?;
+        labels.push((name.to_string(), value));
+        rest = &rest[end..];
+        if let Some(r) = rest.strip_prefix(',') {
+            rest = r;
+        } else if !rest.starts_with('}') {
+            return Err(format!("expected ',' or '}}' at {rest:?}"));
+        }
+    }
+}
+
+/// The family a sample belongs to (histogram samples carry a suffix).
+fn family_of<'a>(name: &'a str, types: &BTreeMap<String, String>) -> Option<&'a str> {
+    if types.contains_key(name) {
+        return Some(name);
+    }
+    ["_bucket", "_sum", "_count"].iter().find_map(|suf| {
+        let base = name.strip_suffix(suf)?;
+        matches!(
+            types.get(base).map(String::as_str),
+            Some("histogram" | "summary")
+        )
+        .then_some(base)
+    })
+}
+
+fn parse_exposition(text: &str) -> Result<Exposition, String> {
+    let mut e = Exposition::default();
+    for (n, line) in text.lines().enumerate() {
+        let err = |m: String| format!("line {}: {m}: {line:?}", n + 1);
+        if line.trim().is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix('#') {
+            let mut parts = rest.trim_start().splitn(3, ' ');
+            match parts.next() {
+                Some("HELP") => {
+                    let name = parts
+                        .next()
+                        .ok_or_else(|| err("HELP without name".into()))?;
+                    if !is_metric_name(name) || !e.helps.insert(name.to_string()) {
+                        return Err(err("bad or repeated HELP".into()));
+                    }
+                }
+                Some("TYPE") => {
+                    let name = parts
+                        .next()
+                        .ok_or_else(|| err("TYPE without name".into()))?;
+                    let ty = parts.next().unwrap_or("").trim();
+                    if !is_metric_name(name)
+                        || !["counter", "gauge", "histogram", "summary", "untyped"].contains(&ty)
+                    {
+                        return Err(err("bad TYPE".into()));
+                    }
+                    if e.types.insert(name.to_string(), ty.to_string()).is_some() {
+                        return Err(err("repeated TYPE".into()));
+                    }
+                }
+                _ => {} // any other comment
+            }
+            continue;
+        }
+        let name_end = line
+            .find(['{', ' '])
+            .ok_or_else(|| err("no value".into()))?;
+        let name = &line[..name_end];
+        if !is_metric_name(name) {
+            return Err(err("bad metric name".into()));
+        }
+        let (mut labels, rest) = match line[name_end..].strip_prefix('{') {
+            Some(r) => parse_labels(r).map_err(err)?,
+            None => (Vec::new(), &line[name_end..]),
+        };
+        let mut fields = rest.split_whitespace();
+        let value =
+            parse_value(fields.next().ok_or_else(|| err("no value".into()))?).map_err(err)?;
+        if let Some(ts) = fields.next() {
+            ts.parse::<i64>()
+                .map_err(|e| err(format!("timestamp: {e}")))?;
+        }
+        if fields.next().is_some() {
+            return Err(err("trailing fields".into()));
+        }
+        let family =
+            family_of(name, &e.types).ok_or_else(|| err("sample before its TYPE".into()))?;
+        if e.types[family] == "histogram"
+            && name.ends_with("_bucket")
+            && !labels.iter().any(|(k, _)| k == "le")
+        {
+            return Err(err("bucket without le".into()));
+        }
+        labels.sort();
+        if e.samples
+            .insert((name.to_string(), labels), value)
+            .is_some()
+        {
+            return Err(err("duplicate series".into()));
+        }
+    }
+    Ok(e)
+}
+
+impl Exposition {
+    /// The value of one series (0 when absent: a counter never incremented).
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let mut l: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        l.sort();
+        self.samples
+            .get(&(name.to_string(), l))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// Sum over every series of `name` whose labels include `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|((n, l), _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+async fn scrape(bed: &Bed) -> Exposition {
+    let a = get(bed, "/metrics").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    parse_exposition(&a.body).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn exposition_parser_rejects_bad_lines() {
+    for bad in [
+        "1abc 1",
+        "# TYPE x counter\nx{a=\"1\" 1",
+        "# TYPE x counter\nx{a=1} 1",
+        "# TYPE x counter\nx{1a=\"1\"} 1",
+        "# TYPE x counter\nx one",
+        "x 1",
+        "# TYPE x gauge\n# TYPE x gauge",
+        "# TYPE x counter\nx{a=\"\\q\"} 1",
+    ] {
+        assert!(parse_exposition(bad).is_err(), "{bad}");
+    }
+    let ok = "# HELP x a \"help\"\n# TYPE x counter\nx{a=\"q\\\"\\n\\\\\",b=\"\"} 1e3 1700000000\n\
+              # TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 0.5\nh_count 2\n";
+    let e = parse_exposition(ok).unwrap();
+    assert_eq!(e.get("x", &[("a", "q\"\n\\"), ("b", "")]), 1000.0);
+    assert_eq!(e.get("h_count", &[]), 2.0);
+}
+
+// ---------------------------------------------------------------------------
+
+/// The metric families DESIGN.md's "Metrics" section names.
+const DESIGN_FAMILIES: &[&str] = &[
+    "crossbar_stick_table_entries",
+    "crossbar_stick_table_capacity",
+    "crossbar_stick_lookups_total",
+    "crossbar_stick_learned_total",
+    "crossbar_stick_expired_total",
+    "crossbar_stick_evicted_total",
+    "crossbar_tls_handshakes_total",
+    "crossbar_connections_total",
+    "crossbar_active_connections",
+    "crossbar_backend_up",
+    "crossbar_bytes_total",
+    "crossbar_connect_errors_total",
+    "crossbar_client_hello_errors_total",
+    "crossbar_connect_duration_seconds",
+];
+
+/// Real traffic, then exact counters: 6 connections of one TLS 1.3 agent (one full
+/// handshake, five PSK resumptions kept on its backend), 6 fresh agents round-robin
+/// on `plain`, one plain-HTTP client and one connect failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_after_traffic_are_exact_and_valid() {
+    let bed = Bed::start(None).await;
+    let agent = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
+    let mut first = None;
+    for i in 0..6 {
+        let r = testbed::get(bed.listen("puppet"), NAME, agent.clone(), "/")
+            .await
+            .unwrap();
+        assert_eq!(r.resumed, i > 0, "connection {i}");
+        let b = first.get_or_insert_with(|| r.backend.clone());
+        assert_eq!(*b, r.backend, "resumption {i} left its backend");
+    }
+    let stuck = first.unwrap();
+    let other = if stuck == "b1" { "b2" } else { "b1" };
+    let mut plain = BTreeMap::new();
+    for _ in 0..6 {
+        *plain.entry(bed.once("plain").await).or_insert(0) += 1;
+    }
+    assert_eq!(
+        plain,
+        BTreeMap::from([("p1".to_string(), 3), ("p2".to_string(), 3)])
+    );
+    // Not TLS: the balancer closes it after reading the first bytes.
+    let mut http = TcpStream::connect(bed.listen("plain")).await.unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut sink = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut http, &mut sink)
+        .await
+        .unwrap();
+    // The only backend of `broken` refuses connections.
+    let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
+    assert!(testbed::get(bed.listen("broken"), NAME, cfg, "/")
+        .await
+        .is_err());
+
+    let m = scrape(&bed).await;
+    fn sb(b: &str) -> [(&str, &str); 2] {
+        [("service", "puppet"), ("backend", b)]
+    }
+    let conns = "crossbar_connections_total";
+    assert_eq!(m.get(conns, &sb(&stuck)), 6.0);
+    assert_eq!(m.get(conns, &sb(other)), 0.0);
+    let hs = "crossbar_tls_handshakes_total";
+    let kind = |k: &'static str| {
+        [
+            ("service", "puppet"),
+            ("backend", stuck.as_str()),
+            ("kind", k),
+        ]
+    };
+    assert_eq!(m.get(hs, &kind("full")), 1.0);
+    assert_eq!(m.get(hs, &kind("resumed")), 5.0);
+    // Each resumption looks its PSK identity up once; the first has no entry yet (only
+    // the source hint of the full handshake), the next four hit.
+    let look = |k: &'static str, r: &'static str| {
+        m.get(
+            "crossbar_stick_lookups_total",
+            &[("service", "puppet"), ("key", k), ("result", r)],
+        )
+    };
+    assert_eq!((look("psk", "hit"), look("psk", "miss")), (4.0, 1.0));
+    assert_eq!(look("session_id", "hit") + look("session_id", "miss"), 0.0);
+    assert_eq!(look("ticket", "hit") + look("ticket", "miss"), 0.0);
+    let learned = |k: &'static str| {
+        m.get(
+            "crossbar_stick_learned_total",
+            &[("service", "puppet"), ("key", k)],
+        )
+    };
+    // Every accepted PSK is learned; the full handshake leaves a source hint.
+    assert_eq!(learned("psk"), 5.0);
+    assert_eq!(learned("source"), 1.0);
+    assert_eq!(learned("session_id") + learned("ticket"), 0.0);
+    for (b, n) in [("p1", 3.0), ("p2", 3.0)] {
+        let l = [("service", "plain"), ("backend", b)];
+        assert_eq!(m.get(conns, &l), n);
+        assert_eq!(
+            m.get(
+                hs,
+                &[("service", "plain"), ("backend", b), ("kind", "full")]
+            ),
+            n
+        );
+        assert_eq!(m.get("crossbar_active_connections", &l), 0.0);
+        assert_eq!(m.get("crossbar_backend_up", &l), 1.0);
+        assert_eq!(m.get("crossbar_connect_duration_seconds_count", &l), n);
+        for dir in ["client_to_server", "server_to_client"] {
+            let v = m.get(
+                "crossbar_bytes_total",
+                &[("service", "plain"), ("backend", b), ("direction", dir)],
+            );
+            assert!(v > 0.0, "{b} {dir}");
+        }
+    }
+    assert_eq!(
+        m.get("crossbar_stick_table_capacity", &[("service", "puppet")]),
+        1000.0
+    );
+    let entries = m.get("crossbar_stick_table_entries", &[("service", "puppet")]);
+    // 5 PSK identities, their key-name prefix, the source hint.
+    assert!(entries >= 6.0, "{entries}");
+    assert_eq!(
+        m.get(
+            "crossbar_connect_errors_total",
+            &[("service", "broken"), ("backend", "gone")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.sum(
+            "crossbar_client_hello_errors_total",
+            &[("reason", "not_tls")]
+        ),
+        1.0
+    );
+    for f in DESIGN_FAMILIES {
+        assert!(m.types.contains_key(*f), "family {f} missing from /metrics");
+        assert!(m.helps.contains(*f), "family {f} has no HELP");
+        assert!(
+            m.samples
+                .keys()
+                .any(|(n, _)| family_of(n, &m.types) == Some(f)),
+            "family {f} has no samples"
+        );
+    }
+    assert_eq!(m.types["crossbar_connect_duration_seconds"], "histogram");
+}
+
+/// Every `crossbar_*` name in the dashboard and the alert rules is exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_alerts_use_real_metrics() {
+    let bed = Bed::start(None).await;
+    let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
+    testbed::get(bed.listen("puppet"), NAME, cfg, "/")
+        .await
+        .unwrap();
+    let mut http = TcpStream::connect(bed.listen("plain")).await.unwrap();
+    http.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut sink = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut http, &mut sink)
+        .await
+        .unwrap();
+    // A refusal (no backend left) and a reload make their families appear.
+    let a = call(
+        bed.admin,
+        Method::POST,
+        "/api/backends/broken/gone/disable",
+        None,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
+    assert!(testbed::get(bed.listen("broken"), NAME, cfg, "/")
+        .await
+        .is_err());
+    let a = call(bed.admin, Method::POST, "/api/reload", None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let m = scrape(&bed).await;
+    assert_eq!(
+        m.get(
+            "crossbar_route_refused_total",
+            &[("service", "broken"), ("reason", "no_backend")]
+        ),
+        1.0
+    );
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let dashboard = std::fs::read_to_string(docs.join("grafana-dashboard.json")).unwrap();
+    let _: Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");
+    let alerts = std::fs::read_to_string(docs.join("prometheus-alerts.yaml")).unwrap();
+    let _: serde_yaml::Value = serde_yaml::from_str(&alerts).expect("alerts are YAML");
+    let metrics_md = std::fs::read_to_string(docs.join("metrics.md")).unwrap();
+    for (file, text) in [
+        ("grafana-dashboard.json", &dashboard),
+        ("prometheus-alerts.yaml", &alerts),
+        ("metrics.md", &metrics_md),
+    ] {
+        let names = metric_names(text);
+        assert!(!names.is_empty(), "{file} uses no metric");
+        for n in names {
+            assert!(
+                family_of(&n, &m.types).is_some(),
+                "{file} uses {n}, which /metrics does not export"
+            );
+        }
+    }
+    // And the reference documents every family crossbar exports.
+    for f in m.types.keys().filter(|f| f.starts_with("crossbar_")) {
+        assert!(
+            metrics_md.contains(f.as_str()),
+            "docs/metrics.md misses {f}"
+        );
+    }
+}
+
+/// `crossbar_[a-z0-9_]+` words of a text.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("crossbar_") {
+        let boundary = rest[..i]
+            .chars()
+            .last()
+            .map_or(true, |c| !(c.is_ascii_alphanumeric() || c == '_'));
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if boundary {
+            out.insert(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_services() {
+    let bed = Bed::start(None).await;
+    let h = get(&bed, "/healthz").await;
+    assert_eq!((h.status, h.body.as_str()), (StatusCode::OK, "ok\n"));
+    let a = get(&bed, "/api/services").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.headers["content-type"], "application/json");
+    let v = a.json();
+    let services = v["services"].as_array().unwrap();
+    let names: Vec<&str> = services
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["puppet", "plain", "broken"]);
+    let puppet = &services[0];
+    assert_eq!(puppet["mode"], "tls");
+    assert_eq!(puppet["balance"], "roundrobin");
+    assert_eq!(
+        puppet["listeners"],
+        serde_json::json!([bed.listen("puppet").to_string()])
+    );
+    assert_eq!(puppet["stick_table"]["capacity"], 1000);
+    assert!(services[1]["stick_table"].is_null());
+    let b1 = &puppet["backends"][0];
+    assert_eq!(b1["name"], "b1");
+    assert_eq!(b1["address"], bed._backends[0].addr.to_string());
+    assert_eq!(b1["state"], "up");
+    assert_eq!(b1["available"], true);
+    assert_eq!(b1["active_connections"], 0);
+    assert_eq!(b1["weight"], 1);
+    assert_eq!(b1["backup"], false);
+    assert_eq!(puppet["backends"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_show_and_flush() {
+    let bed = Bed::start(None).await;
+    let agent = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
+    for _ in 0..3 {
+        testbed::get(bed.listen("puppet"), NAME, agent.clone(), "/")
+            .await
+            .unwrap();
+    }
+    let v = get(&bed, "/api/tables/puppet").await.json();
+    assert_eq!(v["service"], "puppet");
+    assert_eq!(v["limit"], admin::DEFAULT_TABLE_LIMIT);
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(
+        v["stats"]["entries"].as_u64().unwrap() as usize,
+        entries.len()
+    );
+    assert!(entries.len() >= 3, "{v}");
+    for e in entries {
+        let kind = e["kind"].as_str().unwrap();
+        assert!(["psk", "ticket_prefix", "source"].contains(&kind), "{e}");
+        let key = e["key"].as_str().unwrap();
+        assert!(
+            key.len() == 16 && key.chars().all(|c| c.is_ascii_hexdigit()),
+            "{e}"
+        );
+        assert!(e["backend"].is_string() || e["backend"].is_null());
+        assert!(e["age_seconds"].is_u64() && e["expires_in_seconds"].is_u64());
+    }
+    assert!(entries.iter().any(|e| e["kind"] == "psk"));
+    let one = get(&bed, "/api/tables/puppet?limit=1").await.json();
+    assert_eq!(one["entries"].as_array().unwrap().len(), 1);
+    for q in ["limit=0", "limit=100001", "limit=abc", "size=3"] {
+        let a = get(&bed, &format!("/api/tables/puppet?{q}")).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{q}");
+        assert!(a.json()["error"].as_str().unwrap().contains("bad query"));
+    }
+    let f = call(bed.admin, Method::DELETE, "/api/tables/puppet", None).await;
+    assert_eq!(f.status, StatusCode::OK);
+    assert_eq!(f.json()["flushed"], v["stats"]["entries"]);
+    let after = get(&bed, "/api/tables/puppet").await.json();
+    assert_eq!(after["stats"]["entries"], 0);
+    assert_eq!(after["entries"], serde_json::json!([]));
+    // No table, no service.
+    assert_eq!(
+        get(&bed, "/api/tables/plain").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(&bed, "/api/tables/nope").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// A TLS connection kept open across API calls.
+struct Held {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+}
+
+impl Held {
+    async fn open(bed: &Bed, service: &str) -> Held {
+        let cfg = testbed::client_config(&bed.ca, Versions::Both, false).unwrap();
+        let tcp = TcpStream::connect(bed.listen(service)).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(NAME).unwrap();
+        let tls = tokio_rustls::TlsConnector::from(cfg)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Held { sender }
+    }
+
+    async fn who(&mut self) -> String {
+        let req = hyper::Request::get("/")
+            .header("host", NAME)
+            .body(Empty::new())
+            .unwrap();
+        let resp = self.sender.send_request(req).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8_lossy(&body).trim().to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_is_observed_in_routing() {
+    let bed = Bed::start(None).await;
+    let mut held = Held::open(&bed, "plain").await;
+    let victim = held.who().await;
+    let other = if victim == "p1" { "p2" } else { "p1" };
+    let a = call(
+        bed.admin,
+        Method::POST,
+        &format!("/api/backends/plain/{victim}/drain"),
+        None,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let v = a.json();
+    assert_eq!(
+        (v["state"].as_str(), v["active_connections"].as_u64()),
+        (Some("drain"), Some(1))
+    );
+    for _ in 0..4 {
+        assert_eq!(bed.once("plain").await, other);
+    }
+    // The connection that was open keeps working, on the drained backend.
+    assert_eq!(held.who().await, victim);
+    let s = get(&bed, "/api/services").await.json();
+    let b = s["services"][1]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == victim.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (b["state"].as_str(), b["available"].as_bool()),
+        (Some("drain"), Some(false))
+    );
+    let m = scrape(&bed).await;
+    let l = [("service", "plain"), ("backend", victim.as_str())];
+    assert_eq!(m.get("crossbar_backend_up", &l), 0.0);
+    assert_eq!(m.get("crossbar_active_connections", &l), 1.0);
+    assert_eq!(
+        m.get("crossbar_backend_state", &[l[0], l[1], ("state", "drain")]),
+        1.0
+    );
+    let a = call(
+        bed.admin,
+        Method::POST,
+        &format!("/api/backends/plain/{victim}/enable"),
+        None,
+    )
+    .await;
+    assert_eq!(a.json()["state"], "up");
+    let back: BTreeSet<String> = [bed.once("plain").await, bed.once("plain").await].into();
+    assert!(back.contains(&victim), "{back:?}");
+    let d = call(
+        bed.admin,
+        Method::POST,
+        &format!("/api/backends/plain/{victim}/disable"),
+        None,
+    )
+    .await;
+    assert_eq!(d.json()["state"], "disabled");
+    for _ in 0..2 {
+        assert_eq!(bed.once("plain").await, other);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_json_with_the_right_codes() {
+    let bed = Bed::start(None).await;
+    let cases: &[(Method, &str, StatusCode)] = &[
+        (Method::GET, "/nope", StatusCode::NOT_FOUND),
+        (Method::GET, "/api", StatusCode::NOT_FOUND),
+        (Method::GET, "/api/tables/nope", StatusCode::NOT_FOUND),
+        (
+            Method::POST,
+            "/api/backends/nope/b1/drain",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            Method::POST,
+            "/api/backends/puppet/nope/drain",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            Method::POST,
+            "/api/backends/puppet/b1/explode",
+            StatusCode::NOT_FOUND,
+        ),
+        (Method::DELETE, "/api/tables/nope", StatusCode::NOT_FOUND),
+        (Method::POST, "/metrics", StatusCode::METHOD_NOT_ALLOWED),
+        (Method::GET, "/api/reload", StatusCode::METHOD_NOT_ALLOWED),
+        (
+            Method::GET,
+            "/api/backends/puppet/b1/drain",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        (
+            Method::PUT,
+            "/api/tables/puppet",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+    ];
+    for (method, path, code) in cases {
+        let a = call(bed.admin, method.clone(), path, None).await;
+        assert_eq!(a.status, *code, "{method} {path}: {}", a.body);
+        assert!(a.json()["error"].is_string(), "{method} {path}");
+    }
+    let a = call(bed.admin, Method::PUT, "/api/tables/puppet", None).await;
+    assert_eq!(a.headers["allow"], "GET, DELETE");
+    let a = call(bed.admin, Method::GET, "/api/reload", None).await;
+    assert_eq!(a.headers["allow"], "POST");
+    let big = Bytes::from(vec![b'x'; 2048]);
+    let a = call_with_body(bed.admin, Method::POST, "/api/reload", None, big).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // Reload through the API re-reads the file: fine as is, refused when broken.
+    let a = call(bed.admin, Method::POST, "/api/reload", None).await;
+    assert_eq!(
+        (a.status, a.json()["reloaded"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    let path = bed.dir.path().join("crossbar.yaml");
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, "services: {}\nbogus: 1\n").unwrap();
+    let a = call(bed.admin, Method::POST, "/api/reload", None).await;
+    assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", a.body);
+    assert!(a.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("reload failed"));
+    std::fs::write(&path, good).unwrap();
+    let m = scrape(&bed).await;
+    assert_eq!(
+        m.get("crossbar_config_reloads_total", &[("result", "ok")]),
+        1.0
+    );
+    assert_eq!(
+        m.get("crossbar_config_reloads_total", &[("result", "error")]),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_need_the_token() {
+    let bed = Bed::start(Some("s3cret-token")).await;
+    let path = "/api/backends/plain/p1/drain";
+    let none = call(bed.admin, Method::POST, path, None).await;
+    assert_eq!(none.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(none.headers["www-authenticate"], "Bearer");
+    assert!(none.json()["error"].is_string());
+    let wrong = call(bed.admin, Method::POST, path, Some("s3cret-tokem")).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let short = call(
+        bed.admin,
+        Method::DELETE,
+        "/api/tables/puppet",
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(short.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        bed.server
+            .service("plain")
+            .unwrap()
+            .pool
+            .get("p1")
+            .unwrap()
+            .state_name(),
+        "up"
+    );
+    let right = call(bed.admin, Method::POST, path, Some("s3cret-token")).await;
+    assert_eq!(right.status, StatusCode::OK, "{}", right.body);
+    assert_eq!(
+        bed.server
+            .service("plain")
+            .unwrap()
+            .pool
+            .get("p1")
+            .unwrap()
+            .state_name(),
+        "drain"
+    );
+    // Reads stay open.
+    assert_eq!(get(&bed, "/api/services").await.status, StatusCode::OK);
+    assert_eq!(get(&bed, "/metrics").await.status, StatusCode::OK);
+    // A token file that is empty or missing is refused.
+    let empty = bed.dir.path().join("empty.token");
+    std::fs::write(&empty, " \n").unwrap();
+    assert!(admin::Secret::from_file(&empty).is_err());
+    assert!(admin::Secret::from_file(&bed.dir.path().join("missing")).is_err());
+}
+
+/// Run the `crossbar` binary with arguments; (exit ok, stdout, stderr).
+async fn cli(args: Vec<String>) -> (bool, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .args(&args)
+            .env_remove("CROSSBAR_ADMIN")
+            .env_remove("CROSSBAR_TOKEN_FILE")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_end_to_end() {
+    let bed = Bed::start(Some("cli-token")).await;
+    let url = bed.url();
+    let token = bed.token_file().display().to_string();
+
+    let (ok, out, err) = cli(args(&["status", "--admin", &url])).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!(
+            "puppet (tls, roundrobin) on {}",
+            bed.listen("puppet")
+        )),
+        "{out}"
+    );
+    let header = out.lines().find(|l| l.contains("BACKEND")).unwrap();
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP"]
+    );
+    let p1 = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("p1 "))
+        .unwrap();
+    assert_eq!(p1.split_whitespace().nth(2), Some("up"), "{out}");
+
+    let (ok, out, _) = cli(args(&["status", "--admin", &url, "--json"])).await;
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["services"].as_array().unwrap().len(), 3);
+
+    // A write without the token fails with the server's error, exit 1.
+    let (ok, _, err) = cli(args(&["backend", "drain", "plain/p1", "--admin", &url])).await;
+    assert!(!ok);
+    assert!(err.contains("401") && err.contains("Bearer"), "{err}");
+    let (ok, _, err) = cli(args(&[
+        "backend", "drain", "plain/p1", "--admin", &url, "--json",
+    ]))
+    .await;
+    assert!(!ok);
+    let e: Value = serde_json::from_str(&err).unwrap();
+    assert!(e["error"].is_string());
+
+    let (ok, out, err) = cli(args(&[
+        "backend",
+        "drain",
+        "plain/p1",
+        "--admin",
+        &url,
+        "--token-file",
+        &token,
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "plain/p1: drain (0 active connections)\n");
+    assert_eq!(
+        bed.server
+            .service("plain")
+            .unwrap()
+            .pool
+            .get("p1")
+            .unwrap()
+            .state_name(),
+        "drain"
+    );
+    for _ in 0..3 {
+        assert_eq!(bed.once("plain").await, "p2");
+    }
+    let (ok, _, err) = cli(args(&[
+        "backend",
+        "enable",
+        "plain/nope",
+        "--admin",
+        &url,
+        "--token-file",
+        &token,
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("404") && err.contains("unknown backend"),
+        "{err}"
+    );
+
+    let agent = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
+    for _ in 0..2 {
+        testbed::get(bed.listen("puppet"), NAME, agent.clone(), "/")
+            .await
+            .unwrap();
+    }
+    let (ok, out, err) = cli(args(&[
+        "table", "show", "puppet", "--limit", "50", "--admin", &url,
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    let mut lines = out.lines();
+    assert!(lines.next().unwrap().starts_with("puppet: "), "{out}");
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["KIND", "KEY", "BACKEND", "AGE", "EXPIRES", "IN"]
+    );
+    assert!(out.contains("psk"), "{out}");
+    let (ok, out, _) = cli(args(&[
+        "table",
+        "flush",
+        "puppet",
+        "--admin",
+        &url,
+        "--token-file",
+        &token,
+    ]))
+    .await;
+    assert!(ok);
+    assert!(out.starts_with("puppet: flushed "), "{out}");
+    let (ok, _, err) = cli(args(&["table", "show", "nope", "--admin", &url])).await;
+    assert!(!ok);
+    assert!(err.contains("unknown service"), "{err}");
+
+    // Environment variables stand in for the flags.
+    let (ok, out, err) = tokio::task::spawn_blocking({
+        let (url, token) = (url.clone(), token.clone());
+        move || {
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_crossbar"))
+                .args(["reload"])
+                .env("CROSSBAR_ADMIN", url)
+                .env("CROSSBAR_TOKEN_FILE", token)
+                .output()
+                .unwrap();
+            (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(out, "reloaded\n");
+
+    // Nothing listening: a clear transport error.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (ok, _, err) = cli(args(&["status", "--admin", &format!("http://{dead}")])).await;
+    assert!(!ok);
+    assert!(err.contains("connect"), "{err}");
+}
