@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// Longest any single awaited outcome may take before the test fails as hung.
-pub const WAIT: Duration = Duration::from_secs(20);
+pub const WAIT: Duration = Duration::from_secs(90);
 
 /// The SNI every TLS test uses.
 pub const SNI: &str = "puppet.example.com";
