@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: direct connection vs crossbar vs HAProxy (mode tcp), all on
+# loopback, same backends, same clients, interleaved rounds, medians.
+#
+#   bench/compare.sh            # full run (3 rounds of 5 s per figure), < 10 minutes
+#   bench/compare.sh --quick    # 1 round of 2 s, 2,000 idle connections, < 2 minutes
+#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy
+#
+# Writes bench/results/latest.json and prints a markdown table (docs/performance.md
+# explains every figure). Every process started here is killed by PID on exit.
+set -euo pipefail
+
+ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) ROUNDS=1 SECS=2 IDLE_N=2000 LAT_N=5000 ;;
+        --rounds) ROUNDS=$2; shift ;;
+        --seconds) SECS=$2; shift ;;
+        --idle) IDLE_N=$2; shift ;;
+        --concurrency) CONC=$2; shift ;;
+        --no-haproxy) USE_HAPROXY=0 ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+WORK=$(mktemp -d /tmp/crossbar-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    echo "logs kept in $WORK" >&2
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "[$(date +%T)] $*" >&2; }
+
+# ---------------------------------------------------------------- build, tools
+log "building (release)"
+cargo build --release --quiet --bin crossbar --bin loadgen
+LG=$ROOT/target/release/loadgen
+XB=$ROOT/target/release/crossbar
+
+if [ "$USE_HAPROXY" = 1 ] && ! command -v haproxy >/dev/null; then
+    log "haproxy missing: apt-get install -y haproxy"
+    if ! { apt-get install -y -qq haproxy >"$WORK/apt.log" 2>&1 ||
+        { apt-get update -qq >>"$WORK/apt.log" 2>&1 &&
+            apt-get install -y -qq haproxy >>"$WORK/apt.log" 2>&1; }; }; then
+        log "WARNING: could not install haproxy (see $WORK/apt.log): running without it"
+        USE_HAPROXY=0
+    fi
+fi
+TARGETS="direct crossbar"
+[ "$USE_HAPROXY" = 1 ] && TARGETS="direct crossbar haproxy"
+HAPROXY_VERSION=$([ "$USE_HAPROXY" = 1 ] && haproxy -v | head -1 | awk '{print $3}' || echo none)
+
+# File descriptors: each idle connection costs the proxy two (client + backend).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+MAX_IDLE=$(((NOFILE - 500) / 2))
+if [ "$IDLE_N" -gt "$MAX_IDLE" ]; then
+    log "open-file limit $NOFILE: idle connections capped at $MAX_IDLE (asked $IDLE_N)"
+    IDLE_N=$MAX_IDLE
+fi
+MAXCONN=$((IDLE_N + 1000))
+
+# ---------------------------------------------------------------- helpers
+# start NAME CMD...: run in the background, stdout to $WORK/NAME.out; sets $LAST_PID.
+start() {
+    local name=$1
+    shift
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+}
+# wait_for FILE WORD: until WORD is a line of FILE (10 s at most).
+wait_for() {
+    local i
+    for i in $(seq 100); do
+        grep -qx "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "timed out waiting for $2 in $1" >&2
+    cat "${1%.out}.err" >&2 || true
+    return 1
+}
+# wait_port PORT: until something accepts on 127.0.0.1:PORT (10 s at most).
+wait_port() {
+    local i
+    for i in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1" >&2
+    return 1
+}
+stop_pid() {
+    local keep=() p
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+TCK=$(getconf CLK_TCK)
+
+# ---------------------------------------------------------------- backends
+log "starting backends"
+start sink "$LG" backends --kind sink --count 1 --no-stdin
+wait_for "$WORK/sink.out" READY
+SINK=$(head -1 "$WORK/sink.out")
+start echo "$LG" backends --kind echo --count 1 --no-stdin
+wait_for "$WORK/echo.out" READY
+ECHO=$(head -1 "$WORK/echo.out")
+# Three TLS backend sets: TLS 1.2 session IDs (no tickets), TLS 1.2 tickets, TLS 1.3.
+declare -A SET_ARGS=([t12sid]="--tls12" [t12tk]="--tls12 --tickets" [t13]="--tls13 --tickets")
+declare -A SET_ADDRS
+for set in t12sid t12tk t13; do
+    # shellcheck disable=SC2086
+    start "$set" "$LG" backends --kind tls --count 3 ${SET_ARGS[$set]} \
+        --ca-out "$WORK/$set.ca.pem" --name-prefix "$set-" --no-stdin
+    wait_for "$WORK/$set.out" READY
+    SET_ADDRS[$set]=$(grep -v READY "$WORK/$set.out" | tr '\n' ' ')
+done
+
+# ---------------------------------------------------------------- proxies
+declare -A PORT
+for svc in sink echo t12sid t12tk t13; do
+    PORT[crossbar_$svc]=$("$LG" freeport)
+    PORT[haproxy_$svc]=$("$LG" freeport)
+done
+ADMIN_PORT=$("$LG" freeport)
+
+{
+    echo "admin: { listen: \"127.0.0.1:$ADMIN_PORT\" }"
+    echo "defaults:"
+    echo "  health: { check: none }"
+    echo "  max_connections: $MAXCONN"
+    echo "services:"
+    for svc in sink echo; do
+        addr=$SINK
+        [ $svc = echo ] && addr=$ECHO
+        echo "  $svc:"
+        echo "    listen: [\"127.0.0.1:${PORT[crossbar_$svc]}\"]"
+        echo "    mode: tcp"
+        echo "    backends: [{ name: ${svc}0, address: \"$addr\" }]"
+    done
+    for set in t12sid t12tk t13; do
+        echo "  $set:"
+        echo "    listen: [\"127.0.0.1:${PORT[crossbar_$set]}\"]"
+        echo "    mode: tls"
+        echo "    stick: {}"
+        echo "    backends:"
+        i=0
+        for a in ${SET_ADDRS[$set]}; do
+            echo "      - { name: $set-$i, address: \"$a\" }"
+            i=$((i + 1))
+        done
+    done
+} >"$WORK/crossbar.yaml"
+
+{
+    echo "global"
+    echo "    maxconn $MAXCONN"
+    echo "defaults"
+    echo "    mode tcp"
+    echo "    timeout connect 3s"
+    echo "    timeout client 30m"
+    echo "    timeout server 30m"
+    echo "    option splice-auto"
+    for svc in sink echo; do
+        addr=$SINK
+        [ $svc = echo ] && addr=$ECHO
+        echo "listen $svc"
+        echo "    bind 127.0.0.1:${PORT[haproxy_$svc]}"
+        echo "    maxconn $MAXCONN"
+        echo "    server ${svc}0 $addr"
+    done
+    for set in t12sid t12tk t13; do
+        echo "listen $set"
+        echo "    bind 127.0.0.1:${PORT[haproxy_$set]}"
+        echo "    maxconn $MAXCONN"
+        echo "    balance roundrobin"
+        echo "    acl clienthello req_ssl_hello_type 1"
+        echo "    acl serverhello rep_ssl_hello_type 2"
+        echo "    tcp-request inspect-delay 5s"
+        echo "    tcp-request content accept if clienthello"
+        echo "    tcp-response content accept if serverhello"
+        echo "    stick-table type binary len 32 size 100k expire 30m"
+        echo "    stick on payload_lv(43,1) if clienthello"
+        echo "    stick store-response payload_lv(43,1) if serverhello"
+        i=0
+        for a in ${SET_ADDRS[$set]}; do
+            echo "    server $set-$i $a"
+            i=$((i + 1))
+        done
+    done
+} >"$WORK/haproxy.cfg"
+
+declare -A PID_OF
+log "starting crossbar"
+"$XB" check -c "$WORK/crossbar.yaml" >"$WORK/crossbar.check" || {
+    cat "$WORK/crossbar.check" >&2
+    exit 1
+}
+RUST_LOG=warn start crossbar "$XB" run -c "$WORK/crossbar.yaml"
+PID_OF[crossbar]=$LAST_PID
+if [ "$USE_HAPROXY" = 1 ]; then
+    log "starting haproxy $HAPROXY_VERSION"
+    haproxy -c -q -f "$WORK/haproxy.cfg"
+    start haproxy haproxy -db -f "$WORK/haproxy.cfg"
+    PID_OF[haproxy]=$LAST_PID
+fi
+for t in $TARGETS; do
+    [ "$t" = direct ] && continue
+    for svc in sink echo t12sid t12tk t13; do wait_port "${PORT[${t}_$svc]}"; done
+done
+
+# addr TARGET SERVICE: where a client of TARGET connects for SERVICE.
+addr() {
+    case "$1/$2" in
+        direct/sink) echo "$SINK" ;;
+        direct/echo) echo "$ECHO" ;;
+        direct/*) set -- ${SET_ADDRS[$2]} && echo "$1" ;;
+        *) echo "127.0.0.1:${PORT[${1}_$2]}" ;;
+    esac
+}
+
+# ---------------------------------------------------------------- measurements
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+# measure ROUND TARGET METRIC CMD...: run CMD, record its JSON line with the proxy's
+# CPU seconds spent meanwhile.
+measure() {
+    local round=$1 target=$2 metric=$3 pid c0 c1 out cpu=null
+    shift 3
+    pid=${PID_OF[$target]:-}
+    [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+    if ! out=$("$@" 2>>"$WORK/loadgen.err" | tail -1) || [ -z "$out" ]; then
+        out="{\"kind\":\"failed\",\"error\":\"loadgen exited non-zero, see $WORK/loadgen.err\"}"
+    fi
+    if [ -n "$pid" ]; then
+        c1=$(cpu_ticks "$pid")
+        cpu=$(awk -v a="$c0" -v b="$c1" -v t="$TCK" 'BEGIN {printf "%.3f", (b - a) / t}')
+    fi
+    echo "{\"round\":$round,\"target\":\"$target\",\"metric\":\"$metric\",\"cpu_s\":$cpu,\"result\":$out}" >>"$RESULTS"
+    log "round $round $target $metric: $out"
+}
+
+tls() { # tls TARGET SET MODE EXTRA...
+    local target=$1 set=$2 mode=$3
+    shift 3
+    "$LG" connections --addr "$(addr "$target" "$set")" --ca "$WORK/$set.ca.pem" \
+        --mode "$mode" --seconds "$SECS" --concurrency "$CONC" --distinct-sources "$@"
+}
+
+for round in $(seq "$ROUNDS"); do
+    # Rotate the target order each round so no target always runs first or last.
+    read -r -a order <<<"$TARGETS"
+    shift_by=$(((round - 1) % ${#order[@]}))
+    order=("${order[@]:$shift_by}" "${order[@]:0:$shift_by}")
+    for metric in tput1 tput8 latency conn_full res_t12sid res_t12tk res_t13; do
+        for t in "${order[@]}"; do
+            case $metric in
+                tput1) measure "$round" "$t" $metric "$LG" throughput --addr "$(addr "$t" sink)" --streams 1 --seconds "$SECS" ;;
+                tput8) measure "$round" "$t" $metric "$LG" throughput --addr "$(addr "$t" sink)" --streams 8 --seconds "$SECS" ;;
+                latency) measure "$round" "$t" $metric "$LG" latency --addr "$(addr "$t" echo)" --count "$LAT_N" ;;
+                conn_full) measure "$round" "$t" $metric tls "$t" t13 full --tls13 ;;
+                res_t12sid) measure "$round" "$t" $metric tls "$t" t12sid resumed --tls12 --no-tickets ;;
+                res_t12tk) measure "$round" "$t" $metric tls "$t" t12tk resumed --tls12 ;;
+                res_t13) measure "$round" "$t" $metric tls "$t" t13 resumed --tls13 ;;
+            esac
+        done
+    done
+done
+
+# RSS per idle connection: once per proxy, after the rounds.
+for t in $TARGETS; do
+    [ "$t" = direct ] && continue
+    pid=${PID_OF[$t]}
+    r0=$(rss_kib "$pid")
+    start "idle_$t" "$LG" idle --addr "$(addr "$t" echo)" --count "$IDLE_N" --seconds 120 --no-stdin
+    idle_pid=$LAST_PID
+    if wait_for "$WORK/idle_$t.out" HELD; then
+        sleep 1
+        r1=$(rss_kib "$pid")
+        held=$(head -1 "$WORK/idle_$t.out")
+        echo "{\"round\":1,\"target\":\"$t\",\"metric\":\"idle\",\"cpu_s\":null,\"rss_before_kib\":$r0,\"rss_after_kib\":$r1,\"result\":$held}" >>"$RESULTS"
+        log "$t idle: RSS $r0 -> $r1 KiB, $held"
+    fi
+    stop_pid "$idle_pid"
+    sleep 1
+done
+
+# Errors the proxies themselves counted (crossbar's metrics).
+curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/crossbar.metrics" 2>/dev/null || true
+
+mkdir -p bench/results
+"$LG" report --input "$RESULTS" --json-out bench/results/latest.json \
+    --haproxy-version "$HAPROXY_VERSION" --rounds "$ROUNDS" --seconds "$SECS" \
+    --metrics "$WORK/crossbar.metrics"
