@@ -41,6 +41,10 @@ enum Command {
         /// Configuration file.
         #[arg(short, long)]
         config: PathBuf,
+        /// Unix socket for hitless upgrades: if a crossbar serves there, take over its
+        /// listening sockets (it then drains and exits); then serve it for the next one.
+        #[arg(long, value_name = "PATH")]
+        upgrade_socket: Option<PathBuf>,
     },
     /// Validate a configuration file and print a summary (exit 1 on errors).
     Check {
@@ -164,7 +168,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config } => {
+        Command::Run {
+            config,
+            upgrade_socket,
+        } => {
             let cfg = match Config::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -172,7 +179,10 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            report(runtime(cfg.workers).and_then(|rt| rt.block_on(crossbar::run::run(cfg))))
+            let opts = crossbar::run::RunOptions { upgrade_socket };
+            report(
+                runtime(cfg.workers).and_then(|rt| rt.block_on(crossbar::run::run_with(cfg, opts))),
+            )
         }
         Command::Demo { serve } => {
             report(runtime(None).and_then(|rt| rt.block_on(crossbar::demo::run(serve))))

@@ -2,6 +2,7 @@
 //! file (a bad file keeps the old config), SIGTERM/SIGINT drain and exit (a second
 //! signal exits at once). The admin endpoint runs next to the balancer and stops
 //! after the drain.
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +14,75 @@ use crate::admin;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::server::Server;
+use crate::upgrade;
+
+/// Options of `crossbar run` beyond the configuration file.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Unix socket for hitless binary upgrades (see [`crate::upgrade`]): take the
+    /// listening sockets of a crossbar serving there, then serve it ourselves.
+    pub upgrade_socket: Option<PathBuf>,
+}
 
 /// Run until a termination signal; returns after a graceful drain.
 pub async fn run(config: Config) -> Result<()> {
+    run_with(config, RunOptions::default()).await
+}
+
+/// Take over from a predecessor at `path`, if one serves there.
+async fn take_over(path: Option<&PathBuf>) -> Result<Option<upgrade::Handover>> {
+    let Some(path) = path.cloned() else {
+        return Ok(None);
+    };
+    let shown = path.display().to_string();
+    tokio::task::spawn_blocking(move || upgrade::take_over(&path))
+        .await
+        .context("upgrade task")?
+        .with_context(|| format!("taking over from the crossbar at {shown}"))
+}
+
+/// After start: confirm a handover (or bind the upgrade socket fresh) and serve
+/// future upgrade requests on a thread; the receiver fires once we handed over.
+async fn serve_upgrades(
+    path: Option<PathBuf>,
+    handover: Option<upgrade::Handover>,
+    server: &Arc<Server>,
+) -> Result<Option<tokio::sync::oneshot::Receiver<()>>> {
+    let Some(path) = path else { return Ok(None) };
+    let listener = match handover {
+        Some(h) => tokio::task::spawn_blocking(move || h.confirm())
+            .await
+            .context("upgrade task")?
+            .context("confirming the takeover")?,
+        None => upgrade::bind(&path)
+            .with_context(|| format!("binding the upgrade socket {}", path.display()))?,
+    };
+    let (done, rx) = tokio::sync::oneshot::channel();
+    let server = server.clone();
+    // A plain thread, not spawn_blocking: it waits in accept() for as long as we run,
+    // and the runtime must not wait for it at exit.
+    std::thread::Builder::new()
+        .name("crossbar-upgrade".into())
+        .spawn(move || {
+            upgrade::serve(listener, path, server);
+            let _ = done.send(()); // ok: the receiver may be gone at exit
+        })
+        .context("starting the upgrade thread")?;
+    Ok(Some(rx))
+}
+
+/// Resolves once the upgrade thread handed our sockets over; never without one.
+async fn handed_over_signal(rx: &mut Option<tokio::sync::oneshot::Receiver<()>>) {
+    match rx {
+        Some(r) => {
+            let _ = r.await; // ok: a dropped sender also means the thread is gone
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Run with options until a termination signal or a handover to a successor.
+pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     let metrics = Metrics::new();
     let source = config.source.clone();
     let wanted: u64 = config
@@ -37,7 +104,21 @@ pub async fn run(config: Config) -> Result<()> {
         }
         None => None,
     };
-    let server = Server::start(config, metrics).await.context("starting")?;
+    let mut handover = take_over(opts.upgrade_socket.as_ref()).await?;
+    let inherited = handover
+        .as_mut()
+        .map(|h| std::mem::take(&mut h.listeners))
+        .unwrap_or_default();
+    if !inherited.is_empty() {
+        tracing::info!(
+            sockets = inherited.len(),
+            "upgrade: took the predecessor's listening sockets"
+        );
+    }
+    let server = Server::start_inheriting(config, metrics, inherited)
+        .await
+        .context("starting")?;
+    let mut handed_over = serve_upgrades(opts.upgrade_socket.clone(), handover, &server).await?;
     let admin_stop = CancellationToken::new();
     let admin_task = admin_setup.map(|(listener, token)| {
         if let Ok(addr) = listener.local_addr() {
@@ -68,6 +149,7 @@ pub async fn run(config: Config) -> Result<()> {
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
+            () = handed_over_signal(&mut handed_over) => break,
         }
     }
     crate::system::sd_notify("STOPPING=1");

@@ -471,6 +471,12 @@ impl Server {
     /// the rest. Returns the number of connections that had to be cut.
     pub async fn shutdown(&self, grace: Duration) -> usize {
         self.accepting.cancel();
+        // Close our duplicates of the listening sockets too: while any copy is open the
+        // kernel keeps completing handshakes that nobody would accept. (After an
+        // upgrade handover the successor holds its own copies.)
+        for h in self.lock().listeners.values_mut() {
+            h.fd = None;
+        }
         for s in self.services() {
             s.tasks.cancel();
         }

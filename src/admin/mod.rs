@@ -59,11 +59,26 @@ pub enum AdminError {
 }
 
 /// Bind the admin listen address.
+/// SO_REUSEPORT is set so that, during a binary upgrade, the successor can bind the
+/// same admin address while its predecessor drains.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, AdminError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|error| AdminError::Bind { addr, error })
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    };
+    let bound = sock.and_then(|s| {
+        s.set_reuseaddr(true)?;
+        #[cfg(all(unix, not(any(target_os = "solaris", target_os = "illumos"))))]
+        s.set_reuseport(true)?;
+        s.bind(addr)?;
+        s.listen(ADMIN_BACKLOG)
+    });
+    bound.map_err(|error| AdminError::Bind { addr, error })
 }
+
+/// Pending admin connections (scrapes and CLI calls are few).
+const ADMIN_BACKLOG: u32 = 128;
 
 /// Read the token file of `config`, if one is set (trimmed; empty or unreadable is
 /// an error). Read once: changing the token needs a restart.

@@ -1,0 +1,385 @@
+//! The process's life with real `crossbar run` processes: a hitless binary upgrade
+//! under continuous load, SIGTERM draining, a broken SIGHUP reload, and stick tables
+//! that survive a restart.
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Load: each client connection sends this many bytes and expects them echoed.
+const PING: usize = 64;
+/// Longest the load phase of a test runs, whatever happens.
+const LOAD_CAP: Duration = Duration::from_secs(30);
+
+/// A `crossbar run` child, killed (and reaped) on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn start(config: &Path, upgrade: Option<&Path>) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_crossbar"));
+        cmd.arg("run").arg("-c").arg(config);
+        if let Some(u) = upgrade {
+            cmd.arg("--upgrade-socket").arg(u);
+        }
+        cmd.env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        Proc(cmd.spawn().expect("spawn crossbar"))
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.0.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success());
+    }
+
+    /// Wait (bounded) for the process to exit; its exit code.
+    async fn exited(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(st) = self.0.try_wait().expect("try_wait") {
+                return st.code();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+async fn wait_listening(addr: SocketAddr) {
+    wait_until_async(&format!("{addr} accepting"), || async move {
+        TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+}
+
+async fn wait_until_async<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// One echo round trip on a fresh connection.
+async fn ping(addr: SocketAddr) -> Result<(), String> {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let data = [7u8; PING];
+    s.write_all(&data)
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut got = [0u8; PING];
+    s.read_exact(&mut got)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    if got != data {
+        return Err("echo differs".into());
+    }
+    Ok(())
+}
+
+struct Load {
+    ok: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// `clients` tasks pinging `addr` back to back until stopped (or LOAD_CAP).
+fn load(addr: SocketAddr, clients: usize) -> Load {
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks = (0..clients)
+        .map(|_| {
+            let (ok, failed, stop) = (ok.clone(), failed.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < LOAD_CAP {
+                    match ping(addr).await {
+                        Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            failed.lock().unwrap().push(e);
+                            0
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    Load {
+        ok,
+        failed,
+        stop,
+        tasks,
+    }
+}
+
+impl Load {
+    async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let failed = self.failed.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), failed)
+    }
+}
+
+fn tcp_config(
+    dir: &Path,
+    listen: SocketAddr,
+    backend: SocketAddr,
+    extra: &str,
+) -> std::path::PathBuf {
+    let yaml = format!(
+        "admin: {{ enabled: false }}\n\
+         defaults: {{ timeouts: {{ shutdown: 10s }} }}\n\
+         services:\n  svc:\n    listen: [\"{listen}\"]\n    mode: tcp\n    health: {{ check: none }}\n{extra}\
+         \x20   backends:\n      - {{ name: echo, address: \"{backend}\" }}\n"
+    );
+    let path = dir.join("crossbar.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Two upgrades in a row under continuous load: not one connection attempt fails,
+/// and a connection established before each upgrade keeps working until it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_upgrade_under_load_loses_nothing() {
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let sock = dir.path().join("upgrade.sock");
+
+    let mut old = Proc::start(&cfg, Some(&sock));
+    wait_listening(listen).await;
+    let load = load(listen, 4);
+    for round in 0..2 {
+        // A long-lived connection on the old process, mid-conversation.
+        let mut long = TcpStream::connect(listen).await.unwrap();
+        long.write_all(b"before").await.unwrap();
+        let mut buf = [0u8; 6];
+        long.read_exact(&mut buf).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let new = Proc::start(&cfg, Some(&sock));
+        // The old process hands over, then drains: it exits only when `long` is done.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        long.write_all(b"during").await.unwrap();
+        long.read_exact(&mut buf).await.unwrap();
+        assert_eq!(
+            &buf, b"during",
+            "round {round}: established connection survived"
+        );
+        drop(long);
+        assert_eq!(
+            old.exited(WAIT).await,
+            Some(0),
+            "round {round}: old process drained and exited"
+        );
+        old = new;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (ok, failed) = load.finish().await;
+    println!(
+        "upgrade under load: {ok} round trips, {} failed",
+        failed.len()
+    );
+    assert!(failed.is_empty(), "failed connections: {failed:?}");
+    assert!(ok > 50, "load ran ({ok})");
+    old.signal("TERM");
+    assert_eq!(old.exited(WAIT).await, Some(0));
+}
+
+/// SIGTERM: new connections are refused at once, an established one finishes its
+/// work, and the process exits 0 as soon as it is done (well within the timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_established_connections_then_exits() {
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let mut p = Proc::start(&cfg, None);
+    wait_listening(listen).await;
+
+    let mut long = TcpStream::connect(listen).await.unwrap();
+    long.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    long.read_exact(&mut buf).await.unwrap();
+    p.signal("TERM");
+    wait_until_async("listener closed", || async move {
+        TcpStream::connect(listen).await.is_err()
+    })
+    .await;
+    // Still served after the signal, and still running while it is open.
+    let data = payload(1 << 20, 9);
+    let (n, digest) = exchange(long, &data).await;
+    assert_eq!((n, digest), (data.len() as u64, sha(&data)));
+    assert_eq!(p.exited(WAIT).await, Some(0));
+}
+
+/// SIGHUP with a broken file: the process keeps serving with the old config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reload_keeps_the_running_config() {
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let mut p = Proc::start(&cfg, None);
+    wait_listening(listen).await;
+    std::fs::write(&cfg, "services: [this is: not valid\n").unwrap();
+    p.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..5 {
+        ping(listen)
+            .await
+            .expect("still serving after a bad reload");
+    }
+    assert_eq!(p.0.try_wait().unwrap(), None, "still running");
+    p.signal("TERM");
+    assert_eq!(p.exited(WAIT).await, Some(0));
+}
+
+/// A reload that adds one backend and removes another, under continuous load through
+/// the library API: zero failed connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_under_load_refuses_nothing() {
+    let (a, b, c) = (
+        Backend::echo("a", false).await,
+        Backend::echo("b", false).await,
+        Backend::echo("c", false).await,
+    );
+    let yaml = |x: &Backend, y: &Backend| {
+        one_service(
+            "    mode: tcp\n",
+            &[
+                backend_line(&x.name, x.addr, ""),
+                backend_line(&y.name, y.addr, ""),
+            ],
+        )
+    };
+    let lb = Crossbar::start(&yaml(&a, &b)).await;
+    let addr = lb.addr("svc");
+    let load = load(addr, 4);
+    for i in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        if i % 2 == 0 {
+            lb.reload(&yaml(&a, &c));
+        } else {
+            lb.reload(&yaml(&a, &b));
+        }
+        assert_eq!(lb.addr("svc"), addr, "the listener kept its socket");
+    }
+    let (ok, failed) = load.finish().await;
+    println!(
+        "reload under load: {ok} round trips, {} failed",
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(c.accepted() > 0, "the added backend took traffic");
+}
+
+/// A stick table saved at shutdown and loaded at start: a TLS 1.2 session-ID
+/// resumption after the restart still lands on (and resumes with) its backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stick_table_survives_a_restart() {
+    let ca = TestCa::new("restart test").unwrap();
+    let tls = BackendTls {
+        versions: Versions::Tls12,
+        tickets: false,
+    };
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut backends = Vec::new();
+    for n in ["r1", "r2", "r3"] {
+        backends.push(
+            TlsBackend::start(&ca, n, &["puppet.example.com"], tls, any)
+                .await
+                .unwrap(),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    let state = dir.path().join("puppet.table");
+    let mut yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"{listen}\"]\n    health: {{ check: none }}\n\
+         \x20   stick: {{ on: [session_id], state_file: \"{}\" }}\n    backends:\n",
+        state.display()
+    );
+    for b in &backends {
+        yaml.push_str(&format!(
+            "      - {{ name: {}, address: \"{}\" }}\n",
+            b.name, b.addr
+        ));
+    }
+    let cfg = dir.path().join("crossbar.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+
+    // Three agents: their first backends are spread by round robin.
+    let agents: Vec<_> = (0..3)
+        .map(|_| testbed::client_config(&ca, Versions::Tls12, false).unwrap())
+        .collect();
+    let mut p = Proc::start(&cfg, None);
+    wait_listening(listen).await;
+    let mut first = Vec::new();
+    for a in &agents {
+        let r = testbed::get(listen, "puppet.example.com", a.clone(), "/")
+            .await
+            .unwrap();
+        assert!(!r.resumed);
+        first.push(r.backend);
+    }
+    p.signal("TERM");
+    assert_eq!(p.exited(WAIT).await, Some(0));
+    assert!(state.exists(), "table saved at shutdown");
+
+    let _p = Proc::start(&cfg, None);
+    wait_listening(listen).await;
+    // In reverse order: a fresh round robin would now send agent 3 to r1 and agent 1
+    // to r3, so only the loaded table can put them back where their sessions are.
+    for (a, want) in agents.iter().zip(&first).rev() {
+        let r = testbed::get(listen, "puppet.example.com", a.clone(), "/")
+            .await
+            .unwrap();
+        assert_eq!(
+            (&r.backend, r.resumed),
+            (want, true),
+            "resumed on its backend after the restart"
+        );
+    }
+}
