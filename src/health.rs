@@ -146,6 +146,8 @@ pub struct Target {
     pub address: BackendAddress,
     /// The TLS server name: sent as SNI when it is a DNS name, and verified.
     pub server_name: ServerName<'static>,
+    /// The backend expects a PROXY header first: checks send a LOCAL one.
+    pub proxy_protocol: Option<crate::config::ProxyProtocol>,
 }
 
 /// Run one check against `target` within `timeout`. `CheckKind::None` always passes.
@@ -168,9 +170,15 @@ pub async fn probe(
 }
 
 async fn connect(target: &Target, timeout: Duration) -> Result<TcpStream, CheckError> {
-    connect_to(&target.address, timeout)
+    let mut tcp = connect_to(&target.address, timeout)
         .await
-        .map_err(CheckError::Connect)
+        .map_err(CheckError::Connect)?;
+    if let Some(v) = target.proxy_protocol {
+        tcp.write_all(&crate::proxy_protocol::local(v))
+            .await
+            .map_err(CheckError::Io)?;
+    }
+    Ok(tcp)
 }
 
 /// What the first bytes of a server's answer to a ClientHello show.
@@ -574,6 +582,7 @@ async fn check_loop(svc: Arc<Service>, b: Arc<Backend>, stop: CancellationToken)
     let target = Target {
         address: b.config.address.clone(),
         server_name: server_name_for(&svc, &b),
+        proxy_protocol: b.config.proxy_protocol,
     };
     let kind = check_label(&h.check);
     loop {

@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
 use crate::balance::Backend;
-use crate::config::{BackendAddress, StickOn};
+use crate::config::{BackendAddress, ProxyProtocol, StickOn};
 use crate::hello::{parse_client_hello, HelloParse};
 use crate::server::Service;
 use crate::stick::KeyKind;
@@ -121,6 +121,7 @@ async fn probe_into_table(svc: &Service, b: &Backend) {
     };
     let name = server_name(svc, b);
     match probe(
+        b.config.proxy_protocol,
         &b.config.address,
         name,
         svc.config.timeouts.connect,
@@ -153,6 +154,7 @@ fn server_name(svc: &Service, b: &Backend) -> ServerName<'static> {
 /// Ask the backend at `addr` for tickets; `Some(prefix)` when every ticket received
 /// starts with the same `prefix_len` bytes (its ticket-key name).
 pub async fn probe(
+    proxy: Option<ProxyProtocol>,
     addr: &BackendAddress,
     name: ServerName<'static>,
     connect_timeout: Duration,
@@ -163,7 +165,7 @@ pub async fn probe(
     // One connection usually brings two tickets (OpenSSL and rustls send two);
     // servers that send one get a second connection.
     for _ in 0..2 {
-        handshake(&cfg, &tickets, addr, name.clone(), connect_timeout).await?;
+        handshake(&cfg, &tickets, proxy, addr, name.clone(), connect_timeout).await?;
         while let Some(id) = resumption_identity(&cfg, &name)? {
             ids.push(id);
         }
@@ -189,13 +191,18 @@ fn common_prefix(ids: &[Vec<u8>], len: usize) -> Option<Vec<u8>> {
 async fn handshake(
     cfg: &Arc<ClientConfig>,
     tickets: &CountingStore,
+    proxy: Option<ProxyProtocol>,
     addr: &BackendAddress,
     name: ServerName<'static>,
     connect_timeout: Duration,
 ) -> Result<(), ProbeError> {
-    let tcp = crate::conn::connect_to(addr, connect_timeout)
+    let mut tcp = crate::conn::connect_to(addr, connect_timeout)
         .await
         .map_err(ProbeError::Connect)?;
+    if let Some(v) = proxy {
+        let header = crate::proxy_protocol::local(v);
+        tcp.write_all(&header).await.map_err(ProbeError::Connect)?;
+    }
     let connect = TlsConnector::from(cfg.clone()).connect(name, tcp);
     let mut tls = tokio::time::timeout(PROBE_TIMEOUT, connect)
         .await
@@ -397,15 +404,15 @@ mod probe_tests {
             .unwrap();
         let name = || ServerName::try_from("localhost").unwrap();
         let t = Duration::from_secs(2);
-        let pa1 = probe(&addr(a.addr), name(), t, 16)
+        let pa1 = probe(None, &addr(a.addr), name(), t, 16)
             .await
             .unwrap()
             .expect("prefix of a");
-        let pa2 = probe(&addr(a.addr), name(), t, 16)
+        let pa2 = probe(None, &addr(a.addr), name(), t, 16)
             .await
             .unwrap()
             .expect("prefix of a again");
-        let pb = probe(&addr(b.addr), name(), t, 16)
+        let pb = probe(None, &addr(b.addr), name(), t, 16)
             .await
             .unwrap()
             .expect("prefix of b");
@@ -430,6 +437,7 @@ mod probe_tests {
         .await
         .unwrap();
         let p = probe(
+            None,
             &addr(a.addr),
             ServerName::try_from("localhost").unwrap(),
             Duration::from_secs(2),
@@ -457,6 +465,7 @@ mod probe_tests {
         .await
         .unwrap();
         let r = probe(
+            None,
             &addr(a.addr),
             ServerName::try_from("localhost").unwrap(),
             Duration::from_secs(2),
@@ -531,15 +540,15 @@ mod openssl_tests {
         };
         let name = || ServerName::try_from("localhost").unwrap();
         let t = Duration::from_secs(2);
-        let pa = probe(&addr(a), name(), t, 16)
+        let pa = probe(None, &addr(a), name(), t, 16)
             .await
             .unwrap()
             .expect("openssl tickets carry a key name");
-        let pa2 = probe(&addr(a), name(), t, 16)
+        let pa2 = probe(None, &addr(a), name(), t, 16)
             .await
             .unwrap()
             .expect("again");
-        let pb = probe(&addr(b), name(), t, 16)
+        let pb = probe(None, &addr(b), name(), t, 16)
             .await
             .unwrap()
             .expect("second server");

@@ -9,6 +9,10 @@ use crate::config::ProxyProtocol;
 pub const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
 /// v2, command PROXY.
 const V2_VER_CMD_PROXY: u8 = 0x21;
+/// v2, command LOCAL (a connection of the proxy's own).
+const V2_VER_CMD_LOCAL: u8 = 0x20;
+/// AF_UNSPEC, UNSPEC transport (with LOCAL).
+const V2_UNSPEC: u8 = 0x00;
 /// AF_INET + STREAM.
 const V2_TCP4: u8 = 0x11;
 /// AF_INET6 + STREAM.
@@ -51,6 +55,20 @@ pub fn header(
     match version {
         ProxyProtocol::V1 => v1(src, dst),
         ProxyProtocol::V2 => v2(src, dst, authority),
+    }
+}
+
+/// The header for a connection crossbar opens on its own behalf (health checks, the
+/// ticket-key probe): v2 command LOCAL, v1 `PROXY UNKNOWN`. The backend then uses
+/// the real connection addresses, as the spec intends for such connections.
+pub fn local(version: ProxyProtocol) -> Vec<u8> {
+    match version {
+        ProxyProtocol::V1 => b"PROXY UNKNOWN\r\n".to_vec(),
+        ProxyProtocol::V2 => {
+            let mut out = V2_SIGNATURE.to_vec();
+            out.extend_from_slice(&[V2_VER_CMD_LOCAL, V2_UNSPEC, 0, 0]);
+            out
+        }
     }
 }
 
@@ -147,6 +165,14 @@ mod tests {
         assert_eq!(u16::from_be_bytes([h[24], h[25]]), 4000);
         assert_eq!(u16::from_be_bytes([h[26], h[27]]), 8140);
         assert_eq!(h.len(), 28);
+    }
+
+    #[test]
+    fn local_headers() {
+        assert_eq!(local(ProxyProtocol::V1), b"PROXY UNKNOWN\r\n");
+        let v2 = local(ProxyProtocol::V2);
+        assert_eq!(&v2[..12], &V2_SIGNATURE);
+        assert_eq!(&v2[12..], &[0x20, 0x00, 0, 0]);
     }
 
     #[test]

@@ -390,6 +390,7 @@ fn target(addr: SocketAddr, name: &str) -> Target {
             port: addr.port(),
         },
         server_name: ServerName::try_from(name.to_string()).unwrap(),
+        proxy_protocol: None,
     }
 }
 

@@ -1,0 +1,227 @@
+//! Socket-level behaviour with real peers: IP_FREEBIND shown in a fresh network
+//! namespace, and PROXY protocol headers understood by a real HAProxy.
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Run `crossbar run` inside a new network namespace (only its loopback interface,
+/// no routes out) for up to `limit`; returns (exited?, stderr). The address used,
+/// 192.0.2.10 (TEST-NET-1, documentation only), is on no interface there; it is
+/// only bound, never sent to.
+fn run_in_fresh_netns(yaml: &str, limit: Duration) -> Option<(bool, String)> {
+    let usable = Command::new("unshare")
+        .args(["-n", "ip", "link", "set", "lo", "up"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !usable {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let log = dir.path().join("stderr");
+    // With lo down, Linux lets any address be bound; with it up, it behaves like a
+    // real host: only configured addresses, unless IP_FREEBIND.
+    let mut child = Command::new("unshare")
+        .args([
+            "-n",
+            "sh",
+            "-c",
+            "ip link set lo up && exec \"$0\" run -c \"$1\"",
+        ])
+        .arg(env!("CARGO_BIN_EXE_crossbar"))
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let mut exited = false;
+    while start.elapsed() < limit {
+        if child.try_wait().unwrap().is_some() {
+            exited = true;
+            break;
+        }
+        if std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("running")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Some((exited, std::fs::read_to_string(&log).unwrap_or_default()))
+}
+
+fn freebind_yaml(freebind: bool) -> String {
+    format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    mode: tcp\n    health: {{ check: none }}\n\
+         \x20   listen: [{{ address: \"192.0.2.10:18140\", freebind: {freebind} }}]\n\
+         \x20   backends: [{{ name: b, address: \"127.0.0.1:1\" }}]\n"
+    )
+}
+
+/// Without freebind, an address not on any interface can't be bound (and the error
+/// says so and suggests freebind); with it, crossbar binds it and runs, as a standby
+/// balancer must for a keepalived VIP it doesn't hold yet. No packet is sent: the
+/// namespace has no working interface at all.
+#[test]
+fn freebind_binds_an_address_not_on_any_interface() {
+    let Some((exited, log)) = run_in_fresh_netns(&freebind_yaml(false), WAIT) else {
+        println!("SKIPPED: cannot create a network namespace here (unshare -n)");
+        return;
+    };
+    assert!(exited, "without freebind the start fails:\n{log}");
+    assert!(
+        log.contains("192.0.2.10:18140") && log.contains("freebind"),
+        "{log}"
+    );
+
+    let (exited, log) = run_in_fresh_netns(&freebind_yaml(true), WAIT).unwrap();
+    assert!(!exited, "with freebind crossbar runs:\n{log}");
+    assert!(
+        log.contains("listening") && log.contains("192.0.2.10:18140"),
+        "{log}"
+    );
+}
+
+/// Read a PROXY v2 header (written from the spec) and return the source address.
+async fn read_v2_source(s: &mut tokio::net::TcpStream) -> Option<SocketAddr> {
+    let mut head = [0u8; 16];
+    s.read_exact(&mut head).await.ok()?;
+    if &head[..12] != b"\r\n\r\n\0\r\nQUIT\n" || head[12] >> 4 != 2 {
+        return None;
+    }
+    let len = u16::from_be_bytes([head[14], head[15]]) as usize;
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.ok()?;
+    match head[13] {
+        0x11 if len >= 12 => {
+            let ip = IpAddr::from([body[0], body[1], body[2], body[3]]);
+            Some(SocketAddr::new(ip, u16::from_be_bytes([body[8], body[9]])))
+        }
+        0x21 if len >= 36 => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(&body[..16]);
+            Some(SocketAddr::new(
+                IpAddr::from(o),
+                u16::from_be_bytes([body[32], body[33]]),
+            ))
+        }
+        _ => None,
+    }
+}
+
+struct Haproxy(std::process::Child, tempfile::TempDir);
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// HAProxy accepting PROXY headers on `front` and re-sending what it parsed, as a
+/// v2 header, to `back`.
+fn haproxy(front: SocketAddr, back: SocketAddr) -> Option<Haproxy> {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  maxconn 100\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\n\
+             frontend fe\n  bind {front} accept-proxy\n  default_backend be\n\
+             backend be\n  server s1 {back} send-proxy-v2\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    Some(Haproxy(child, dir))
+}
+
+async fn proxy_protocol_through_haproxy(version: &str) {
+    // The decoder backend: reads HAProxy's v2 header, reports the source, echoes.
+    let decoder = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let back = decoder.local_addr().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = decoder.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let src = read_v2_source(&mut s).await;
+                let _ = tx.send(src);
+                let mut buf = [0u8; 4];
+                if s.read_exact(&mut buf).await.is_ok() {
+                    let _ = s.write_all(&buf).await;
+                }
+            });
+        }
+    });
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let Some(_h) = haproxy(front, back) else {
+        println!("SKIPPED: haproxy is not installed (apt-get install haproxy)");
+        return;
+    };
+    wait_until("haproxy listening", || {
+        std::net::TcpStream::connect(front).is_ok()
+    })
+    .await;
+    // The connection haproxy's readiness poll made carries no PROXY header from us:
+    // drain what it reported.
+    while rx.try_recv().is_ok() {}
+
+    let yaml = one_service(
+        "    mode: tcp\n",
+        &[backend_line(
+            "hap",
+            front,
+            &format!("proxy_protocol: {version}"),
+        )],
+    );
+    let lb = Crossbar::start(&yaml).await;
+    let client_ip: IpAddr = "127.0.0.7".parse().unwrap();
+    let mut c = connect_from(client_ip, lb.addr("svc")).await;
+    let client_port = c.local_addr().unwrap().port();
+    c.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    within("echo through haproxy", c.read_exact(&mut buf))
+        .await
+        .unwrap();
+    assert_eq!(&buf, b"ping");
+    let src = within("decoder report", rx.recv()).await.flatten();
+    assert_eq!(
+        src,
+        Some(SocketAddr::new(client_ip, client_port)),
+        "haproxy understood crossbar's {version} header and passed the client's address on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_v1_understood_by_haproxy() {
+    proxy_protocol_through_haproxy("v1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_v2_understood_by_haproxy() {
+    proxy_protocol_through_haproxy("v2").await;
+}
