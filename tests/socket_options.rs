@@ -122,7 +122,8 @@ async fn read_v2_source(s: &mut tokio::net::TcpStream) -> Option<SocketAddr> {
     }
 }
 
-struct Haproxy(std::process::Child, tempfile::TempDir);
+/// The haproxy process and the directory holding its config (kept while it runs).
+struct Haproxy(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
 
 impl Drop for Haproxy {
     fn drop(&mut self) {
