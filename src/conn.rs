@@ -196,10 +196,13 @@ async fn serve(
         );
         write_backend(&mut server, &header, &backend.name).await?;
     }
+    let replayed = buf.len() as u64;
     if !buf.is_empty() {
         write_backend(&mut server, &buf, &backend.name).await?;
-        backend.metrics.bytes_c2s.inc_by(buf.len() as u64);
+        backend.metrics.bytes_c2s.inc_by(replayed);
     }
+    // The hello buffer is not needed for the rest of a possibly hours-long connection.
+    drop(buf);
     let handshake_kind = std::sync::Mutex::new(None::<&'static str>);
     let watch = hello.as_ref().map(|h| Watch {
         watcher: ServerWatcher::new(h, SERVER_WATCH_LIMIT),
@@ -240,7 +243,7 @@ async fn serve(
     )
     .await;
     log.handshake = *handshake_kind.lock().unwrap_or_else(|e| e.into_inner());
-    log.c2s = stats.client_to_server + buf.len() as u64;
+    log.c2s = stats.client_to_server + replayed;
     log.s2c = stats.server_to_client;
     log.end = stats.end.as_str().to_string();
     if let Some(kind) = stats.error {

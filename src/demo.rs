@@ -112,6 +112,15 @@ pub async fn run(serve: bool) -> Result<()> {
     let server = Server::start(config, Metrics::new())
         .await
         .context("starting crossbar")?;
+    let admin = crate::admin::bind("127.0.0.1:0".parse()?).await?;
+    let admin_addr = admin.local_addr()?;
+    let admin_stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(crate::admin::serve(
+        admin,
+        server.clone(),
+        None,
+        admin_stop.clone(),
+    ));
 
     println!(
         "crossbar demo: 9 TLS backends (3 per service), crossbar in front, config {}",
@@ -120,14 +129,19 @@ pub async fn run(serve: bool) -> Result<()> {
     for svc in site.backends.keys() {
         println!("  {svc:<12} listens on {:?}", server.local_addrs(svc));
     }
+    println!("  admin        http://{admin_addr}/metrics  /api/services  /api/tables/puppet");
     println!();
     let outcome = clients(&server, &ca, &site).await;
     print_tables(&server);
     print_metrics(&server);
     if serve {
-        println!("\nserving until Ctrl-C (try: openssl s_client -connect {} -servername puppet.{DOMAIN})", shared);
+        println!("\nserving until Ctrl-C. Try:");
+        println!("  openssl s_client -connect {shared} -servername puppet.{DOMAIN} </dev/null");
+        println!("  curl -s http://{admin_addr}/metrics | grep crossbar_stick");
+        println!("  crossbar status --admin http://{admin_addr}");
         tokio::signal::ctrl_c().await?;
     }
+    admin_stop.cancel();
     server.shutdown(Duration::from_secs(2)).await;
     let _ = std::fs::remove_dir_all(&dir); // ok: best-effort cleanup of a temp dir
     outcome
