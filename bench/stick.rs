@@ -60,7 +60,9 @@ fn lookups_on_threads(t: &Arc<StickTable>, size: u64, per_thread: u64) -> Durati
                 let mut i = th.wrapping_mul(7919);
                 for _ in 0..per_thread {
                     i = (i + 104_729) % size;
-                    black_box(t.lookup(&t.key(KeyKind::SessionId, &raw(i))));
+                    black_box(
+                        t.lookup_with(&t.key(KeyKind::SessionId, &raw(i)), |name| name.len()),
+                    );
                 }
             });
         }
@@ -91,14 +93,14 @@ fn bench_stick(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("lookup_hit", size), table, |b, t| {
             b.iter(|| {
                 i = (i + 104_729) % n;
-                t.lookup(&t.key(KeyKind::SessionId, &raw(i)))
+                t.lookup_with(&t.key(KeyKind::SessionId, &raw(i)), |name| name.len())
             })
         });
         let mut m = 0u64;
         g.bench_with_input(BenchmarkId::new("lookup_miss", size), table, |b, t| {
             b.iter(|| {
                 m += 1;
-                t.lookup(&t.key(KeyKind::SessionId, &raw(n + m)))
+                t.lookup_with(&t.key(KeyKind::SessionId, &raw(n + m)), |name| name.len())
             })
         });
         let mut o = 0u64;
@@ -134,7 +136,9 @@ fn bench_stick(c: &mut Criterion) {
                 let mut i = 0u64;
                 for _ in 0..iters {
                     i = (i + 104_729) % 1_000_000;
-                    black_box(t.lookup(&t.key(KeyKind::SessionId, &raw(i))));
+                    black_box(
+                        t.lookup_with(&t.key(KeyKind::SessionId, &raw(i)), |name| name.len()),
+                    );
                 }
             });
             start.elapsed()

@@ -456,9 +456,15 @@ impl Pool {
         best
     }
 
-    /// Reserve a slot on `preferred` if it is available and not full (a sticky hit).
-    pub fn try_preferred(&self, name: &str) -> Option<Lease> {
-        let b = self.get(name)?;
+    /// The position of the backend with this name.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.backends.iter().position(|b| &*b.name == name)
+    }
+
+    /// Reserve a slot on the backend at `index` if it is available and not full (a
+    /// sticky hit).
+    pub fn try_preferred(&self, index: usize) -> Option<Lease> {
+        let b = self.backends.get(index)?;
         if b.is_available() {
             b.try_reserve()
         } else {

@@ -16,7 +16,7 @@ use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse, ServerHandshak
 use crate::listener::Accepted;
 use crate::relay::{self, RelayCounters, RelayEnd, Watch};
 use crate::server::{ListenerRoutes, Service, Shared};
-use crate::stick::{KeyKind, StickTable};
+use crate::stick::{KeyKind, StickKey, StickTable};
 
 /// Lifetime of the source entry recorded at a full handshake when `source` is not a
 /// stick key: long enough to route a client's first resumption (whose ticket prefix
@@ -297,15 +297,24 @@ async fn read_hello(
     }
 }
 
-/// Result of the stick lookup: the key that decided (or the last one tried) and the backend.
+/// Result of the stick lookup: the key that decided (or the last one tried) and the
+/// backend's position in the service's pool.
 struct Sticky {
-    key: Option<(KeyKind, Option<Arc<str>>)>,
+    key: Option<(KeyKind, Option<usize>)>,
 }
 
 impl Sticky {
-    fn backend(&self) -> Option<&Arc<str>> {
-        self.key.as_ref().and_then(|(_, b)| b.as_ref())
+    fn backend(&self) -> Option<usize> {
+        self.key.as_ref().and_then(|(_, b)| *b)
     }
+}
+
+/// The pool position of the backend an entry points at; an entry for a backend no
+/// longer in the pool is a miss.
+fn table_hit(svc: &Service, table: &StickTable, key: &StickKey) -> Option<usize> {
+    table
+        .lookup_with(key, |name| svc.pool.position(name))
+        .flatten()
 }
 
 /// Does the client offer TLS 1.3? (Then its legacy session ID is random, not state.)
@@ -347,8 +356,8 @@ fn mask(octets: &[u8], bits: u8) -> Vec<u8> {
         .collect()
 }
 
-fn probe(svc: &Service, table: &StickTable, kind: KeyKind, raw: &[u8]) -> Option<Arc<str>> {
-    let hit = table.lookup(&table.key(kind, raw));
+fn probe(svc: &Service, table: &StickTable, kind: KeyKind, raw: &[u8]) -> Option<usize> {
+    let hit = table_hit(svc, table, &table.key(kind, raw));
     svc.metrics.lookup(kind, hit.is_some());
     hit
 }
@@ -363,7 +372,7 @@ fn lookup(svc: &Service, hello: Option<&ClientHelloInfo>, ip: IpAddr) -> Sticky 
         let found = match (key, hello) {
             (StickOn::SessionId, Some(h)) if !h.session_id.is_empty() => {
                 let k = table.key(KeyKind::SessionId, &h.session_id);
-                let hit = table.lookup(&k);
+                let hit = table_hit(svc, table, &k);
                 // A TLS 1.3 client's legacy session ID is random: only a hit counts then.
                 if hit.is_some() || !offers_tls13(h) {
                     svc.metrics.lookup(KeyKind::SessionId, hit.is_some());
@@ -397,7 +406,7 @@ fn lookup(svc: &Service, hello: Option<&ClientHelloInfo>, ip: IpAddr) -> Sticky 
     let resuming = hello.is_some_and(|h| h.ticket.is_some() || !h.psk_identities.is_empty());
     if resuming && !stick.on.contains(&StickOn::Source) {
         let k = table.key(KeyKind::Source, &source_bytes(svc, ip));
-        if let Some(b) = table.lookup(&k) {
+        if let Some(b) = table_hit(svc, table, &k) {
             return Sticky {
                 key: Some((KeyKind::Source, Some(b))),
             };
@@ -409,13 +418,14 @@ fn lookup(svc: &Service, hello: Option<&ClientHelloInfo>, ip: IpAddr) -> Sticky 
 }
 
 /// A ticket or PSK identity: the whole value first, then its key-name prefix.
-fn by_ticket(svc: &Service, table: &StickTable, kind: KeyKind, raw: &[u8]) -> Option<Arc<str>> {
+fn by_ticket(svc: &Service, table: &StickTable, kind: KeyKind, raw: &[u8]) -> Option<usize> {
     let k = table.key(kind, raw);
-    if let Some(b) = table.lookup(&k) {
+    if let Some(b) = table_hit(svc, table, &k) {
         svc.metrics.lookup(kind, true);
         return Some(b);
     }
-    let hit = prefix(svc, raw).and_then(|p| table.lookup(&table.key(KeyKind::TicketPrefix, p)));
+    let hit =
+        prefix(svc, raw).and_then(|p| table_hit(svc, table, &table.key(KeyKind::TicketPrefix, p)));
     svc.metrics.lookup(kind, hit.is_some());
     hit
 }
@@ -481,12 +491,12 @@ fn learn_handshake(
 /// moving on to other backends on failure, up to `retries` more attempts.
 async fn connect(
     svc: &Service,
-    sticky: Option<&Arc<str>>,
+    sticky: Option<usize>,
     ip: IpAddr,
     log: &mut AccessLog,
 ) -> Result<(TcpStream, Lease), ConnError> {
     let mut tried: Vec<usize> = Vec::new();
-    let mut lease = sticky.and_then(|name| svc.pool.try_preferred(name));
+    let mut lease = sticky.and_then(|i| svc.pool.try_preferred(i));
     let mut last_err = None;
     for _attempt in 0..=svc.config.retries {
         let l = match lease.take() {

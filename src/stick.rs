@@ -390,6 +390,11 @@ impl Backends {
     fn name(&self, index: u16) -> Option<Arc<str>> {
         self.names.load().get(usize::from(index)).cloned()
     }
+
+    /// Lend the name at `index` to `f` without cloning its `Arc`.
+    fn with_name<R>(&self, index: u16, f: impl FnOnce(&str) -> R) -> Option<R> {
+        self.names.load().get(usize::from(index)).map(|n| f(n))
+    }
 }
 
 /// One entry as written to / read from a saved table.
@@ -498,6 +503,19 @@ impl StickTable {
     /// Hot path: takes one dashmap shard read lock, never a table-wide lock. An expired
     /// entry is a miss and is removed; a shared prefix is a miss (and is not refreshed).
     pub fn lookup(&self, key: &StickKey) -> Option<Arc<str>> {
+        self.find(key).and_then(|b| self.backends.name(b))
+    }
+
+    /// Like [`StickTable::lookup`], but lends the backend name to `f` instead of
+    /// cloning it: no shared reference count is touched, so concurrent hits on the
+    /// same backend don't contend for one cache line. The data path uses this.
+    pub fn lookup_with<R>(&self, key: &StickKey, f: impl FnOnce(&str) -> R) -> Option<R> {
+        self.find(key).and_then(|b| self.backends.with_name(b, f))
+    }
+
+    /// The backend index of an unexpired, unshared entry (refreshing it); removes an
+    /// expired one.
+    fn find(&self, key: &StickKey) -> Option<u16> {
         let now = self.now();
         let found = match self.map.get(&key.hash) {
             None => Found::Miss,
@@ -510,7 +528,7 @@ impl StickTable {
             }
         };
         match found {
-            Found::Hit(backend) => self.backends.name(backend),
+            Found::Hit(backend) => Some(backend),
             Found::Expired(gen) => {
                 let removed = self.map.remove_if(&key.hash, |_, e| {
                     e.gen == gen && e.idle(now) > self.ttl_of(e.kind)
