@@ -407,8 +407,9 @@ fn setup_err(key: &str, path: &std::path::Path, e: impl std::fmt::Display) -> Ch
 
 /// Accepts any server certificate, but still checks handshake signatures against the
 /// certificate presented (so the peer holds its key).
+/// Shared with the ticket-key probe ([`crate::probe`]), which only collects tickets.
 #[derive(Debug)]
-struct AcceptAnyCert(Arc<CryptoProvider>);
+pub(crate) struct AcceptAnyCert(pub(crate) Arc<CryptoProvider>);
 
 impl ServerCertVerifier for AcceptAnyCert {
     fn verify_server_cert(

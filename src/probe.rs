@@ -15,14 +15,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
 use crate::balance::Backend;
 use crate::config::{BackendAddress, ProxyProtocol, StickOn};
+use crate::health::AcceptAnyCert;
 use crate::hello::{parse_client_hello, HelloParse};
 use crate::server::Service;
 use crate::stick::KeyKind;
@@ -241,12 +241,15 @@ fn resumption_identity(
     })
 }
 
+/// A TLS 1.3 client that keeps its tickets in a counting store. It does not verify
+/// the backend's certificate (and needs no CA file): it only collects tickets, sends
+/// nothing and trusts nothing it receives.
 fn probe_config() -> Result<(Arc<ClientConfig>, Arc<CountingStore>), ProbeError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
         .with_no_client_auth();
     let store = Arc::new(CountingStore::default());
     cfg.resumption = rustls::client::Resumption::store(store.clone());
@@ -310,46 +313,6 @@ impl rustls::client::ClientSessionStore for CountingStore {
         n: &ServerName<'static>,
     ) -> Option<rustls::client::Tls13ClientSessionValue> {
         self.inner.take_tls13_ticket(n)
-    }
-}
-
-/// The probe only collects tickets: it sends nothing and trusts nothing it receives,
-/// so it does not verify the backend's certificate (and needs no CA file).
-#[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
