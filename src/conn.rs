@@ -165,6 +165,7 @@ async fn serve(
         }
     };
     log.service = Some(Arc::from(svc.name()));
+    set_keepalive(stream, svc.config.keepalive);
     let client_ip = peer.ip().to_canonical();
     let sticky = lookup(&svc, hello.as_ref(), client_ip);
     if let Some((kind, hit)) = &sticky.key {
@@ -174,6 +175,7 @@ async fn serve(
     let (mut server, lease) = connect(&svc, sticky.backend(), client_ip, log).await?;
     let backend = lease.backend().clone();
     log.backend = Some(backend.name.clone());
+    set_keepalive(&server, svc.config.keepalive);
     backend.metrics.connections.inc();
     if let Some(table) = &svc.table {
         if svc.sticks_on(StickOn::Source) {
@@ -257,6 +259,25 @@ async fn serve(
         .observe(started.elapsed().as_secs_f64());
     drop(lease);
     Ok(())
+}
+
+/// Turn on TCP keepalive with the service's timing. A failure is logged, not fatal:
+/// the connection works without it.
+fn set_keepalive(stream: &TcpStream, ka: Option<crate::config::Keepalive>) {
+    let Some(ka) = ka else { return };
+    let params = socket2::TcpKeepalive::new()
+        .with_time(ka.time)
+        .with_interval(ka.interval);
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd",
+        target_os = "macos"
+    ))]
+    let params = params.with_retries(ka.probes);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&params) {
+        tracing::debug!("TCP keepalive not set: {e}");
+    }
 }
 
 /// Read until a complete ClientHello (or a reason to give up), within `timeout`
@@ -646,6 +667,23 @@ mod tests {
         assert_eq!(mask(&[10, 1, 2, 3], 24), vec![10, 1, 2, 0]);
         assert_eq!(mask(&[10, 1, 255, 3], 20), vec![10, 1, 240, 0]);
         assert_eq!(mask(&[10, 1, 2, 3], 0), vec![0, 0, 0, 0]);
+    }
+
+    #[tokio::test]
+    async fn keepalive_options_reach_the_socket() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let ka = crate::config::Keepalive {
+            time: Duration::from_secs(77),
+            interval: Duration::from_secs(11),
+            probes: 5,
+        };
+        set_keepalive(&s, Some(ka));
+        let r = socket2::SockRef::from(&s);
+        assert!(r.keepalive().unwrap());
+        assert_eq!(r.keepalive_time().unwrap(), Duration::from_secs(77));
+        assert_eq!(r.keepalive_interval().unwrap(), Duration::from_secs(11));
+        assert_eq!(r.keepalive_retries().unwrap(), 5);
     }
 
     #[test]

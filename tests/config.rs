@@ -318,3 +318,55 @@ fn the_complete_example_in_the_docs_loads() {
     let c = ok(&doc[start..start + len]);
     assert_eq!(c.services.len(), 3);
 }
+
+#[test]
+fn keepalive_is_on_by_default_and_merges_field_by_field() {
+    use crossbar::config::Keepalive;
+    use std::time::Duration;
+    let c = ok("services:
+  a:
+    listen: [\"127.0.0.1:1\"]
+    backends: [{ name: b, address: \"127.0.0.1:2\" }]
+  tuned:
+    listen: [\"127.0.0.1:3\"]
+    keepalive: { interval: 10s }
+    backends: [{ name: b, address: \"127.0.0.1:2\" }]
+  off:
+    listen: [\"127.0.0.1:4\"]
+    keepalive: { enabled: false }
+    backends: [{ name: b, address: \"127.0.0.1:2\" }]
+");
+    assert_eq!(c.services[0].keepalive, Some(Keepalive::default()));
+    assert_eq!(
+        c.services[1].keepalive,
+        Some(Keepalive {
+            interval: Duration::from_secs(10),
+            ..Keepalive::default()
+        })
+    );
+    assert_eq!(c.services[2].keepalive, None);
+
+    let off = ok("defaults: { keepalive: { enabled: false } }
+services:
+  a:
+    listen: [\"127.0.0.1:1\"]
+    backends: [{ name: b, address: \"127.0.0.1:2\" }]
+  on:
+    listen: [\"127.0.0.1:3\"]
+    keepalive: { enabled: true, time: 1m }
+    backends: [{ name: b, address: \"127.0.0.1:2\" }]
+");
+    assert_eq!(off.services[0].keepalive, None);
+    assert_eq!(
+        off.services[1].keepalive.map(|k| k.time),
+        Some(Duration::from_secs(60))
+    );
+
+    let e = load("defaults: { keepalive: { probes: 0, time: 5 } }\nservices:\n  a:\n    listen: [\"127.0.0.1:1\"]\n    backends: [{ name: b, address: \"127.0.0.1:2\" }]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("defaults.keepalive.probes") && e.contains("defaults.keepalive.time"),
+        "{e}"
+    );
+}

@@ -93,6 +93,29 @@ impl Default for Timeouts {
     }
 }
 
+/// TCP keepalive on client and backend sockets: keeps NAT and firewall state of
+/// connections that are silent for minutes (a long catalog compile) and finds dead
+/// peers. On by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Idle time before the first probe (default 5m).
+    pub time: Duration,
+    /// Time between probes (default 30s).
+    pub interval: Duration,
+    /// Unanswered probes before the connection is dropped (default 4).
+    pub probes: u32,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            time: Duration::from_secs(300),
+            interval: Duration::from_secs(30),
+            probes: 4,
+        }
+    }
+}
+
 /// Which active health check a backend gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckKind {
@@ -326,6 +349,8 @@ pub struct ServiceConfig {
     pub backends: Vec<BackendConfig>,
     /// Timeouts.
     pub timeouts: Timeouts,
+    /// TCP keepalive on client and backend sockets; `None` disables.
+    pub keepalive: Option<Keepalive>,
     /// Largest ClientHello accepted (default 16 KiB).
     pub max_hello_size: usize,
     /// Connect retries to other backends after a failed attempt.

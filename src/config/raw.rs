@@ -59,6 +59,7 @@ pub(super) struct RawAdmin {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDefaults {
     pub timeouts: Option<RawTimeouts>,
+    pub keepalive: Option<RawKeepalive>,
     pub health: Option<RawHealth>,
     pub max_hello_size: Option<u64>,
     pub retries: Option<u64>,
@@ -66,6 +67,16 @@ pub(super) struct RawDefaults {
     pub slow_start: Option<RawDuration>,
     pub backlog: Option<u64>,
     pub max_connections: Option<u64>,
+}
+
+/// `keepalive:` (defaults or service): TCP keepalive on client and backend sockets.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKeepalive {
+    pub enabled: Option<bool>,
+    pub time: Option<RawDuration>,
+    pub interval: Option<RawDuration>,
+    pub probes: Option<u64>,
 }
 
 /// `timeouts:` (defaults or service).
@@ -195,6 +206,7 @@ pub(super) struct RawService {
     #[serde(default, deserialize_with = "present")]
     pub stick: Option<Nullable<RawStick>>,
     pub timeouts: Option<RawTimeouts>,
+    pub keepalive: Option<RawKeepalive>,
     pub health: Option<RawHealth>,
     pub max_hello_size: Option<u64>,
     pub retries: Option<u64>,

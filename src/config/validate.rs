@@ -22,6 +22,8 @@ const MIN_HELLO: u64 = 512;
 const MAX_HELLO: u64 = 1024 * 1024;
 /// Largest `retries`: past this a down pool only multiplies the wait.
 const MAX_RETRIES: u64 = 10;
+/// Keepalive probes: Linux caps TCP_KEEPCNT at 127.
+const MAX_KEEPALIVE_PROBES: u64 = 127;
 /// Largest `queue_size`; every queued connection holds a socket.
 const MAX_QUEUE: u64 = 1_000_000;
 /// Largest backlog: listen(2) takes an int.
@@ -80,6 +82,7 @@ fn serde_error(e: &serde_yaml::Error, file: &Path) -> ConfigError {
 #[derive(Debug, Clone)]
 struct Tuning {
     timeouts: Timeouts,
+    keepalive: Option<Keepalive>,
     health: Health,
     max_hello_size: usize,
     retries: u32,
@@ -240,6 +243,7 @@ impl Checker<'_> {
     fn defaults(&mut self, raw: &RawDefaults) -> (Tuning, ListenDefaults) {
         let builtin = Tuning {
             timeouts: Timeouts::default(),
+            keepalive: Some(Keepalive::default()),
             health: Health::default(),
             max_hello_size: DEFAULT_MAX_HELLO,
             retries: DEFAULT_RETRIES,
@@ -248,6 +252,7 @@ impl Checker<'_> {
         };
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
+            keepalive: raw.keepalive.as_ref(),
             health: raw.health.as_ref(),
             max_hello_size: raw.max_hello_size,
             retries: raw.retries,
@@ -307,12 +312,44 @@ impl Checker<'_> {
         );
         Tuning {
             timeouts: self.timeouts(&base.timeouts, raw.timeouts, &join(p, "timeouts")),
+            keepalive: self.keepalive(base.keepalive, raw.keepalive, &join(p, "keepalive")),
             health: self.health(&base.health, raw.health, &join(p, "health")),
             max_hello_size: hello as usize,
             retries: retries as u32,
             queue_size: queue as usize,
             slow_start,
         }
+    }
+
+    /// `keepalive:` over `base` (`None` = off), field by field.
+    fn keepalive(
+        &mut self,
+        base: Option<Keepalive>,
+        raw: Option<&RawKeepalive>,
+        p: &str,
+    ) -> Option<Keepalive> {
+        let Some(raw) = raw else { return base };
+        let start = base.unwrap_or_default();
+        let time = self.duration(raw.time.as_ref(), &join(p, "time"), start.time, true);
+        let interval = self.duration(
+            raw.interval.as_ref(),
+            &join(p, "interval"),
+            start.interval,
+            true,
+        );
+        let probes = self.int(
+            raw.probes,
+            &join(p, "probes"),
+            start.probes.into(),
+            1,
+            MAX_KEEPALIVE_PROBES,
+        );
+        let enabled = raw.enabled.unwrap_or(base.is_some());
+        enabled.then_some(Keepalive {
+            time,
+            interval,
+            probes: probes as u32,
+        })
     }
 
     fn timeouts(&mut self, base: &Timeouts, raw: Option<&RawTimeouts>, p: &str) -> Timeouts {
@@ -390,6 +427,7 @@ impl Checker<'_> {
         };
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
+            keepalive: raw.keepalive.as_ref(),
             health: raw.health.as_ref(),
             max_hello_size: raw.max_hello_size,
             retries: raw.retries,
@@ -412,6 +450,7 @@ impl Checker<'_> {
             stick: self.stick(raw.stick.as_ref(), mode, &join(&p, "stick")),
             backends: self.backends(&raw.backends, &tuning.health, &p),
             timeouts: tuning.timeouts,
+            keepalive: tuning.keepalive,
             max_hello_size: tuning.max_hello_size,
             retries: tuning.retries,
             queue_size: tuning.queue_size,
@@ -563,6 +602,7 @@ impl Checker<'_> {
 /// The settings one level (defaults or a service) may write.
 struct TuningLayer<'a> {
     timeouts: Option<&'a RawTimeouts>,
+    keepalive: Option<&'a RawKeepalive>,
     health: Option<&'a RawHealth>,
     max_hello_size: Option<u64>,
     retries: Option<u64>,
