@@ -53,7 +53,8 @@ pub struct Backend {
     healthy: AtomicBool,
     standby: AtomicBool,
     admin: AtomicU8,
-    /// When the backend last became available (for slow start), as ms since `epoch`.
+    /// When the backend last became available (for slow start), as ms since `epoch`
+    /// plus one; 0 = available since the pool was built (no ramp).
     up_since_ms: AtomicU64,
     epoch: Instant,
     /// Metric handles.
@@ -141,7 +142,9 @@ impl Backend {
     }
 
     fn mark_up_now(&self) {
-        let ms = self.epoch.elapsed().as_millis() as u64;
+        // Stored + 1 so that 0 keeps meaning "available since start" even for a
+        // recovery in the pool's first millisecond.
+        let ms = self.epoch.elapsed().as_millis() as u64 + 1;
         self.up_since_ms.store(ms, Ordering::Release);
     }
 
@@ -156,7 +159,7 @@ impl Backend {
         if up == 0 {
             return w; // available since start: no ramp
         }
-        let elapsed = since.saturating_sub(up);
+        let elapsed = since.saturating_sub(up - 1);
         let total = slow_start.as_millis() as u64;
         if elapsed >= total {
             w
@@ -724,6 +727,31 @@ mod tests {
         assert_eq!(p.queued(), 1);
         drop(held);
         assert_eq!(waiter.await.unwrap().unwrap(), "a");
+    }
+
+    #[tokio::test]
+    async fn slow_start_ramps_a_recovered_backend() {
+        let m = Metrics::new();
+        let p = Pool::new(
+            &[backend("a", 1, false, None), backend("b", 1, false, None)],
+            PoolParams {
+                algo: Balance::RoundRobin,
+                slow_start: Duration::from_secs(1),
+                queue_size: 4,
+                queue_timeout: Duration::from_millis(200),
+            },
+            |b| m.backend("t", &b.name),
+            |_| None,
+        );
+        p.backends[1].set_healthy(false);
+        p.backends[1].set_healthy(true);
+        // Just back: b's weight is a small fraction of a's.
+        let early = names(&p, 40).await.iter().filter(|n| *n == "b").count();
+        assert!(early <= 8, "b got {early}/40 right after recovery");
+        // After the ramp: even again (time itself is what this test is about).
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        let late = names(&p, 40).await.iter().filter(|n| *n == "b").count();
+        assert!((18..=22).contains(&late), "b got {late}/40 after the ramp");
     }
 
     #[tokio::test]
