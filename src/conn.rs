@@ -206,30 +206,32 @@ async fn serve(
     // The hello buffer is not needed for the rest of a possibly hours-long connection.
     drop(buf);
     let handshake_kind = std::sync::Mutex::new(None::<&'static str>);
-    let watch = hello.as_ref().map(|h| Watch {
-        watcher: ServerWatcher::new(h, SERVER_WATCH_LIMIT),
-        on_handshake: Box::new({
-            let svc = &svc;
-            let backend = &backend;
-            let handshake_kind = &handshake_kind;
-            move |hs: &ServerHandshake| {
-                let kind = match hs.resumed {
-                    Some(true) => {
-                        backend.metrics.resumed.inc();
-                        Some("resumed")
+    let watch = hello.as_ref().map(|h| {
+        Box::new(Watch {
+            watcher: ServerWatcher::new(h, SERVER_WATCH_LIMIT),
+            on_handshake: Box::new({
+                let svc = &svc;
+                let backend = &backend;
+                let handshake_kind = &handshake_kind;
+                move |hs: &ServerHandshake| {
+                    let kind = match hs.resumed {
+                        Some(true) => {
+                            backend.metrics.resumed.inc();
+                            Some("resumed")
+                        }
+                        Some(false) => {
+                            backend.metrics.full.inc();
+                            Some("full")
+                        }
+                        None => None,
+                    };
+                    *handshake_kind.lock().unwrap_or_else(|e| e.into_inner()) = kind;
+                    if let Some(table) = &svc.table {
+                        learn_handshake(svc, table, &backend.name, h, hs, client_ip);
                     }
-                    Some(false) => {
-                        backend.metrics.full.inc();
-                        Some("full")
-                    }
-                    None => None,
-                };
-                *handshake_kind.lock().unwrap_or_else(|e| e.into_inner()) = kind;
-                if let Some(table) = &svc.table {
-                    learn_handshake(svc, table, &backend.name, h, hs, client_ip);
                 }
-            }
-        }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
+            }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
+        })
     });
     let counters = RelayCounters {
         c2s: backend.metrics.bytes_c2s.clone(),
@@ -691,5 +693,26 @@ mod tests {
         let l = LogLimiter::new();
         let allowed = (0..1000).filter(|_| l.allow()).count() as u64;
         assert!(allowed <= LOG_PER_SECOND * 2, "allowed {allowed}");
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    /// Bytes of a connection task's future: held for the whole life of every
+    /// connection, idle ones included (docs/performance.md, RSS per idle connection).
+    const MAX_CONNECTION_FUTURE: usize = 2560;
+
+    fn size_of_return<A, B, C, D, F: std::future::Future>(_: fn(A, B, C, D) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn connection_future_stays_small() {
+        let n = size_of_return(super::handle);
+        println!("connection future: {n} bytes");
+        assert!(
+            n <= MAX_CONNECTION_FUTURE,
+            "connection future grew to {n} bytes"
+        );
     }
 }

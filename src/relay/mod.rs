@@ -76,7 +76,9 @@ pub struct RelayCounters {
     pub s2c: IntCounter,
 }
 
-/// Inspection of the server's handshake during the relay.
+/// Inspection of the server's handshake during the relay (boxed by callers: it is
+/// only needed during the handshake, and inline it would enlarge every connection's
+/// future for its whole life).
 pub struct Watch<'a> {
     /// The watcher fed with server->client bytes.
     pub watcher: ServerWatcher,
@@ -117,11 +119,16 @@ async fn pump(
     counter: &IntCounter,
     total: &AtomicU64,
     activity: &Activity,
-    watch: Option<Watch<'_>>,
+    watch: Option<Box<Watch<'_>>>,
 ) -> Result<(), Side> {
     let zero_copy = cfg!(target_os = "linux") && splice_enabled();
     let eof = if watch.is_some() || !zero_copy {
-        copy(src, &mut dst, counter, total, activity, watch, zero_copy).await?
+        // Boxed: the copy phase is short (the handshake) in the usual case, and inline
+        // it would make every idle connection's future ~560 bytes bigger.
+        Box::pin(copy(
+            src, &mut dst, counter, total, activity, watch, zero_copy,
+        ))
+        .await?
     } else {
         Phase::Switch(src)
     };
@@ -149,7 +156,7 @@ async fn copy<'a>(
     counter: &IntCounter,
     total: &AtomicU64,
     activity: &Activity,
-    mut watch: Option<Watch<'_>>,
+    mut watch: Option<Box<Watch<'_>>>,
     switch_when_done: bool,
 ) -> Result<Phase<'a>, Side> {
     let mut buf = vec![0u8; BUF_SIZE];
@@ -197,7 +204,7 @@ pub async fn relay(
     server: &mut TcpStream,
     idle: Duration,
     counters: &RelayCounters,
-    watch: Option<Watch<'_>>,
+    watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
     let activity = Activity {
