@@ -477,6 +477,12 @@ fn learn_handshake(
     if hs.alert || hs.resumed.is_none() {
         return;
     }
+    // A TLS <= 1.2 full handshake counts once the client finished it (the server's CCS
+    // follows the client's Finished): before, its session ID is one nobody can resume,
+    // and learning it let bare ClientHellos flush the table (tests/hostile_clients.rs).
+    if !tls13 && hs.resumed == Some(false) && !hs.server_ccs {
+        return;
+    }
     // TLS <= 1.2: the server assigned (or, resuming, confirmed) this session ID.
     if !tls13 && !hs.session_id.is_empty() && svc.sticks_on(StickOn::SessionId) {
         learn(svc, table, KeyKind::SessionId, &hs.session_id, backend);

@@ -201,14 +201,22 @@ fn client_hello_bytes(buf: &[u8], max: usize) -> Result<Option<(Vec<u8>, usize)>
         let available = buf
             .get(body_start..record_end.min(buf.len()))
             .unwrap_or(&[]);
-        let mut view = joined.clone();
-        view.extend_from_slice(available);
+        // Only the 4-byte handshake header is needed from it: copying all of `joined`
+        // per record made a hello of many tiny records cost time cubic in their number
+        // over conn.rs's re-parses (tests/fuzz_props.rs, many_tiny_records_...).
+        let mut head = [0u8; HANDSHAKE_HEADER_LEN];
+        let mut head_len = 0;
+        for (slot, &b) in head.iter_mut().zip(joined.iter().chain(available)) {
+            *slot = b;
+            head_len += 1;
+        }
+        let view = &head[..head_len];
         if let Some(&msg_type) = view.first() {
             if msg_type != HS_CLIENT_HELLO {
                 return Err(HelloError::Malformed);
             }
         }
-        if let Some(msg_len) = read_u24(&view, 1) {
+        if let Some(msg_len) = read_u24(view, 1) {
             let total = HANDSHAKE_HEADER_LEN + msg_len;
             if total > max {
                 return Err(HelloError::TooLarge);
@@ -217,7 +225,7 @@ fn client_hello_bytes(buf: &[u8], max: usize) -> Result<Option<(Vec<u8>, usize)>
         if buf.len() < record_end {
             return Ok(None);
         }
-        joined = view;
+        joined.extend_from_slice(available);
         if let Some(msg_len) = read_u24(&joined, 1) {
             let total = HANDSHAKE_HEADER_LEN + msg_len;
             if joined.len() >= total {
@@ -490,6 +498,9 @@ pub struct ServerHandshake {
     pub resumed: Option<bool>,
     /// The server sent a TLS alert during the handshake.
     pub alert: bool,
+    /// TLS <= 1.2: the server sent its ChangeCipherSpec. In a full handshake that
+    /// comes only after the client's Finished, so the client completed the handshake.
+    pub server_ccs: bool,
 }
 
 /// Where the watcher is in the server's flight.
@@ -630,6 +641,11 @@ impl ServerWatcher {
             // TLS 1.2 abbreviated handshake: CCS right after the ServerHello.
             Stage::AfterServerHello => {
                 self.info.resumed = Some(true);
+                self.info.server_ccs = true;
+                self.done = true;
+            }
+            Stage::UntilChangeCipherSpec => {
+                self.info.server_ccs = true;
                 self.done = true;
             }
             _ => self.done = true,
