@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::balance::{Lease, PickError};
+use crate::balance::{Backend, Lease, PickError};
 use crate::config::{BackendAddress, StickOn};
 use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse, ServerHandshake, ServerWatcher};
 use crate::listener::Accepted;
@@ -44,6 +44,10 @@ enum ConnError {
     Connect { backend: Arc<str>, error: io::Error },
     #[error("writing to backend {backend} failed: {error}")]
     BackendWrite { backend: Arc<str>, error: io::Error },
+    #[error("the client closed while waiting for a backend")]
+    ClientGone,
+    #[error("the backend did not answer the ClientHello within the idle timeout")]
+    NoAnswer,
 }
 
 impl ConnError {
@@ -54,6 +58,8 @@ impl ConnError {
             ConnError::Pick(e) => format!("refused:{}", e.reason()),
             ConnError::Connect { .. } => "connect_failed".into(),
             ConnError::BackendWrite { .. } => "server_error".into(),
+            ConnError::ClientGone => "client_closed".into(),
+            ConnError::NoAnswer => "idle_timeout".into(),
         }
     }
 }
@@ -172,9 +178,49 @@ async fn serve(
         log.stick = Some(kind.as_str());
         log.stick_hit = hit.is_some();
     }
-    let (mut server, lease) = connect(&svc, sticky.backend(), client_ip, log).await?;
+    // Like HAProxy's abortonclose: a client that gives up while queued or while we
+    // connect gets no backend connection opened for nobody (a compile slot). A TLS
+    // client never half-closes mid-handshake, so its EOF means it left; in tcp mode
+    // an EOF may be a half-close that still wants the answer, so only a reset counts.
+    let tls = hello.is_some();
+    let mut tried: Vec<usize> = Vec::new();
+    let mut preferred = sticky.backend();
+    let (mut server, lease) = loop {
+        let (mut server, lease) = tokio::select! {
+            r = connect(&svc, preferred.take(), client_ip, log, &mut tried) => r?,
+            () = client_gone(stream, tls) => return Err(ConnError::ClientGone),
+        };
+        let backend = lease.backend().clone();
+        log.backend = Some(backend.name.clone());
+        let sni = hello.as_ref().and_then(|h| h.sni.as_deref());
+        let sent = send_prelude(&mut server, stream, peer, &backend, sni, &buf).await;
+        if !tls {
+            sent?;
+            break (server, lease);
+        }
+        // Until the backend answers, the client has sent nothing but its hello: a
+        // backend that closes or resets without a byte (it died with connections in
+        // its accept queue) is retried like a refused connect, hello and all.
+        let answer = match sent {
+            Err(ConnError::BackendWrite { error, .. }) => Answer::Closed(error),
+            Err(e) => return Err(e),
+            Ok(()) => tokio::select! {
+                a = first_answer(&server, svc.config.timeouts.idle) => a,
+                () = client_gone(stream, true) => return Err(ConnError::ClientGone),
+            },
+        };
+        match answer {
+            Answer::Bytes => break (server, lease),
+            Answer::Idle => return Err(ConnError::NoAnswer),
+            Answer::Closed(e) => {
+                backend.metrics.connect_errors.inc();
+                crate::health::passive_failure(&svc, &backend, &e);
+                tracing::warn!(service = %svc.name(), backend = %backend.name, "closed before answering the ClientHello: {e}; trying another backend");
+                tried.push(backend.index);
+            }
+        }
+    };
     let backend = lease.backend().clone();
-    log.backend = Some(backend.name.clone());
     set_keepalive(&server, svc.config.keepalive);
     backend.metrics.connections.inc();
     if let Some(table) = &svc.table {
@@ -188,21 +234,8 @@ async fn serve(
             );
         }
     }
-    if let Some(v) = backend.config.proxy_protocol {
-        let local = stream.local_addr().unwrap_or(peer);
-        let header = crate::proxy_protocol::header(
-            v,
-            peer,
-            local,
-            hello.as_ref().and_then(|h| h.sni.as_deref()),
-        );
-        write_backend(&mut server, &header, &backend.name).await?;
-    }
     let replayed = buf.len() as u64;
-    if !buf.is_empty() {
-        write_backend(&mut server, &buf, &backend.name).await?;
-        backend.metrics.bytes_c2s.inc_by(replayed);
-    }
+    backend.metrics.bytes_c2s.inc_by(replayed);
     // The hello buffer is not needed for the rest of a possibly hours-long connection.
     drop(buf);
     let handshake_kind = std::sync::Mutex::new(None::<&'static str>);
@@ -261,6 +294,63 @@ async fn serve(
         .observe(started.elapsed().as_secs_f64());
     drop(lease);
     Ok(())
+}
+
+/// Write what goes to a backend before the relay: the PROXY header (if the backend
+/// wants one) and the bytes read while looking at the hello.
+async fn send_prelude(
+    server: &mut TcpStream,
+    client: &TcpStream,
+    peer: SocketAddr,
+    backend: &Backend,
+    sni: Option<&str>,
+    buf: &[u8],
+) -> Result<(), ConnError> {
+    if let Some(v) = backend.config.proxy_protocol {
+        let local = client.local_addr().unwrap_or(peer);
+        let header = crate::proxy_protocol::header(v, peer, local, sni);
+        write_backend(server, &header, &backend.name).await?;
+    }
+    if !buf.is_empty() {
+        write_backend(server, buf, &backend.name).await?;
+    }
+    Ok(())
+}
+
+/// What a backend did with the ClientHello.
+enum Answer {
+    /// It sent at least one byte (a ServerHello, an alert...): relay from here.
+    Bytes,
+    /// It closed or reset the connection without a byte.
+    Closed(io::Error),
+    /// Nothing within the idle timeout.
+    Idle,
+}
+
+/// Wait (peeking, not reading) for the backend's first byte.
+async fn first_answer(server: &TcpStream, idle: Duration) -> Answer {
+    let mut probe = [0u8; 1];
+    match tokio::time::timeout(idle, server.peek(&mut probe)).await {
+        Err(_) => Answer::Idle,
+        Ok(Ok(0)) => Answer::Closed(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        )),
+        Ok(Ok(_)) => Answer::Bytes,
+        Ok(Err(e)) => Answer::Closed(e),
+    }
+}
+
+/// Resolves when the client reset the connection, or (with `eof_is_gone`) closed
+/// it; never while it is open. Bytes it sends meanwhile stay in the socket (peeked,
+/// not read).
+async fn client_gone(stream: &TcpStream, eof_is_gone: bool) {
+    let mut probe = [0u8; 1];
+    match stream.peek(&mut probe).await {
+        Err(_) => {}
+        Ok(0) if eof_is_gone => {}
+        Ok(_) => std::future::pending().await,
+    }
 }
 
 /// Turn on TCP keepalive with the service's timing. A failure is logged, not fatal:
@@ -523,16 +613,18 @@ async fn connect(
     sticky: Option<usize>,
     ip: IpAddr,
     log: &mut AccessLog,
+    tried: &mut Vec<usize>,
 ) -> Result<(TcpStream, Lease), ConnError> {
-    let mut tried: Vec<usize> = Vec::new();
     let mut lease = sticky.and_then(|i| svc.pool.try_preferred(i));
     let mut last_err = None;
-    for _attempt in 0..=svc.config.retries {
+    // `tried` is shared with the caller, which adds backends that accepted but
+    // closed before answering: all attempts together are bounded by `retries`.
+    while tried.len() <= svc.config.retries as usize {
         let l = match lease.take() {
             Some(l) => l,
-            None => match svc.pool.acquire(ip, &tried).await {
+            None => match svc.pool.acquire(ip, tried).await {
                 Ok(l) => l,
-                Err(PickError::NoBackendAvailable) if last_err.is_some() => break,
+                Err(PickError::NoBackendAvailable) if !tried.is_empty() => break,
                 Err(e) => {
                     if e == PickError::QueueTimeout {
                         svc.metrics.queue_timeouts.inc();
@@ -564,6 +656,9 @@ async fn connect(
                 });
             }
         }
+    }
+    if last_err.is_none() {
+        svc.metrics.refused(PickError::NoBackendAvailable.reason());
     }
     Err(last_err.unwrap_or(ConnError::Pick(PickError::NoBackendAvailable)))
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use common::*;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn tagged(names: &[&str]) -> Vec<Backend> {
@@ -267,6 +267,79 @@ async fn max_connections_queues_the_excess_until_a_slot_frees() {
     assert_eq!(read_name(&mut second).await, "one");
     assert_eq!(pool().pool.queued(), 0);
     assert_eq!(b.accepted(), 2);
+}
+
+/// A queued client that gives up (resets, as a client timing out does) leaves the
+/// queue at once, and no backend connection is opened for it when a slot frees
+/// (HAProxy's abortonclose). In `mode: tcp` a plain close is not enough: it may be
+/// a half-close that still wants the answer (tests/relay.rs covers those).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_client_that_leaves_gets_no_backend_connection() {
+    let b = Backend::echo("one", true).await;
+    let lb = Crossbar::start(&tcp_yaml(
+        "roundrobin",
+        "",
+        &[backend_line("one", b.addr, "max_connections: 1")],
+    ))
+    .await;
+    let pool = || lb.server.service("svc").unwrap();
+
+    let (_, first) = who(lb.addr("svc")).await;
+    let second = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    wait_until("the second connection is queued", || {
+        pool().pool.queued() == 1
+    })
+    .await;
+    socket2::SockRef::from(&second)
+        .set_linger(Some(std::time::Duration::ZERO))
+        .unwrap();
+    drop(second);
+    wait_until("the queue is empty again", || pool().pool.queued() == 0).await;
+    drop(first);
+    // A third client is served; the backend never saw the one that left.
+    let (name, _third) = who(lb.addr("svc")).await;
+    assert_eq!(name, "one");
+    assert_eq!(b.accepted(), 2, "first and third only");
+}
+
+/// In `mode: tls` a client that sent its hello and then closed while queued has
+/// left (a TLS client never half-closes mid-handshake): no backend connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tls_client_that_closes_gets_no_backend_connection() {
+    let hello = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/hellos/openssl3_tls13.bin"
+    ))
+    .unwrap();
+    let b = Backend::echo("one", false).await;
+    let lb = Crossbar::start(&one_service(
+        "",
+        &[backend_line("one", b.addr, "max_connections: 1")],
+    ))
+    .await;
+    let pool = || lb.server.service("svc").unwrap();
+    // The first client takes the only slot (the echo backend answers its hello).
+    let mut first = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    first.write_all(&hello).await.unwrap();
+    let mut echoed = vec![0u8; hello.len()];
+    first.read_exact(&mut echoed).await.unwrap();
+    // The second sends its hello, is queued, then closes normally.
+    let mut second = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    second.write_all(&hello).await.unwrap();
+    wait_until("the second connection is queued", || {
+        pool().pool.queued() == 1
+    })
+    .await;
+    second.shutdown().await.unwrap();
+    drop(second);
+    wait_until("the queue is empty again", || pool().pool.queued() == 0).await;
+    drop(first);
+    wait_until("the slot is free", || lb.active("svc", "one") == 0).await;
+    assert_eq!(
+        b.accepted(),
+        1,
+        "no backend connection for the client that left"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

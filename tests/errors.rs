@@ -256,3 +256,68 @@ async fn shutdown_stops_accepting_and_cuts_what_outlives_the_grace() {
         "still accepting after shutdown"
     );
 }
+
+/// A "backend" that accepts, reads what arrives, then closes (FIN) or resets
+/// without sending a byte: a master dying with connections in its accept queue.
+async fn mute_closer(
+    reset: bool,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await; // ok: the hello, discarded
+            if reset {
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                // ok: test peer
+            }
+            drop(s);
+        }
+    });
+    (addr, seen)
+}
+
+/// TLS mode: a backend that takes the ClientHello and closes or resets without a
+/// byte is retried like a refused connect; the client's handshake completes on the
+/// next backend and never notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_closing_before_answering_the_hello_is_retried() {
+    for reset in [false, true] {
+        let ca = crossbar::testbed::TestCa::new("retry test").unwrap();
+        let (mute, seen) = mute_closer(reset).await;
+        let good = Backend::tls_echo(&ca, "good").await;
+        let lb = Crossbar::start(&one_service(
+            "    balance: first\n",
+            &[
+                backend_line("mute", mute, ""),
+                backend_line("good", good.addr, ""),
+            ],
+        ))
+        .await;
+        let data = payload(10_000, 3);
+        let tls = tls_connect(&ca, lb.addr("svc")).await;
+        let (n, digest) = exchange(tls, &data).await;
+        assert_eq!(
+            (n, digest),
+            (data.len() as u64, sha(&data)),
+            "reset={reset}"
+        );
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the mute backend got the hello once"
+        );
+        let m = |name: &str, b: &str| lb.metric(name, &[("service", "svc"), ("backend", b)]);
+        assert_eq!(m("crossbar_connect_errors_total", "mute"), 1.0);
+        assert_eq!(m("crossbar_connections_total", "mute"), 0.0);
+        assert_eq!(m("crossbar_connections_total", "good"), 1.0);
+    }
+}
