@@ -506,6 +506,11 @@ impl Server {
         cut
     }
 
+    /// Shutdown has begun: no new connections are accepted.
+    pub fn is_draining(&self) -> bool {
+        self.accepting.is_cancelled()
+    }
+
     /// Connections (and accept loops) still running.
     pub fn open_tasks(&self) -> usize {
         self.tracker.len()

@@ -661,6 +661,21 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     out
 }
 
+/// While crossbar drains (shutdown begun), /healthz fails so that a keepalived
+/// check moves the VIP away; the admin endpoint itself keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_while_draining() {
+    let bed = Bed::start(None).await;
+    assert_eq!(get(&bed, "/healthz").await.status, StatusCode::OK);
+    let server = bed.server.clone();
+    let drain =
+        tokio::spawn(async move { server.shutdown(std::time::Duration::from_secs(5)).await });
+    let h = get(&bed, "/healthz").await;
+    assert_eq!(h.status, StatusCode::SERVICE_UNAVAILABLE, "{}", h.body);
+    assert!(h.body.contains("shutting down"), "{}", h.body);
+    drain.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_and_services() {
     let bed = Bed::start(None).await;

@@ -261,8 +261,12 @@ pub fn reload(server: &Arc<Server>) -> Result<Value, ApiError> {
     Ok(json!({ "reloaded": true }))
 }
 
-/// `GET /healthz`: every configured listen address is bound.
+/// `GET /healthz`: every configured listen address is bound and crossbar is not
+/// shutting down (so a keepalived check moves the VIP away from a draining host).
 pub fn healthz(server: &Server) -> Result<(), String> {
+    if server.is_draining() {
+        return Err("shutting down: draining established connections".into());
+    }
     let missing: Vec<String> = server
         .services()
         .iter()
