@@ -1,0 +1,606 @@
+#!/usr/bin/env bash
+# End-to-end proof: real Debian puppetserver 7 + puppet agents, unmodified,
+# talking through crossbar on loopback. Results: docs/puppet.md "Verified with".
+#
+#   sudo tests/puppet/run.sh            # from the repository root, as root
+#
+# Environment:
+#   CROSSBAR_BIN   crossbar binary (default target/release/crossbar; built if missing)
+#   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
+#   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent
+#   STOP_AFTER=X   stop after phase X (setup|bootstrap|runs|file|certs|sni|failover)
+#
+# Topology (at most 2 JVMs; see docs/puppet.md "Verified with"):
+#   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
+#   ca2 (127.0.0.22:8140) hot-standby CA (rsync copy of ca1's cadir) + compile 2 + files 2
+#   crossbar VIPs: puppet 127.0.0.10, puppetca 127.0.0.11, puppetfiles 127.0.0.12 (:8140)
+#   crossbar SNI variant: one shared listener 127.0.0.13:8140
+#   agents a1..aN: own confdir/ssldir/vardir, sourceaddress 127.0.0.10N
+# Prints "PASS name: figures" / "FAIL name: why" per check, then "N passed, M failed".
+# Exit status: 0 when every check passed, 1 otherwise, 2 on a setup error.
+
+set -uo pipefail
+
+DOMAIN=xb.test
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+CROSSBAR=${CROSSBAR_BIN:-$ROOT/target/release/crossbar}
+VIP_PUPPET=127.0.0.10
+VIP_CA=127.0.0.11
+VIP_FILES=127.0.0.12
+VIP_SNI=127.0.0.13
+IP_CA1=127.0.0.21
+IP_CA2=127.0.0.22
+ADMIN_PORT=19140
+ADMIN_SNI_PORT=19141
+ADMIN=http://127.0.0.1:$ADMIN_PORT
+ADMIN_SNI=http://127.0.0.1:$ADMIN_SNI_PORT
+NAGENTS=4
+JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-300}
+HOSTS_BEGIN="# BEGIN crossbar-puppet-e2e $$"
+HOSTS_END="# END crossbar-puppet-e2e $$"
+FACTER_CONF=/etc/facter/facter.conf
+
+T0=$(date +%s)
+PASSED=0
+FAILED=0
+declare -A PIDS=()        # name -> pid of what this script started
+CREATED_FACTER=0
+W=""
+
+log() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
+die() { log "SETUP ERROR: $*"; exit 2; }
+pass() { PASSED=$((PASSED + 1)); echo "PASS $1: $2"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $1: $2"; }
+now_ms() { date +%s%3N; }
+
+# ---------------------------------------------------------------- teardown
+stop_pid() { # name: TERM, bounded wait, then KILL
+    local name=$1 pid=${PIDS[$1]:-}
+    [ -n "$pid" ] || return 0
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null
+        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    fi
+    unset "PIDS[$name]"
+}
+hosts_remove() {
+    if grep -q "^# BEGIN crossbar-puppet-e2e $$\$" /etc/hosts 2>/dev/null; then
+        # /etc/hosts may be a bind mount: rewrite in place, never replace the inode
+        local tmp; tmp=$(mktemp)
+        sed "/^$HOSTS_BEGIN\$/,/^$HOSTS_END\$/d" /etc/hosts > "$tmp" && cat "$tmp" > /etc/hosts
+        rm -f "$tmp"
+    fi
+}
+cleanup() {
+    local rc=$?
+    for n in "${!PIDS[@]}"; do stop_pid "$n"; done
+    hosts_remove
+    [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
+    if [ -n "$W" ] && [ -d "$W" ]; then
+        if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
+    fi
+    log "done in $(( $(date +%s) - T0 ))s"
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --------------------------------------------------------------- helpers
+hosts_write() { # mode: vip | sni
+    hosts_remove
+    local p=$VIP_PUPPET c=$VIP_CA f=$VIP_FILES
+    [ "$1" = sni ] && p=$VIP_SNI c=$VIP_SNI f=$VIP_SNI
+    {
+        echo "$HOSTS_BEGIN"
+        echo "$p puppet.$DOMAIN"
+        echo "$c puppetca.$DOMAIN"
+        echo "$f puppetfiles.$DOMAIN"
+        echo "$IP_CA1 ca1.$DOMAIN"
+        echo "$IP_CA2 ca2.$DOMAIN"
+        echo "$HOSTS_END"
+    } >> /etc/hosts
+}
+
+# metric NAME LABEL-SUBSTRING... [ADMIN URL via $MURL]; prints the sum (0 if absent)
+metric() {
+    local name=$1; shift
+    curl -s --max-time 5 "${MURL:-$ADMIN}/metrics" | grep -E "^$name[{ ]" |
+        { local l; while IFS= read -r l; do
+            local ok=1; for s in "$@"; do [[ $l == *"$s"* ]] || ok=0; done
+            [ $ok = 1 ] && echo "${l##* }"; done; } |
+        awk '{s+=$1} END {printf "%d\n", s}'
+}
+conns() { metric crossbar_connections_total "service=\"$1\"" "backend=\"$2\""; }
+state() { # service backend -> current state name
+    curl -s --max-time 5 "${MURL:-$ADMIN}/metrics" | grep -E '^crossbar_backend_state\{' |
+        grep "service=\"$1\"" | grep "backend=\"$2\"" | grep -E ' 1(\.0)?$' |
+        sed -E 's/.*state="([a-z]+)".*/\1/' | head -1
+}
+wait_state() { # service backend state timeout_s
+    local end=$(( $(date +%s) + $4 ))
+    while [ "$(date +%s)" -lt $end ]; do
+        [ "$(state "$1" "$2")" = "$3" ] && return 0; sleep 0.5
+    done
+    return 1
+}
+
+# ------------------------------------------------------------ puppet site
+master_conf() { # name ip certname alt_names
+    local n=$1 ip=$2 d=$W/$1
+    mkdir -p "$d"/{etc,conf.d,services.d,var,run,log,ssl,gems}
+    cat > "$d/etc/puppet.conf" <<EOF
+[main]
+certname = $3
+server = puppet.$DOMAIN
+ca_server = puppetca.$DOMAIN
+dns_alt_names = $4
+ssldir = $d/ssl
+vardir = $d/var
+rundir = $d/run
+logdir = $d/log
+codedir = $W/code
+cadir = $d/ca
+autosign = $d/etc/autosign.conf
+EOF
+    echo "*.$DOMAIN" > "$d/etc/autosign.conf"
+    chmod 644 "$d/etc/autosign.conf"
+    cat > "$d/conf.d/webserver.conf" <<EOF
+webserver: {
+    access-log-config: $d/conf.d/request-logging.xml
+    client-auth: want
+    ssl-host: $ip
+    ssl-port: 8140
+}
+EOF
+    cat > "$d/conf.d/puppetserver.conf" <<EOF
+jruby-puppet: {
+    ruby-load-path: [/usr/lib/puppetserver/ruby/vendor_ruby]
+    gem-home: $d/gems
+    gem-path: [\${jruby-puppet.gem-home}, "/usr/lib/puppetserver/vendored-jruby-gems"]
+    server-conf-dir: $d/etc
+    server-code-dir: $W/code
+    server-var-dir: $d/var
+    server-run-dir: $d/run
+    server-log-dir: $d/log
+    max-active-instances: 1
+}
+http-client: {
+}
+profiler: {
+}
+product: {
+    check-for-updates: false
+}
+EOF
+    cat > "$d/conf.d/global.conf" <<EOF
+global: {
+    logging-config: $d/conf.d/logback.xml
+}
+EOF
+    cat > "$d/conf.d/ca.conf" <<EOF
+certificate-authority: {
+    allow-subject-alt-names: true
+}
+EOF
+    cat > "$d/conf.d/logback.xml" <<EOF
+<configuration>
+  <appender name="F" class="ch.qos.logback.core.FileAppender">
+    <file>$d/log/puppetserver.log</file>
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5p [%c{2}] %m%n</pattern></encoder>
+  </appender>
+  <logger name="org.eclipse.jetty" level="INFO"/>
+  <logger name="puppetlabs.trapperkeeper.authorization.rules" level="TRACE"/>
+  <root level="info"><appender-ref ref="F"/></root>
+</configuration>
+EOF
+    cat > "$d/conf.d/request-logging.xml" <<EOF
+<configuration debug="false">
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>$d/log/access.log</file>
+    <encoder><pattern>%h %l %u [%t] "%r" %s %b %D</pattern></encoder>
+  </appender>
+  <appender-ref ref="FILE"/>
+</configuration>
+EOF
+    cp /etc/puppet/puppetserver/conf.d/{auth.conf,web-routes.conf,metrics.conf} "$d/conf.d/"
+    cp /etc/puppet/puppetserver/services.d/{bootstrap.cfg,ca.cfg} "$d/services.d/"
+}
+
+jvm_start() { # name
+    local d=$W/$1
+    printf 0 > "$d/restart"
+    # shellcheck disable=SC2086
+    java -Xms512m -Xmx1g -XX:+UseSerialGC ${JAVA_EXTRA:-} \
+        -Djruby.logger.class=com.puppetlabs.jruby_utils.jruby.Slf4jLogger \
+        -Djruby.lib=/usr/share/jruby/lib \
+        -jar /usr/share/puppetserver/puppetserver.jar \
+        --config "$d/conf.d" --bootstrap-config "$d/services.d" \
+        --restart-file "$d/restart" > "$d/log/stdout.log" 2>&1 &
+    PIDS[$1]=$!
+}
+jvm_wait() { # name ip -> waits until /status/v1/simple says running
+    local d=$W/$1 end=$(( $(date +%s) + JVM_START_TIMEOUT ))
+    while [ "$(date +%s)" -lt $end ]; do
+        kill -0 "${PIDS[$1]}" 2>/dev/null || { tail -20 "$d/log/stdout.log" "$d/log/puppetserver.log" >&2; return 1; }
+        if [ "$(head -c1 "$d/restart" 2>/dev/null)" = 1 ] &&
+           [ "$(curl -s --max-time 5 --cacert "$W/ca.pem" "https://$1.$DOMAIN:8140/status/v1/simple" \
+                --resolve "$1.$DOMAIN:8140:$2")" = running ]; then
+            return 0
+        fi
+        sleep 1
+    done
+    return 1
+}
+
+agent_conf() { # name index
+    local d=$W/agents/$1
+    mkdir -p "$d"
+    cat > "$d/puppet.conf" <<EOF
+[main]
+certname = $1.$DOMAIN
+server = puppet.$DOMAIN
+ca_server = puppetca.$DOMAIN
+sourceaddress = 127.0.0.$((100 + $2))
+ssldir = $d/ssl
+vardir = $d/var
+logdir = $d/log
+rundir = $d/run
+codedir = $d/code
+waitforcert = 0
+report = true
+EOF
+}
+agent() { # name args... (bounded)
+    local n=$1; shift
+    timeout 300 puppet "$@" --confdir "$W/agents/$n" --color false
+}
+agent_run() { # name [extra args]; prints the exit code, log into agents/NAME/run-K.log
+    local n=$1; shift
+    local k; k=$(ls "$W/agents/$n" | grep -c '^run-')
+    agent "$n" agent -t "$@" > "$W/agents/$n/run-$k.log" 2>&1
+    echo $?
+}
+
+# ================================================================== setup
+[ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
+if ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ]; then
+    [ "${NO_INSTALL:-0}" = 1 ] && die "puppetserver/puppet-agent not installed"
+    log "installing puppetserver puppet-agent"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y puppetserver puppet-agent rsync >/dev/null 2>&1 ||
+        { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y puppetserver puppet-agent rsync >/dev/null 2>&1; } ||
+        die "apt-get install puppetserver puppet-agent failed"
+fi
+if [ ! -x "$CROSSBAR" ]; then
+    log "building crossbar"; (cd "$ROOT" && cargo build --release >/dev/null 2>&1) || die "cargo build failed"
+fi
+for c in curl rsync java openssl; do command -v $c >/dev/null || die "$c missing"; done
+if [ ! -e "$FACTER_CONF" ]; then
+    mkdir -p /etc/facter
+    echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$FACTER_CONF"
+    CREATED_FACTER=1
+fi
+
+W=$(mktemp -d /tmp/crossbar-puppet.XXXXXX)
+chmod 755 "$W"
+log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
+hosts_write vip
+
+# code: one environment, one node definition, one file served by puppetfiles
+TOKEN=$(openssl rand -hex 12)
+mkdir -p "$W/code/environments/production/"{manifests,modules/demo/files} "$W/out"
+printf 'hello from crossbar e2e %s\n' "$TOKEN" > "$W/code/environments/production/modules/demo/files/hello.txt"
+cat > "$W/code/environments/production/manifests/site.pp" <<EOF
+node default {
+  file { "$W/out/\${trusted['certname']}.txt":
+    ensure => file,
+    source => 'puppet://puppetfiles.$DOMAIN/modules/demo/hello.txt',
+  }
+}
+EOF
+chmod -R a+rX "$W/code"
+
+ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN"
+master_conf ca1 $IP_CA1 "ca1.$DOMAIN" "$ALT,ca1.$DOMAIN"
+master_conf ca2 $IP_CA2 "ca2.$DOMAIN" "$ALT,ca2.$DOMAIN"
+# primary CA, offline: root + intermediate, ca1's host cert with every service name
+puppetserver ca setup --config "$W/ca1/etc/puppet.conf" --certname "ca1.$DOMAIN" \
+    --subject-alt-names "$ALT" > "$W/ca1/log/ca-setup.log" 2>&1 || { cat "$W/ca1/log/ca-setup.log" >&2; die "ca setup"; }
+# ca2's host cert, signed offline by the same CA before the copy (so both agree on serials)
+puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "ca2.$DOMAIN" \
+    --subject-alt-names "$ALT" > "$W/ca2/log/ca-generate.log" 2>&1 || { cat "$W/ca2/log/ca-generate.log" >&2; die "ca generate ca2"; }
+mkdir -p "$W/ca2/ssl/"{certs,private_keys,public_keys}
+mv "$W/ca1/ssl/certs/ca2.$DOMAIN.pem" "$W/ca2/ssl/certs/"
+mv "$W/ca1/ssl/private_keys/ca2.$DOMAIN.pem" "$W/ca2/ssl/private_keys/"
+mv "$W/ca1/ssl/public_keys/ca2.$DOMAIN.pem" "$W/ca2/ssl/public_keys/" 2>/dev/null
+cp "$W/ca1/ssl/certs/ca.pem" "$W/ca2/ssl/certs/"
+cp "$W/ca1/ssl/crl.pem" "$W/ca2/ssl/"
+# hot standby: an rsync copy of the primary's cadir, made before it first starts
+rsync -a --delete "$W/ca1/ca/" "$W/ca2/ca/"
+cp "$W/ca1/ssl/certs/ca.pem" "$W/ca.pem"
+log "site built; starting ca1 and ca2 JVMs"
+
+jvm_start ca1
+jvm_start ca2
+T_JVM=$(date +%s)
+jvm_wait ca1 $IP_CA1 || die "ca1 did not start within ${JVM_START_TIMEOUT}s (log: $W/ca1/log)"
+jvm_wait ca2 $IP_CA2 || die "ca2 did not start within ${JVM_START_TIMEOUT}s (log: $W/ca2/log)"
+JVM_SECS=$(( $(date +%s) - T_JVM ))
+log "both masters running after ${JVM_SECS}s"
+
+# ------------------------------------------------------- crossbar configs
+HEALTH="check: https, path: /status/v1/simple, expect_status: 200, expect_body: running, ca_file: $W/ca.pem, interval: 1s, timeout: 3s, rise: 2, fall: 2"
+cat > "$W/crossbar.yaml" <<EOF
+# crossbar in front of two puppetservers, one VIP per service (docs/puppet.md)
+admin:
+  listen: 127.0.0.1:$ADMIN_PORT
+defaults:
+  timeouts: { client_hello: 5s, connect: 3s, idle: 30m, queue: 10s, shutdown: 5s }
+  health: { $HEALTH }
+  retries: 2
+services:
+  puppetca:
+    listen: ["$VIP_CA:8140"]
+    balance: first
+    failback: manual
+    health: { server_name: puppetca.$DOMAIN }
+    backends:
+      - { name: ca1, address: "ca1.$DOMAIN:8140" }
+      - { name: ca2, address: "ca2.$DOMAIN:8140", backup: true }
+  puppet:
+    listen: ["$VIP_PUPPET:8140"]
+    balance: leastconn
+    stick:
+      on: [session_id, ticket, psk, source]
+      expire: 30m
+    health: { server_name: puppet.$DOMAIN }
+    backends:
+      - { name: compile1, address: "ca1.$DOMAIN:8140" }
+      - { name: compile2, address: "ca2.$DOMAIN:8140" }
+  puppetfiles:
+    listen: ["$VIP_FILES:8140"]
+    health: { server_name: puppetfiles.$DOMAIN }
+    backends:
+      - { name: files1, address: "ca1.$DOMAIN:8140" }
+      - { name: files2, address: "ca2.$DOMAIN:8140" }
+EOF
+cat > "$W/crossbar-sni.yaml" <<EOF
+# the same three services on ONE shared listener, routed by the SNI agents send
+admin:
+  listen: 127.0.0.1:$ADMIN_SNI_PORT
+defaults:
+  timeouts: { client_hello: 5s, connect: 3s, idle: 30m, queue: 10s, shutdown: 5s }
+  health: { $HEALTH }
+services:
+  puppetca:
+    listen: ["$VIP_SNI:8140"]
+    server_names: ["puppetca.$DOMAIN"]
+    balance: first
+    failback: manual
+    backends:
+      - { name: ca1, address: "ca1.$DOMAIN:8140" }
+      - { name: ca2, address: "ca2.$DOMAIN:8140", backup: true }
+  puppet:
+    listen: ["$VIP_SNI:8140"]
+    server_names: ["puppet.$DOMAIN"]
+    default: true
+    balance: leastconn
+    stick: { on: [session_id, ticket, psk, source] }
+    backends:
+      - { name: compile1, address: "ca1.$DOMAIN:8140" }
+      - { name: compile2, address: "ca2.$DOMAIN:8140" }
+  puppetfiles:
+    listen: ["$VIP_SNI:8140"]
+    server_names: ["puppetfiles.$DOMAIN"]
+    backends:
+      - { name: files1, address: "ca1.$DOMAIN:8140" }
+      - { name: files2, address: "ca2.$DOMAIN:8140" }
+EOF
+for f in crossbar crossbar-sni; do
+    "$CROSSBAR" check -c "$W/$f.yaml" > "$W/$f.check" 2>&1 || { cat "$W/$f.check" >&2; die "crossbar check $f.yaml"; }
+done
+"$CROSSBAR" run -c "$W/crossbar.yaml" > "$W/crossbar.log" 2>&1 &
+PIDS[crossbar]=$!
+for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN/healthz" >/dev/null && break; sleep 0.2; done
+curl -sf --max-time 2 "$ADMIN/healthz" >/dev/null || die "crossbar did not come up (log: $W/crossbar.log)"
+for b in "puppetca ca1" "puppetca ca2" "puppet compile1" "puppet compile2"; do
+    wait_state $b up 20 || die "crossbar: $b not up: $(state $b) (log: $W/crossbar.log)"
+done
+log "crossbar up; setup took $(( $(date +%s) - T0 ))s"
+[ "${STOP_AFTER:-}" = setup ] && exit 0
+
+# ============================================================== checks
+# 1. bootstrap through the puppetca listener
+names=()
+for i in $(seq 1 $NAGENTS); do names+=("a$i"); agent_conf "a$i" "$i"; done
+# All at once: each bootstrap sits ~30s in the known Ruby Net::HTTP + TLS 1.3 +
+# Jetty stall (PUPPET-NOTES) until Jetty's idle timeout; in parallel they overlap.
+# d1 bootstraps at the same time straight against ca1 (no crossbar) for comparison.
+agent_conf d1 9
+sed -i "s/^ca_server = .*/ca_server = ca1.$DOMAIN/" "$W/agents/d1/puppet.conf"
+ok=0; BDURS=(); bpids=()
+for n in "${names[@]}" d1; do
+    ( t=$(now_ms); agent "$n" ssl bootstrap > "$W/agents/$n/bootstrap.log" 2>&1
+      echo $(( $(now_ms) - t )) > "$W/agents/$n/bootstrap.ms") &
+    bpids+=($!)
+done
+wait "${bpids[@]}"
+for n in "${names[@]}"; do
+    [ -s "$W/agents/$n/ssl/certs/$n.$DOMAIN.pem" ] && ok=$((ok + 1))
+    BDURS+=("$(cat "$W/agents/$n/bootstrap.ms")")
+done
+c1=$(conns puppetca ca1); c2=$(conns puppetca ca2)
+if [ $ok = $NAGENTS ] && [ "$c1" -gt 0 ] && [ "$c2" = 0 ]; then
+    pass bootstrap "$ok/$NAGENTS agents signed via puppetca.$DOMAIN (ms each: ${BDURS[*]}); puppetca connections ca1=$c1 ca2=$c2"
+else
+    fail bootstrap "$ok/$NAGENTS agents got a certificate; puppetca ca1=$c1 ca2=$c2 (logs: $W/agents/*/bootstrap.log)"
+fi
+[ "${STOP_AFTER:-}" = bootstrap ] && exit
+
+# 2. repeated agent runs through the puppet listener, spread and sticky
+RUNS=2
+okruns=0; total=0; declare -a DURS=()
+for r in $(seq 1 $RUNS); do
+    for n in "${names[@]}"; do
+        t=$(now_ms); rc=$(agent_run "$n"); d=$(( $(now_ms) - t ))
+        total=$((total + 1)); DURS+=("$d")
+        { [ "$rc" = 0 ] || [ "$rc" = 2 ]; } && okruns=$((okruns + 1)) || log "agent $n run rc=$rc"
+    done
+done
+# which master compiled each agent's catalogs (masters' access logs)
+spread=""; sticky=1; m1=0; m2=0
+for n in "${names[@]}"; do
+    k1=$(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca1/log/access.log" 2>/dev/null)
+    k2=$(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca2/log/access.log" 2>/dev/null)
+    spread+="$n=ca1:${k1:-0}/ca2:${k2:-0} "
+    [ "${k1:-0}" -gt 0 ] && [ "${k2:-0}" -gt 0 ] && sticky=0
+    [ "${k1:-0}" -gt 0 ] && m1=$((m1 + 1)); [ "${k2:-0}" -gt 0 ] && m2=$((m2 + 1))
+done
+p1=$(conns puppet compile1); p2=$(conns puppet compile2)
+shit=$(metric crossbar_stick_lookups_total 'service="puppet"' 'key="source"' 'result="hit"')
+med=$(printf '%s\n' "${DURS[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+if [ $okruns = $total ] && [ $sticky = 1 ] && [ $m1 -gt 0 ] && [ $m2 -gt 0 ] && [ $((p1 + p2)) -ge $total ]; then
+    pass agent-runs "$okruns/$total runs ok (median ${med}ms); catalogs per agent: ${spread% }; puppet connections compile1=$p1 compile2=$p2 (one per run), source stick hits=$shit"
+else
+    fail agent-runs "$okruns/$total runs ok; sticky=$sticky agents-on-ca1=$m1 agents-on-ca2=$m2; catalogs: ${spread}; compile1=$p1 compile2=$p2 (logs: $W/agents/*/run-*.log)"
+fi
+[ "${STOP_AFTER:-}" = runs ] && exit
+
+# 3. the file resource came through the puppetfiles listener
+okf=0
+for n in "${names[@]}"; do
+    grep -qx "hello from crossbar e2e $TOKEN" "$W/out/$n.$DOMAIN.txt" 2>/dev/null && okf=$((okf + 1))
+done
+f1=$(conns puppetfiles files1); f2=$(conns puppetfiles files2)
+fc1=$(grep -c 'GET /puppet/v3/file_content/modules/demo/hello.txt' "$W/ca1/log/access.log")
+fc2=$(grep -c 'GET /puppet/v3/file_content/modules/demo/hello.txt' "$W/ca2/log/access.log")
+if [ $okf = $NAGENTS ] && [ $((f1 + f2)) -gt 0 ] && [ $((fc1 + fc2)) -ge $NAGENTS ]; then
+    pass file-source "$okf/$NAGENTS files with the right content; puppetfiles connections files1=$f1 files2=$f2; file_content GETs ca1=$fc1 ca2=$fc2"
+else
+    fail file-source "$okf/$NAGENTS files right; puppetfiles files1=$f1 files2=$f2; file_content GETs ca1=$fc1 ca2=$fc2"
+fi
+[ "${STOP_AFTER:-}" = file ] && exit
+
+# 4. the masters saw each agent's own certificate
+catalog_code() { # agent-cert node -> http code of POST catalog through the puppet VIP
+    local a=$W/agents/$1/ssl
+    curl -s -o "$W/agents/$1/catalog-$2.json" -w '%{http_code}' --max-time 120 \
+        --cert "$a/certs/$1.$DOMAIN.pem" --key "$a/private_keys/$1.$DOMAIN.pem" --cacert "$W/ca.pem" \
+        --resolve "puppet.$DOMAIN:8140:$VIP_PUPPET" \
+        -X POST -H 'Accept: application/json' --data 'environment=production' \
+        "https://puppet.$DOMAIN:8140/puppet/v3/catalog/$2.$DOMAIN"
+}
+own=$(catalog_code a1 a1); other=$(catalog_code a1 a2); anon=$(curl -s -o /dev/null -w '%{http_code}' --max-time 60 \
+    --cacert "$W/ca.pem" --resolve "puppet.$DOMAIN:8140:$VIP_PUPPET" -X POST --data 'environment=production' \
+    "https://puppet.$DOMAIN:8140/puppet/v3/catalog/a1.$DOMAIN")
+seen=$(grep -h "a1.$DOMAIN" "$W"/ca?/log/puppetserver.log 2>/dev/null | grep -ci 'catalog' )
+if [ "$own" = 200 ] && [ "$other" = 403 ] && [ "$anon" = 403 ] && grep -q "\"name\":\"a1.$DOMAIN\"" "$W/agents/a1/catalog-a1.json"; then
+    pass client-cert "POST catalog/a1 with a1's cert -> $own (catalog for a1), catalog/a2 with a1's cert -> $other, no cert -> $anon; master log lines naming a1 on catalog rules: $seen"
+else
+    fail client-cert "own=$own other=$other nocert=$anon (expected 200/403/403)"
+fi
+[ "${STOP_AFTER:-}" = certs ] && exit
+
+# 5. timings: through crossbar vs straight to a master
+# a1 sticks to one master; run it direct against that one and through crossbar, 3 runs each
+home=ca1; [ "$(grep -c "/puppet/v3/catalog/a1.$DOMAIN" "$W/ca2/log/access.log")" -gt 0 ] && home=ca2
+tx=(); td=()
+for _ in 1 2 3; do
+    t=$(now_ms); agent_run a1 >/dev/null; tx+=($(( $(now_ms) - t )))
+    t=$(now_ms); agent_run a1 --server "$home.$DOMAIN" >/dev/null; td+=($(( $(now_ms) - t )))
+done
+medx=$(printf '%s\n' "${tx[@]}" | sort -n | sed -n 2p); medd=$(printf '%s\n' "${td[@]}" | sort -n | sed -n 2p)
+bd=$(cat "$W/agents/d1/bootstrap.ms"); [ -s "$W/agents/d1/ssl/certs/d1.$DOMAIN.pem" ] || bd="$bd (failed)"
+pass timings "agent -t median of 3: through crossbar ${medx}ms (${tx[*]}), direct to $home.$DOMAIN ${medd}ms (${td[*]}) (file source via the puppetfiles VIP in both); ssl bootstrap (4 in parallel) through crossbar ${BDURS[*]}ms, direct to ca1.$DOMAIN at the same time ${bd}ms"
+
+# 6. SNI variant: one shared listener
+"$CROSSBAR" run -c "$W/crossbar-sni.yaml" > "$W/crossbar-sni.log" 2>&1 &
+PIDS[crossbar_sni]=$!
+for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN_SNI/healthz" >/dev/null && break; sleep 0.2; done
+hosts_write sni
+MURL=$ADMIN_SNI wait_state puppet compile1 up 20; MURL=$ADMIN_SNI wait_state puppet compile2 up 20
+agent_conf s1 5
+sb=1; agent s1 ssl bootstrap > "$W/agents/s1/bootstrap.log" 2>&1 && [ -s "$W/agents/s1/ssl/certs/s1.$DOMAIN.pem" ] || sb=0
+r1=$(agent_run s1); r2=$(agent_run s1)
+sf=0; grep -qx "hello from crossbar e2e $TOKEN" "$W/out/s1.$DOMAIN.txt" 2>/dev/null && sf=1
+export MURL=$ADMIN_SNI
+sca=$(( $(conns puppetca ca1) + $(conns puppetca ca2) ))
+spu=$(( $(conns puppet compile1) + $(conns puppet compile2) ))
+sfi=$(( $(conns puppetfiles files1) + $(conns puppetfiles files2) ))
+sref=$(metric crossbar_route_refused_total); sherr=$(metric crossbar_client_hello_errors_total)
+unset MURL
+hosts_write vip
+if [ $sb = 1 ] && { [ "$r1" = 0 ] || [ "$r1" = 2 ]; } && { [ "$r2" = 0 ] || [ "$r2" = 2 ]; } && [ $sf = 1 ] &&
+   [ $sca -gt 0 ] && [ $spu -gt 0 ] && [ $sfi -gt 0 ] && [ "$sref" = 0 ] && [ "$sherr" = 0 ]; then
+    pass sni-shared-listener "s1 bootstrapped, 2 runs rc=$r1,$r2, file ok; connections by SNI route: puppetca=$sca puppet=$spu puppetfiles=$sfi; refused=$sref hello_errors=$sherr"
+else
+    fail sni-shared-listener "bootstrap=$sb runs rc=$r1,$r2 file=$sf; puppetca=$sca puppet=$spu puppetfiles=$sfi refused=$sref hello_errors=$sherr (log: $W/crossbar-sni.log)"
+fi
+stop_pid crossbar_sni
+[ "${STOP_AFTER:-}" = sni ] && exit
+
+# 7. CA failover and manual fail-back
+ca1_before=$(conns puppetca ca1); ca2_before=$(conns puppetca ca2)
+# re-seed the standby from the primary (docs/puppet.md step 4) so it continues the serials
+rsync -a --delete "$W/ca1/ca/" "$W/ca2/ca/"
+tkill=$(now_ms)
+stop_pid ca1
+wait_state puppetca ca1 down 30; down_ms=$(( $(now_ms) - tkill )); st_down=$(state puppetca ca1)
+agent_conf f1 6
+fb=0; agent f1 ssl bootstrap > "$W/agents/f1/bootstrap.log" 2>&1 && [ -s "$W/agents/f1/ssl/certs/f1.$DOMAIN.pem" ] && fb=1
+ca2_after=$(conns puppetca ca2)
+issuer_ok=0; grep -q "f1.$DOMAIN" "$W/ca2/ca/inventory.txt" && ! grep -q "f1.$DOMAIN" "$W/ca1/ca/inventory.txt" && issuer_ok=1
+fserial=$(openssl x509 -noout -serial -in "$W/agents/f1/ssl/certs/f1.$DOMAIN.pem" 2>/dev/null | cut -d= -f2)
+if [ "$st_down" = down ] && [ $fb = 1 ] && [ "$ca2_after" -gt "$ca2_before" ] && [ $issuer_ok = 1 ]; then
+    pass ca-failover "ca1 stopped -> state $st_down after ${down_ms}ms; new agent f1 signed by ca2 (serial 0x$fserial, in ca2's inventory only); puppetca connections ca2 $ca2_before -> $ca2_after"
+else
+    fail ca-failover "ca1 state=$st_down after ${down_ms}ms; f1 bootstrap=$fb; ca2 connections $ca2_before -> $ca2_after; signed-by-ca2=$issuer_ok"
+fi
+# fail-back, as documented: primary stopped, copy the standby's CA back, start the primary
+rsync -a --delete "$W/ca2/ca/" "$W/ca1/ca/"
+trs=$(date +%s)
+jvm_start ca1
+if jvm_wait ca1 $IP_CA1; then
+    restart_s=$(( $(date +%s) - trs ))
+    wait_state puppetca ca1 standby 30; st_back=$(state puppetca ca1)
+    c1a=$(conns puppetca ca1); c2a=$(conns puppetca ca2)
+    # CA traffic while ca1 is standby: 3 CRL downloads through the puppetca VIP
+    for _ in 1 2 3; do
+        curl -s -o /dev/null --max-time 30 --cacert "$W/ca.pem" "https://puppetca.$DOMAIN:8140/puppet-ca/v1/certificate_revocation_list/ca"
+    done
+    c1b=$(conns puppetca ca1); c2b=$(conns puppetca ca2)
+    en=$(CROSSBAR_ADMIN=$ADMIN "$CROSSBAR" backend enable puppetca/ca1 2>&1)
+    st_en=$(state puppetca ca1)
+    agent_conf f3 8
+    f3ok=0; agent f3 ssl bootstrap > "$W/agents/f3/bootstrap.log" 2>&1 && [ -s "$W/agents/f3/ssl/certs/f3.$DOMAIN.pem" ] && f3ok=1
+    c1c=$(conns puppetca ca1); c2c=$(conns puppetca ca2)
+    f3ca1=0; grep -q "f3.$DOMAIN" "$W/ca1/ca/inventory.txt" && f3ca1=1
+    if [ "$st_back" = standby ] && [ "$c1b" = "$c1a" ] && [ "$c2b" -gt "$c2a" ] && [ "$st_en" = up ] &&
+       [ $f3ok = 1 ] && [ "$c1c" -gt "$c1b" ] && [ "$c2c" = "$c2b" ] && [ $f3ca1 = 1 ]; then
+        pass ca-failback "ca1 restarted in ${restart_s}s -> $st_back, CA traffic stayed on ca2 (ca1 $c1a->$c1b, ca2 $c2a->$c2b); after rsync + 'crossbar backend enable puppetca/ca1' -> $st_en, f3 signed by ca1 (ca1 $c1b->$c1c, ca2 $c2b->$c2c)"
+    else
+        fail ca-failback "after restart state=$st_back (ca1 $c1a->$c1b, ca2 $c2a->$c2b); enable -> '$en' state=$st_en; f3 bootstrap=$f3ok in-ca1-inventory=$f3ca1 (ca1 $c1b->$c1c, ca2 $c2b->$c2c)"
+    fi
+else
+    fail ca-failback "ca1 did not restart within ${JVM_START_TIMEOUT}s (log $W/ca1/log)"
+fi
+[ "${STOP_AFTER:-}" = failover ] && exit
+
+# 8. metrics: every accepted connection relayed; no ClientHello errors
+acc=$(metric crossbar_listener_accepts_total)
+rel=$(metric crossbar_connections_total)
+herr=$(metric crossbar_client_hello_errors_total)
+refd=$(metric crossbar_route_refused_total)
+cerr=$(metric crossbar_connect_errors_total)
+per=$(curl -s --max-time 5 "$ADMIN/metrics" | grep -E '^crossbar_connections_total\{' |
+      sed -E 's/.*service="([^"]+)".*backend="([^"]+)".* ([0-9.]+)$/\1\/\2=\3/; s/.*backend="([^"]+)".*service="([^"]+)".* ([0-9.]+)$/\2\/\1=\3/' | tr '\n' ' ')
+if [ "$herr" = 0 ] && [ "$refd" = 0 ] && [ "$acc" = "$rel" ] && [ "$acc" -gt 0 ]; then
+    pass metrics "accepted=$acc relayed=$rel (${per% }); client_hello_errors=$herr route_refused=$refd connect_errors=$cerr"
+else
+    fail metrics "accepted=$acc relayed=$rel (${per% }); client_hello_errors=$herr route_refused=$refd connect_errors=$cerr"
+fi
+
+echo "budget: total $(( $(date +%s) - T0 ))s (JVM start ${JVM_SECS}s for two together), 2 JVMs"
+echo "$PASSED passed, $FAILED failed"
+[ $FAILED = 0 ]
