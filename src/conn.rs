@@ -267,8 +267,8 @@ async fn serve(
         })
     });
     let counters = RelayCounters {
-        c2s: backend.metrics.bytes_c2s.clone(),
-        s2c: backend.metrics.bytes_s2c.clone(),
+        c2s: &backend.metrics.bytes_c2s,
+        s2c: &backend.metrics.bytes_s2c,
     };
     let stats = relay::relay(
         stream,
@@ -696,6 +696,21 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
             format!("no answer within {timeout:?}"),
         )
     })?
+}
+
+/// Connect for a connection of crossbar's own (health checks, the ticket-key
+/// probe): [`connect_to`], then a PROXY `LOCAL` header if the backend expects PROXY
+/// protocol, so it doesn't reject the connection.
+pub async fn connect_own(
+    addr: &BackendAddress,
+    timeout: Duration,
+    proxy: Option<crate::config::ProxyProtocol>,
+) -> io::Result<TcpStream> {
+    let mut tcp = connect_to(addr, timeout).await?;
+    if let Some(v) = proxy {
+        tcp.write_all(&crate::proxy_protocol::local(v)).await?;
+    }
+    Ok(tcp)
 }
 
 async fn write_backend(

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::balance::Backend;
 use crate::config::{BackendAddress, CheckKind, Failback, HttpsCheck};
-use crate::conn::connect_to;
+use crate::conn::connect_own;
 use crate::server::Service;
 
 /// Checks run every `interval` ± this fraction, so many backends don't probe in step.
@@ -170,15 +170,9 @@ pub async fn probe(
 }
 
 async fn connect(target: &Target, timeout: Duration) -> Result<TcpStream, CheckError> {
-    let mut tcp = connect_to(&target.address, timeout)
+    connect_own(&target.address, timeout, target.proxy_protocol)
         .await
-        .map_err(CheckError::Connect)?;
-    if let Some(v) = target.proxy_protocol {
-        tcp.write_all(&crate::proxy_protocol::local(v))
-            .await
-            .map_err(CheckError::Io)?;
-    }
-    Ok(tcp)
+        .map_err(CheckError::Connect)
 }
 
 /// What the first bytes of a server's answer to a ClientHello show.

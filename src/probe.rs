@@ -196,13 +196,9 @@ async fn handshake(
     name: ServerName<'static>,
     connect_timeout: Duration,
 ) -> Result<(), ProbeError> {
-    let mut tcp = crate::conn::connect_to(addr, connect_timeout)
+    let tcp = crate::conn::connect_own(addr, connect_timeout, proxy)
         .await
         .map_err(ProbeError::Connect)?;
-    if let Some(v) = proxy {
-        let header = crate::proxy_protocol::local(v);
-        tcp.write_all(&header).await.map_err(ProbeError::Connect)?;
-    }
     let connect = TlsConnector::from(cfg.clone()).connect(name, tcp);
     let mut tls = tokio::time::timeout(PROBE_TIMEOUT, connect)
         .await

@@ -67,13 +67,14 @@ pub struct RelayStats {
     pub error: Option<io::ErrorKind>,
 }
 
-/// Counters the relay adds to as bytes flow.
-#[derive(Clone)]
-pub struct RelayCounters {
+/// Counters the relay adds to as bytes flow, borrowed from the backend's metric handles: no per-connection clone (and so no
+/// reference-count traffic on a cache line every connection to the backend shares).
+#[derive(Clone, Copy)]
+pub struct RelayCounters<'a> {
     /// Client -> server bytes.
-    pub c2s: IntCounter,
+    pub c2s: &'a IntCounter,
     /// Server -> client bytes.
-    pub s2c: IntCounter,
+    pub s2c: &'a IntCounter,
 }
 
 /// Inspection of the server's handshake during the relay (boxed by callers: it is
@@ -203,7 +204,7 @@ pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
     idle: Duration,
-    counters: &RelayCounters,
+    counters: &RelayCounters<'_>,
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
@@ -214,8 +215,8 @@ pub async fn relay(
     let (c2s_total, s2c_total) = (AtomicU64::new(0), AtomicU64::new(0));
     let (cr, cw) = client.split();
     let (sr, sw) = server.split();
-    let c2s = pump(cr, sw, &counters.c2s, &c2s_total, &activity, None);
-    let s2c = pump(sr, cw, &counters.s2c, &s2c_total, &activity, watch);
+    let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, None);
+    let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, watch);
     tokio::pin!(c2s, s2c);
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
@@ -274,11 +275,16 @@ mod tests {
         (a, b)
     }
 
-    fn counters() -> RelayCounters {
+    /// Owned test counters (client->server, server->client).
+    fn counters() -> (IntCounter, IntCounter) {
         let c = |n: &str| IntCounter::new(n, "test").unwrap();
+        (c("c2s"), c("s2c"))
+    }
+
+    fn borrow(c: &(IntCounter, IntCounter)) -> RelayCounters<'_> {
         RelayCounters {
-            c2s: c("c2s"),
-            s2c: c("s2c"),
+            c2s: &c.0,
+            s2c: &c.1,
         }
     }
 
@@ -297,17 +303,16 @@ mod tests {
         let cnt = counters();
         let stop = CancellationToken::new();
         let relay = tokio::spawn(async move {
-            let c = cnt.clone();
             let s = relay(
                 &mut proxy_client_side,
                 &mut proxy_server_side,
                 Duration::from_secs(30),
-                &c,
+                &borrow(&cnt),
                 None,
                 &stop,
             )
             .await;
-            (s, cnt.c2s.get(), cnt.s2c.get())
+            (s, cnt.0.get(), cnt.1.get())
         });
         let srv = tokio::spawn(async move {
             let (mut r, mut w) = server.split();
@@ -370,7 +375,7 @@ mod tests {
             &mut a,
             &mut b,
             Duration::from_millis(200),
-            &counters(),
+            &borrow(&counters()),
             None,
             &CancellationToken::new(),
         )
@@ -388,7 +393,7 @@ mod tests {
             &mut a,
             &mut b,
             Duration::from_secs(60),
-            &counters(),
+            &borrow(&counters()),
             None,
             &stop,
         )
