@@ -63,14 +63,17 @@ TARGETS="direct crossbar"
 HAPROXY_VERSION=$([ "$USE_HAPROXY" = 1 ] && haproxy -v | head -1 | awk '{print $3}' || echo none)
 
 # File descriptors: each idle connection costs the proxy two (client + backend).
+# HAProxy refuses to start unless 2 x maxconn + 2 x maxpipes (+ its listeners) fit
+# under the limit, so leave 1,500 spare and give it a fixed, small pipe pool.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
-MAX_IDLE=$(((NOFILE - 500) / 2))
+MAX_IDLE=$(((NOFILE - 1500) / 2))
 if [ "$IDLE_N" -gt "$MAX_IDLE" ]; then
     log "open-file limit $NOFILE: idle connections capped at $MAX_IDLE (asked $IDLE_N)"
     IDLE_N=$MAX_IDLE
 fi
-MAXCONN=$((IDLE_N + 1000))
+MAXCONN=$((IDLE_N + 200))
+MAXPIPES=256
 
 # ---------------------------------------------------------------- helpers
 # start NAME CMD...: run in the background, stdout to $WORK/NAME.out; sets $LAST_PID.
@@ -171,6 +174,7 @@ ADMIN_PORT=$("$LG" freeport)
 {
     echo "global"
     echo "    maxconn $MAXCONN"
+    echo "    maxpipes $MAXPIPES"
     echo "defaults"
     echo "    mode tcp"
     echo "    timeout connect 3s"

@@ -92,9 +92,24 @@ pub async fn handle(
         mut stream,
         peer,
         permit,
+        inherited,
     } = acc;
     let mut log = AccessLog::default();
-    let result = serve(&mut stream, peer, &routes, &shared, &mut log, started).await;
+    if inherited.is_none() {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, "TCP_NODELAY failed: {e}");
+        }
+    }
+    let result = serve(
+        &mut stream,
+        peer,
+        inherited,
+        &routes,
+        &shared,
+        &mut log,
+        started,
+    )
+    .await;
     let failed = match result {
         Ok(()) => false,
         Err(e) => {
@@ -128,6 +143,7 @@ pub async fn handle(
 async fn serve(
     stream: &mut TcpStream,
     peer: SocketAddr,
+    inherited: Option<Option<crate::config::Keepalive>>,
     routes: &ListenerRoutes,
     shared: &Shared,
     log: &mut AccessLog,
@@ -171,7 +187,9 @@ async fn serve(
         }
     };
     log.service = Some(Arc::from(svc.name()));
-    set_keepalive(stream, svc.config.keepalive);
+    if inherited != Some(svc.config.keepalive) {
+        set_keepalive(stream, svc.config.keepalive);
+    }
     let client_ip = peer.ip().to_canonical();
     let sticky = lookup(&svc, hello.as_ref(), client_ip);
     if let Some((kind, hit)) = &sticky.key {
@@ -221,7 +239,9 @@ async fn serve(
         }
     };
     let backend = lease.backend().clone();
-    set_keepalive(&server, svc.config.keepalive);
+    if svc.config.keepalive.is_some() {
+        set_keepalive(&server, svc.config.keepalive);
+    }
     backend.metrics.connections.inc();
     if let Some(table) = &svc.table {
         if svc.sticks_on(StickOn::Source) {
@@ -356,18 +376,13 @@ async fn client_gone(stream: &TcpStream, eof_is_gone: bool) {
 /// Turn on TCP keepalive with the service's timing. A failure is logged, not fatal:
 /// the connection works without it.
 fn set_keepalive(stream: &TcpStream, ka: Option<crate::config::Keepalive>) {
-    let Some(ka) = ka else { return };
-    let params = socket2::TcpKeepalive::new()
-        .with_time(ka.time)
-        .with_interval(ka.interval);
-    #[cfg(any(
-        target_os = "linux",
-        target_os = "android",
-        target_os = "freebsd",
-        target_os = "macos"
-    ))]
-    let params = params.with_retries(ka.probes);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&params) {
+    let sock = socket2::SockRef::from(stream);
+    let set = match ka {
+        Some(ka) => sock.set_tcp_keepalive(&crate::listener::keepalive_params(ka)),
+        // Off, but the listener's setting may have been inherited.
+        None => sock.set_keepalive(false),
+    };
+    if let Err(e) = set {
         tracing::debug!("TCP keepalive not set: {e}");
     }
 }

@@ -81,6 +81,9 @@ pub struct ListenerRoutes {
     /// Where non-TLS bytes go when a service allows it: the single service, or the
     /// default service of a shared address, if it has `on_non_tls: forward`.
     pub non_tls: Option<Arc<Service>>,
+    /// The keepalive the listening socket passes on to accepted connections (the
+    /// first service's; connections of a service with another setting set their own).
+    pub keepalive: Option<crate::config::Keepalive>,
 }
 
 /// State every connection task can reach.
@@ -411,13 +414,20 @@ impl Server {
         let metrics = shared.metrics.listener(&label);
         let limit = Arc::new(Semaphore::new(l.max_connections));
         let stop = h.stop.clone();
+        // Accepted sockets inherit TCP_NODELAY and keepalive from the listener; a
+        // reload that changes the keepalive updates the listener at the next accept.
+        let mut applied = listener::set_inherited_options(&sock, routes.load().keepalive);
         self.tracker.spawn(listener::accept_loop(
             sock,
             limit,
             metrics,
             stop,
-            move |acc| {
+            move |mut acc, sock| {
                 let routes = routes.load_full();
+                acc.inherited = applied;
+                if applied.is_some_and(|ka| ka != routes.keepalive) {
+                    applied = listener::set_inherited_options(sock, routes.keepalive);
+                }
                 tracker.spawn(crate::conn::handle(
                     acc,
                     routes,
@@ -584,8 +594,10 @@ fn build_routes(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
         .map(|s| s.config.max_hello_size)
         .max()
         .unwrap_or_default();
+    let keepalive = svcs.first().and_then(|s| s.config.keepalive);
     if let [only] = svcs.as_slice() {
         return ListenerRoutes {
+            keepalive,
             tcp: only.config.mode == Mode::Tcp,
             non_tls: (only.config.on_non_tls == OnNonTls::Forward).then(|| only.clone()),
             routes: Routes::single(only.clone()),
@@ -607,5 +619,6 @@ fn build_routes(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
         hello_timeout,
         max_hello,
         non_tls,
+        keepalive,
     }
 }

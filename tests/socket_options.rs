@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use crossbar::testbed::{self, TestCa};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -225,4 +226,110 @@ async fn proxy_v1_understood_by_haproxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_v2_understood_by_haproxy() {
     proxy_protocol_through_haproxy("v2").await;
+}
+
+/// Seconds left on the keepalive timer of crossbar's side of the connection from
+/// `client` to `listen`, as `ss` shows it; `None` if keepalive is off there.
+fn keepalive_timer(listen: SocketAddr, client: SocketAddr) -> Option<u64> {
+    let filter = format!(
+        "( sport = :{} and dport = :{} )",
+        listen.port(),
+        client.port()
+    );
+    let out = Command::new("ss")
+        .args(["-tnoH", "state", "established", &filter])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(text.lines().count(), 1, "one socket expected: {text:?}");
+    let timer = text.split("timer:(keepalive,").nth(1)?.split(',').next()?;
+    // "1min16sec", "59min", "42sec", "800ms"
+    let (min, rest) = match timer.split_once("min") {
+        Some((m, r)) => (m.parse::<u64>().ok()?, r),
+        None => (0, timer),
+    };
+    let sec = match rest.strip_suffix("sec") {
+        Some(s) => s.parse::<u64>().ok()?,
+        None => 0,
+    };
+    Some(min * 60 + sec)
+}
+
+fn keepalive_yaml(port: u16, a_keepalive: &str, a: SocketAddr, b: SocketAddr) -> String {
+    format!(
+        "admin: {{ enabled: false }}\ndefaults: {{ health: {{ check: none }} }}\nservices:\n\
+         \x20 a:\n    listen: [\"127.0.0.1:{port}\"]\n    default: true\n    keepalive: {a_keepalive}\n\
+         \x20   backends: [{{ name: a, address: \"{a}\" }}]\n\
+         \x20 b:\n    listen: [\"127.0.0.1:{port}\"]\n    server_names: [b.test]\n\
+         \x20   keepalive: {{ enabled: false }}\n    backends: [{{ name: b, address: \"{b}\" }}]\n"
+    )
+}
+
+/// A ClientHello naming `sni`, as rustls writes it.
+fn hello_for(sni: &str) -> Vec<u8> {
+    let ca = TestCa::new("keepalive test").unwrap();
+    let cfg = testbed::client_config(&ca, testbed::Versions::Both, false).unwrap();
+    let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
+    let mut conn = rustls::ClientConnection::new(cfg, name).unwrap();
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).unwrap();
+    out
+}
+
+/// Open a connection to `listen` with a ClientHello for `sni` and wait until
+/// `backend` has it (by then crossbar has set the client socket's options).
+async fn routed(listen: SocketAddr, sni: &str, backend: &Backend) -> tokio::net::TcpStream {
+    let before = backend.accepted();
+    let mut s = tokio::net::TcpStream::connect(listen).await.unwrap();
+    s.write_all(&hello_for(sni)).await.unwrap();
+    wait_until("the backend gets the connection", || {
+        backend.accepted() > before
+    })
+    .await;
+    s
+}
+
+/// TCP keepalive reaches each client socket with its own service's timing, whether
+/// it comes from the listening socket (Linux copies options at accept, so crossbar
+/// sets them there once) or is set per connection because the service sharing the
+/// address differs; and a reload changes it for new connections only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_sockets_get_their_services_keepalive() {
+    let a = Backend::echo("a", false).await;
+    let b = Backend::echo("b", false).await;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let listen: SocketAddr = ([127, 0, 0, 1], port).into();
+    let xb = Crossbar::start(&keepalive_yaml(port, "{ time: 77s }", a.addr, b.addr)).await;
+
+    let s1 = routed(listen, "a.test", &a).await;
+    let t1 = keepalive_timer(listen, s1.local_addr().unwrap());
+    assert!(matches!(t1, Some(70..=77)), "service a (77s): {t1:?}");
+    let s2 = routed(listen, "b.test", &b).await;
+    assert_eq!(
+        keepalive_timer(listen, s2.local_addr().unwrap()),
+        None,
+        "service b has keepalive off"
+    );
+    let s3 = routed(listen, "a.test", &a).await;
+    let t3 = keepalive_timer(listen, s3.local_addr().unwrap());
+    assert!(matches!(t3, Some(70..=77)), "service a again: {t3:?}");
+
+    xb.reload(&keepalive_yaml(port, "{ time: 200s }", a.addr, b.addr));
+    let s4 = routed(listen, "a.test", &a).await;
+    let t4 = keepalive_timer(listen, s4.local_addr().unwrap());
+    assert!(matches!(t4, Some(190..=200)), "after reload: {t4:?}");
+    let t1 = keepalive_timer(listen, s1.local_addr().unwrap());
+    assert!(
+        matches!(t1, Some(0..=77)),
+        "an old connection keeps its timing: {t1:?}"
+    );
+
+    xb.reload(&keepalive_yaml(port, "{ enabled: false }", a.addr, b.addr));
+    let s5 = routed(listen, "a.test", &a).await;
+    assert_eq!(keepalive_timer(listen, s5.local_addr().unwrap()), None);
+    let s6 = routed(listen, "a.test", &a).await;
+    assert_eq!(keepalive_timer(listen, s6.local_addr().unwrap()), None);
 }

@@ -3,13 +3,17 @@
 //!
 //! While the TLS handshake is under way, the server->client bytes are also shown to
 //! a [`ServerWatcher`] (after being forwarded, so inspection adds no latency); once it
-//! is done, `on_handshake` runs and the relay continues as a plain copy.
+//! is done, `on_handshake` runs. Small messages are copied through a per-thread
+//! buffer; a direction that carries bulk data switches to splice(2) on Linux.
+use std::cell::RefCell;
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -111,79 +115,137 @@ enum Side {
     Write(io::Error),
 }
 
-/// Copy `src` to `dst` until EOF, then shut down `dst`'s write side (half-close).
-/// Bytes go through user space while the handshake is watched (the watcher must see
-/// them), then through splice(2) on Linux.
+/// Relay `src` to `dst` until EOF, then shut down `dst`'s write side (half-close).
+///
+/// Like HAProxy's `splice-auto`: bytes are first copied through a per-thread scratch
+/// buffer, which for the small messages of a TLS handshake and a Puppet request costs
+/// fewer and cheaper syscalls than splice (a read and a write, against two splices and
+/// a pipe). Once a read fills the whole buffer the direction is carrying bulk data
+/// (a catalog, a file), and on Linux it switches to splice(2) for the rest of its
+/// life, unless the handshake is still being watched (the watcher must see the bytes).
+/// No buffer is held per connection: bytes a slow destination doesn't take at once
+/// wait in a `backlog` allocated for that moment only.
 async fn pump(
-    src: ReadHalf<'_>,
+    mut src: ReadHalf<'_>,
     mut dst: WriteHalf<'_>,
     counter: &IntCounter,
     total: &AtomicU64,
     activity: &Activity,
-    watch: Option<Box<Watch<'_>>>,
-) -> Result<(), Side> {
-    let zero_copy = cfg!(target_os = "linux") && splice_enabled();
-    let eof = if watch.is_some() || !zero_copy {
-        // Boxed: the copy phase is short (the handshake) in the usual case, and inline
-        // it would make every idle connection's future ~560 bytes bigger.
-        Box::pin(copy(
-            src, &mut dst, counter, total, activity, watch, zero_copy,
-        ))
-        .await?
-    } else {
-        Phase::Switch(src)
-    };
-    #[cfg(target_os = "linux")]
-    if let Phase::Switch(src) = eof {
-        splice::pump(src.as_ref(), dst.as_ref(), counter, total, activity).await?;
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = eof; // ok: only Linux switches to splice
-    dst.shutdown().await.map_err(Side::Write)
-}
-
-/// Why the user-space copy stopped.
-enum Phase<'a> {
-    /// The source reached EOF.
-    Eof,
-    /// The watcher is done and splice can take over.
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    Switch(ReadHalf<'a>),
-}
-
-async fn copy<'a>(
-    mut src: ReadHalf<'a>,
-    dst: &mut WriteHalf<'_>,
-    counter: &IntCounter,
-    total: &AtomicU64,
-    activity: &Activity,
     mut watch: Option<Box<Watch<'_>>>,
-    switch_when_done: bool,
-) -> Result<Phase<'a>, Side> {
-    let mut buf = vec![0u8; BUF_SIZE];
-    loop {
-        let n = src.read(&mut buf).await.map_err(Side::Read)?;
-        if n == 0 {
-            if let Some(w) = watch.take() {
-                (w.on_handshake)(w.watcher.info());
-            }
-            return Ok(Phase::Eof);
-        }
-        activity.touch();
-        dst.write_all(&buf[..n]).await.map_err(Side::Write)?;
+) -> Result<(), Side> {
+    let count = |n: usize| {
         counter.inc_by(n as u64);
         total.fetch_add(n as u64, Ordering::Relaxed);
-        if let Some(w) = watch.as_mut() {
-            if w.watcher.feed(&buf[..n]) {
+    };
+    let mut backlog: Vec<u8> = Vec::new();
+    let mut bulk = false;
+    loop {
+        if !backlog.is_empty() {
+            dst.write_all(&backlog).await.map_err(Side::Write)?;
+            count(backlog.len());
+            backlog = Vec::new();
+        }
+        #[cfg(target_os = "linux")]
+        if bulk && watch.is_none() && splice_enabled() {
+            // Boxed: only bulk directions get here, and inline it would enlarge every
+            // connection's future, idle ones included.
+            Box::pin(splice::pump(
+                src.as_ref(),
+                dst.as_ref(),
+                counter,
+                total,
+                activity,
+            ))
+            .await?;
+            break;
+        }
+        let moved =
+            std::future::poll_fn(|cx| copy_once(cx, &mut src, &mut dst, &mut backlog, &mut watch))
+                .await?;
+        match moved {
+            Copied::Eof => {
                 if let Some(w) = watch.take() {
                     (w.on_handshake)(w.watcher.info());
                 }
-                if switch_when_done {
-                    return Ok(Phase::Switch(src));
-                }
+                break;
+            }
+            Copied::Bytes { written, full } => {
+                activity.touch();
+                count(written);
+                bulk = full;
             }
         }
     }
+    dst.shutdown().await.map_err(Side::Write)
+}
+
+/// What one [`copy_once`] did.
+enum Copied {
+    /// The source reached EOF.
+    Eof,
+    /// Bytes were read; `written` of them are already in `dst` (the rest in the
+    /// backlog); `full` if the read filled the scratch buffer.
+    Bytes { written: usize, full: bool },
+}
+
+/// One read from `src` into this thread's scratch buffer and as much of a write to
+/// `dst` as it takes now; what it doesn't take goes to `backlog`. All synchronous
+/// within one poll, so the scratch buffer is never held across an await.
+fn copy_once(
+    cx: &mut Context<'_>,
+    src: &mut ReadHalf<'_>,
+    dst: &mut WriteHalf<'_>,
+    backlog: &mut Vec<u8>,
+    watch: &mut Option<Box<Watch<'_>>>,
+) -> Poll<Result<Copied, Side>> {
+    with_scratch(|scratch| {
+        let mut rb = ReadBuf::new(scratch);
+        match Pin::new(&mut *src).poll_read(cx, &mut rb) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(Side::Read(e))),
+            Poll::Ready(Ok(())) => {}
+        }
+        let full = rb.remaining() == 0;
+        let data = rb.filled();
+        if data.is_empty() {
+            return Poll::Ready(Ok(Copied::Eof));
+        }
+        let mut written = 0;
+        while written < data.len() {
+            match Pin::new(&mut *dst).poll_write(cx, &data[written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(Side::Write(io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(m)) => written += m,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Side::Write(e))),
+                Poll::Pending => break,
+            }
+        }
+        backlog.extend_from_slice(&data[written..]);
+        // Inspection after forwarding, so it adds no latency.
+        if let Some(w) = watch.as_mut() {
+            if w.watcher.feed(data) {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
+            }
+        }
+        Poll::Ready(Ok(Copied::Bytes { written, full }))
+    })
+}
+
+thread_local! {
+    /// Each worker thread's copy buffer (see [`pump`]).
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; BUF_SIZE].into_boxed_slice());
+}
+
+/// Run `f` with this thread's scratch buffer (or, should it be in use, which the
+/// synchronous callers never allow, a temporary one).
+fn with_scratch<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut buf) => f(&mut buf),
+        Err(_) => f(&mut vec![0; BUF_SIZE]),
+    })
 }
 
 /// Zero-copy is on unless `CROSSBAR_NO_SPLICE=1` (for benchmarks and diagnosis).
@@ -266,6 +328,7 @@ pub async fn relay(
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     async fn pair() -> (TcpStream, TcpStream) {
@@ -365,6 +428,61 @@ mod tests {
         for len in [0, 1, 1000, 70_000, 4 << 20] {
             roundtrip(len).await;
         }
+    }
+
+    /// A destination that takes bytes slowly: what it can't take at once waits in
+    /// the backlog (and then in splice's pipe, once the direction is bulk); nothing
+    /// is lost or reordered, small messages and bulk alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_reader_gets_every_byte_in_order() {
+        let (mut client, mut proxy_client_side) = pair().await;
+        let (mut proxy_server_side, mut server) = pair().await;
+        let cnt = counters();
+        let relay = tokio::spawn(async move {
+            relay(
+                &mut proxy_client_side,
+                &mut proxy_server_side,
+                Duration::from_secs(30),
+                &borrow(&cnt),
+                None,
+                &CancellationToken::new(),
+            )
+            .await
+        });
+        // Small writes first (copied), then bulk (spliced), with no reader yet.
+        let mut sent = Vec::new();
+        for i in 0..200u32 {
+            sent.extend_from_slice(&data(1 + (i as usize * 37) % 300, u64::from(i)));
+        }
+        sent.extend_from_slice(&data(3 << 20, 99));
+        let to_send = sent.clone();
+        let writer = tokio::spawn(async move {
+            let mut at = 0;
+            for i in 0..200usize {
+                let len = 1 + (i * 37) % 300;
+                server.write_all(&to_send[at..at + len]).await.unwrap();
+                at += len;
+            }
+            server.write_all(&to_send[at..]).await.unwrap();
+            server.shutdown().await.unwrap();
+            server
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1000];
+        loop {
+            let n = client.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "bytes differ");
+        drop(client);
+        drop(writer.await.unwrap());
+        let stats = relay.await.unwrap();
+        assert_eq!(stats.server_to_client, sent.len() as u64);
     }
 
     #[tokio::test]
