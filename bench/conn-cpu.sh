@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Proxy CPU per new TLS connection, crossbar against HAProxy, in paired runs.
+#
+# Three TLS 1.3 rustls backends; one crossbar `mode: tls` service with `stick: {}` and
+# the equivalent HAProxy `listen` section (the one bench/compare.sh uses). Each round
+# runs `loadgen connections --mode full` (16 workers, each from its own 127.0.x.y)
+# against crossbar, then against HAProxy, and prints both proxies' CPU per connection
+# (utime + stime from /proc/PID/stat) and their ratio; the last line is the median
+# ratio. Loopback only, bounded by --rounds x --seconds.
+#
+#   bench/conn-cpu.sh [--rounds N] [--seconds S] [--mode full|resumed]
+#                     [--strace] [--perf] [--workers N]
+#
+# --strace: count system calls of each proxy during round 1 (strace -c -f; slows it,
+#           so that round's CPU figures are not comparable); tables in the work dir.
+# --perf:   perf record -g each proxy for 3 s of round 1; perf.data in the work dir.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 WORKERS=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rounds) ROUNDS=$2; shift ;;
+        --seconds) SECS=$2; shift ;;
+        --mode) MODE=$2; shift ;;
+        --strace) STRACE=1 ;;
+        --perf) PERF=1 ;;
+        --workers) WORKERS=$2; shift ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+command -v haproxy >/dev/null || { echo "haproxy is needed (apt-get install haproxy)" >&2; exit 1; }
+
+cargo build --release --quiet --bin crossbar --bin loadgen
+LG=$PWD/target/release/loadgen
+XB=$PWD/target/release/crossbar
+W=$(mktemp -d /tmp/crossbar-conn-cpu.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    echo "work dir: $W" >&2
+}
+trap cleanup EXIT
+
+"$LG" backends --kind tls --count 3 --tls13 --tickets --ca-out "$W/ca.pem" \
+    --name-prefix b- --no-stdin >"$W/backends.out" 2>"$W/backends.err" &
+PIDS+=($!)
+for _ in $(seq 100); do grep -q READY "$W/backends.out" 2>/dev/null && break; sleep 0.1; done
+mapfile -t ADDRS < <(grep -v READY "$W/backends.out")
+P_XB=$("$LG" freeport) P_HA=$("$LG" freeport) P_ADMIN=$("$LG" freeport)
+
+{
+    [ -n "$WORKERS" ] && echo "workers: $WORKERS"
+    echo "admin: { listen: \"127.0.0.1:$P_ADMIN\" }"
+    echo "defaults: { health: { check: none } }"
+    echo "services:"
+    echo "  t13:"
+    echo "    listen: [\"127.0.0.1:$P_XB\"]"
+    echo "    mode: tls"
+    echo "    stick: {}"
+    echo "    backends:"
+    for i in "${!ADDRS[@]}"; do echo "      - { name: b$i, address: \"${ADDRS[$i]}\" }"; done
+} >"$W/crossbar.yaml"
+{
+    echo "global"
+    echo "    maxconn 2000"
+    echo "defaults"
+    echo "    mode tcp"
+    echo "    timeout connect 3s"
+    echo "    timeout client 30m"
+    echo "    timeout server 30m"
+    echo "    option splice-auto"
+    echo "listen t13"
+    echo "    bind 127.0.0.1:$P_HA"
+    echo "    balance roundrobin"
+    echo "    acl clienthello req_ssl_hello_type 1"
+    echo "    acl serverhello rep_ssl_hello_type 2"
+    echo "    tcp-request inspect-delay 5s"
+    echo "    tcp-request content accept if clienthello"
+    echo "    tcp-response content accept if serverhello"
+    echo "    stick-table type binary len 32 size 100k expire 30m"
+    echo "    stick on payload_lv(43,1) if clienthello"
+    echo "    stick store-response payload_lv(43,1) if serverhello"
+    for i in "${!ADDRS[@]}"; do echo "    server b$i ${ADDRS[$i]}"; done
+} >"$W/haproxy.cfg"
+
+"$XB" check -c "$W/crossbar.yaml" >/dev/null
+RUST_LOG=warn "$XB" run -c "$W/crossbar.yaml" >"$W/crossbar.log" 2>&1 &
+XB_PID=$!
+PIDS+=($XB_PID)
+haproxy -db -f "$W/haproxy.cfg" >"$W/haproxy.log" 2>&1 &
+HA_PID=$!
+PIDS+=($HA_PID)
+sleep 1.5
+
+load() { # load PORT SECONDS -> JSON line
+    "$LG" connections --addr "127.0.0.1:$1" --ca "$W/ca.pem" --mode "$MODE" \
+        --seconds "$2" --concurrency 16 --distinct-sources
+}
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+conns() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["conns"])'; }
+TCK=$(getconf CLK_TCK)
+
+load "$P_XB" 1 >/dev/null # warm up both
+load "$P_HA" 1 >/dev/null
+RATIOS=()
+for r in $(seq "$ROUNDS"); do
+    declare -A US
+    for t in crossbar:$P_XB:$XB_PID haproxy:$P_HA:$HA_PID; do
+        IFS=: read -r name port pid <<<"$t"
+        tracer=
+        if [ "$r" = 1 ] && [ "$STRACE" = 1 ]; then
+            strace -c -f -p "$pid" -o "$W/$name.strace" &
+            tracer=$!
+            sleep 0.5
+        fi
+        if [ "$r" = 1 ] && [ "$PERF" = 1 ]; then
+            perf record -q -F 2000 -g -p "$pid" -o "$W/$name.perf.data" -- sleep 3 \
+                >/dev/null 2>&1 &
+            tracer=$!
+        fi
+        c0=$(ticks "$pid")
+        n=$(load "$port" "$SECS" | conns)
+        c1=$(ticks "$pid")
+        if [ -n "$tracer" ]; then
+            [ "$STRACE" = 1 ] && kill -INT "$tracer" 2>/dev/null
+            wait "$tracer" 2>/dev/null || true
+        fi
+        US[$name]=$(awk -v a="$c0" -v b="$c1" -v t="$TCK" -v n="$n" \
+            'BEGIN {printf "%.1f", (b - a) / t / n * 1e6}')
+        echo "round $r $name: $n connections, ${US[$name]} us CPU per connection"
+    done
+    ratio=$(awk -v a="${US[crossbar]}" -v b="${US[haproxy]}" 'BEGIN {printf "%.3f", a / b}')
+    RATIOS+=("$ratio")
+    echo "round $r crossbar/haproxy: $ratio"
+done
+printf '%s\n' "${RATIOS[@]}" | sort -n |
+    awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+        printf "median crossbar/haproxy CPU per connection over %d rounds: %.3f\n", NR, m}'
