@@ -152,8 +152,39 @@ pub struct Accepted {
     pub inherited: Option<Option<Keepalive>>,
 }
 
-/// Accept until `stop` fires, handing each connection (and the listener, whose
-/// inherited options `spawn` may update) to `spawn`. Connections over
+/// Which options accepted sockets inherit from a listener, and whether that is
+/// known for the next one accepted.
+///
+/// Linux copies a listener's options to a connection when its handshake completes,
+/// not when it is accepted: after the listener's keepalive changes (a reload), the
+/// connections already queued still carry the old setting. So a change makes the
+/// inheritance uncertain (each connection sets its own options) until the accept
+/// queue has been seen empty.
+struct Inheritance {
+    /// What the listener carries now; `None` if it passes nothing on.
+    on_listener: Option<Option<Keepalive>>,
+    /// Every connection still queued was created under `on_listener`.
+    sure: bool,
+}
+
+impl Inheritance {
+    /// What the connection just accepted inherited, for [`Accepted::inherited`].
+    fn accepted(&self) -> Option<Option<Keepalive>> {
+        self.on_listener.filter(|_| self.sure)
+    }
+
+    /// Make the listener pass on `wanted` from now on.
+    fn want(&mut self, listener: &TcpListener, wanted: Option<Keepalive>) {
+        if self.on_listener != Some(wanted) {
+            self.on_listener = set_inherited_options(listener, wanted);
+            self.sure = false;
+        }
+    }
+}
+
+/// Accept until `stop` fires, handing each connection to `spawn`. Accepted sockets
+/// inherit TCP_NODELAY and the keepalive `keepalive()` returns (asked at each
+/// accept, so a reload's new value reaches the listener). Connections over
 /// `max_connections` are closed at once and counted. Never returns an error: accept
 /// failures are logged, counted and backed off.
 pub async fn accept_loop(
@@ -161,18 +192,34 @@ pub async fn accept_loop(
     limit: Arc<Semaphore>,
     metrics: ListenerMetrics,
     stop: CancellationToken,
-    mut spawn: impl FnMut(Accepted, &TcpListener),
+    keepalive: impl Fn() -> Option<Keepalive>,
+    mut spawn: impl FnMut(Accepted),
 ) {
     let local = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    // Not sure at first either: a socket inherited from a predecessor may hold
+    // connections queued under its options.
+    let mut inheritance = Inheritance {
+        on_listener: None,
+        sure: false,
+    };
+    inheritance.want(&listener, keepalive());
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let res = tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            r = listener.accept() => r,
+            r = std::future::poll_fn(|cx| {
+                let r = listener.poll_accept(cx);
+                if r.is_pending() {
+                    // The queue is empty: whatever comes next was created under the
+                    // listener's current options.
+                    inheritance.sure = true;
+                }
+                r
+            }) => r,
         };
         match res {
             Ok((stream, peer)) => {
@@ -184,15 +231,14 @@ pub async fn accept_loop(
                     continue;
                 };
                 metrics.accepts.inc();
-                spawn(
-                    Accepted {
-                        stream,
-                        peer,
-                        permit,
-                        inherited: None,
-                    },
-                    &listener,
-                );
+                let inherited = inheritance.accepted();
+                inheritance.want(&listener, keepalive());
+                spawn(Accepted {
+                    stream,
+                    peer,
+                    permit,
+                    inherited,
+                });
             }
             Err(e) if is_exhaustion(&e) => {
                 metrics.accept_errors.inc();

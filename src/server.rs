@@ -414,20 +414,18 @@ impl Server {
         let metrics = shared.metrics.listener(&label);
         let limit = Arc::new(Semaphore::new(l.max_connections));
         let stop = h.stop.clone();
-        // Accepted sockets inherit TCP_NODELAY and keepalive from the listener; a
-        // reload that changes the keepalive updates the listener at the next accept.
-        let mut applied = listener::set_inherited_options(&sock, routes.load().keepalive);
+        let keepalive = {
+            let routes = routes.clone();
+            move || routes.load().keepalive
+        };
         self.tracker.spawn(listener::accept_loop(
             sock,
             limit,
             metrics,
             stop,
-            move |mut acc, sock| {
+            keepalive,
+            move |acc| {
                 let routes = routes.load_full();
-                acc.inherited = applied;
-                if applied.is_some_and(|ka| ka != routes.keepalive) {
-                    applied = listener::set_inherited_options(sock, routes.keepalive);
-                }
                 tracker.spawn(crate::conn::handle(
                     acc,
                     routes,

@@ -318,6 +318,22 @@ async fn client_sockets_get_their_services_keepalive() {
     assert!(matches!(t3, Some(70..=77)), "service a again: {t3:?}");
 
     xb.reload(&keepalive_yaml(port, "{ time: 200s }", a.addr, b.addr));
+    // A burst right after the reload: Linux gives a queued connection the options
+    // the listener had when its handshake completed, so those queued before the
+    // listener changed still carry 77s and must get 200s from crossbar itself.
+    let before = a.accepted();
+    let hello = hello_for("a.test");
+    let burst: Vec<std::net::TcpStream> = (0..30)
+        .map(|_| std::net::TcpStream::connect(listen).unwrap())
+        .collect();
+    for mut s in &burst {
+        std::io::Write::write_all(&mut s, &hello).unwrap();
+    }
+    wait_until("the backend gets the burst", || a.accepted() >= before + 30).await;
+    for s in &burst {
+        let t = keepalive_timer(listen, s.local_addr().unwrap());
+        assert!(matches!(t, Some(190..=200)), "burst after reload: {t:?}");
+    }
     let s4 = routed(listen, "a.test", &a).await;
     let t4 = keepalive_timer(listen, s4.local_addr().unwrap());
     assert!(matches!(t4, Some(190..=200)), "after reload: {t4:?}");

@@ -145,19 +145,21 @@ async fn pump(
             count(backlog.len());
             backlog = Vec::new();
         }
-        #[cfg(target_os = "linux")]
         if bulk && watch.is_none() && splice_enabled() {
             // Boxed: only bulk directions get here, and inline it would enlarge every
             // connection's future, idle ones included.
-            Box::pin(splice::pump(
-                src.as_ref(),
-                dst.as_ref(),
-                counter,
-                total,
-                activity,
-            ))
-            .await?;
-            break;
+            #[cfg(target_os = "linux")]
+            {
+                Box::pin(splice::pump(
+                    src.as_ref(),
+                    dst.as_ref(),
+                    counter,
+                    total,
+                    activity,
+                ))
+                .await?;
+                break;
+            }
         }
         let moved =
             std::future::poll_fn(|cx| copy_once(cx, &mut src, &mut dst, &mut backlog, &mut watch))
