@@ -156,15 +156,31 @@ pub struct Accepted {
 /// known for the next one accepted.
 ///
 /// Linux copies a listener's options to a connection when its handshake completes,
-/// not when it is accepted: after the listener's keepalive changes (a reload), the
-/// connections already queued still carry the old setting. So a change makes the
-/// inheritance uncertain (each connection sets its own options) until the accept
-/// queue has been seen empty.
+/// not when it is accepted: after the listener's options change (at start, or when a
+/// reload changes the keepalive), the connections already queued still carry the old
+/// ones. So a change makes the inheritance uncertain (each connection sets its own
+/// options) until an accept(2) finds the queue empty. (tokio's accept can't tell:
+/// it may wait on readiness it hasn't been told of yet, with connections queued.)
 struct Inheritance {
     /// What the listener carries now; `None` if it passes nothing on.
     on_listener: Option<Option<Keepalive>>,
     /// Every connection still queued was created under `on_listener`.
     sure: bool,
+}
+
+/// One accept(2) now, bypassing tokio's readiness: `None` if the queue is empty.
+fn accept_now(listener: &TcpListener) -> io::Result<Option<(TcpStream, SocketAddr)>> {
+    match socket2::SockRef::from(listener).accept() {
+        Ok((sock, addr)) => {
+            sock.set_nonblocking(true)?;
+            let peer = addr
+                .as_socket()
+                .ok_or_else(|| io::Error::other("accepted a socket without an IP address"))?;
+            Ok(Some((TcpStream::from_std(sock.into())?, peer)))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 impl Inheritance {
@@ -199,8 +215,6 @@ pub async fn accept_loop(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    // Not sure at first either: a socket inherited from a predecessor may hold
-    // connections queued under its options.
     let mut inheritance = Inheritance {
         on_listener: None,
         sure: false,
@@ -208,18 +222,27 @@ pub async fn accept_loop(
     inheritance.want(&listener, keepalive());
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
-        let res = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            r = std::future::poll_fn(|cx| {
-                let r = listener.poll_accept(cx);
-                if r.is_pending() {
-                    // The queue is empty: whatever comes next was created under the
-                    // listener's current options.
+        let res = if inheritance.on_listener.is_some() && !inheritance.sure {
+            // Drain what was queued before the options changed, one accept(2) at a
+            // time, until the queue is seen empty.
+            if stop.is_cancelled() {
+                return;
+            }
+            tokio::task::consume_budget().await;
+            match accept_now(&listener) {
+                Ok(Some(accepted)) => Ok(accepted),
+                Ok(None) => {
                     inheritance.sure = true;
+                    continue;
                 }
-                r
-            }) => r,
+                Err(e) => Err(e),
+            }
+        } else {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                r = listener.accept() => r,
+            }
         };
         match res {
             Ok((stream, peer)) => {

@@ -480,7 +480,16 @@ async fn metrics_after_traffic_are_exact_and_valid() {
         .await
         .is_err());
 
-    let m = scrape(&bed).await;
+    // The clients have their answers; crossbar may still be closing its side of the
+    // last connection (the relay ends once both directions have), so wait for that.
+    let mut m = scrape(&bed).await;
+    let waiting = std::time::Instant::now();
+    while m.sum("crossbar_active_connections", &[]) > 0.0
+        && waiting.elapsed() < std::time::Duration::from_secs(10)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        m = scrape(&bed).await;
+    }
     fn sb(b: &str) -> [(&str, &str); 2] {
         [("service", "puppet"), ("backend", b)]
     }

@@ -157,6 +157,10 @@ async fn client_leaving_mid_hello_ends_without_a_backend_connection() {
         .unwrap();
     drop(client);
 
+    wait_until("crossbar accepts", || {
+        lb.metric("crossbar_listener_accepts_total", &[]) == 1.0
+    })
+    .await;
     wait_until("the connection task ends", || {
         lb.server.open_tasks() == baseline
     })
