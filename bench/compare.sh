@@ -25,6 +25,8 @@ while [ $# -gt 0 ]; do
 done
 
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/haproxy-tls.sh
+source bench/haproxy-tls.sh
 ROOT=$(pwd)
 WORK=$(mktemp -d /tmp/crossbar-bench.XXXXXX)
 PIDS=()
@@ -190,23 +192,8 @@ ADMIN_PORT=$("$LG" freeport)
         echo "    server ${svc}0 $addr"
     done
     for set in t12sid t12tk t13; do
-        echo "listen $set"
-        echo "    bind 127.0.0.1:${PORT[haproxy_$set]}"
-        echo "    maxconn $MAXCONN"
-        echo "    balance roundrobin"
-        echo "    acl clienthello req_ssl_hello_type 1"
-        echo "    acl serverhello rep_ssl_hello_type 2"
-        echo "    tcp-request inspect-delay 5s"
-        echo "    tcp-request content accept if clienthello"
-        echo "    tcp-response content accept if serverhello"
-        echo "    stick-table type binary len 32 size 100k expire 30m"
-        echo "    stick on payload_lv(43,1) if clienthello"
-        echo "    stick store-response payload_lv(43,1) if serverhello"
-        i=0
-        for a in ${SET_ADDRS[$set]}; do
-            echo "    server $set-$i $a"
-            i=$((i + 1))
-        done
+        # shellcheck disable=SC2086
+        haproxy_tls_listen "$set" "${PORT[haproxy_$set]}" "$MAXCONN" ${SET_ADDRS[$set]}
     done
 } >"$WORK/haproxy.cfg"
 

@@ -16,6 +16,8 @@
 # --perf:   perf record -g each proxy for 3 s of round 1; perf.data in the work dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/haproxy-tls.sh
+source bench/haproxy-tls.sh
 
 ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 WORKERS=
 while [ $# -gt 0 ]; do
@@ -72,18 +74,7 @@ P_XB=$("$LG" freeport) P_HA=$("$LG" freeport) P_ADMIN=$("$LG" freeport)
     echo "    timeout client 30m"
     echo "    timeout server 30m"
     echo "    option splice-auto"
-    echo "listen t13"
-    echo "    bind 127.0.0.1:$P_HA"
-    echo "    balance roundrobin"
-    echo "    acl clienthello req_ssl_hello_type 1"
-    echo "    acl serverhello rep_ssl_hello_type 2"
-    echo "    tcp-request inspect-delay 5s"
-    echo "    tcp-request content accept if clienthello"
-    echo "    tcp-response content accept if serverhello"
-    echo "    stick-table type binary len 32 size 100k expire 30m"
-    echo "    stick on payload_lv(43,1) if clienthello"
-    echo "    stick store-response payload_lv(43,1) if serverhello"
-    for i in "${!ADDRS[@]}"; do echo "    server b$i ${ADDRS[$i]}"; done
+    haproxy_tls_listen t13 "$P_HA" 2000 "${ADDRS[@]}"
 } >"$W/haproxy.cfg"
 
 "$XB" check -c "$W/crossbar.yaml" >/dev/null

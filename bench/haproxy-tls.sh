@@ -1,0 +1,27 @@
+# Sourced by bench/compare.sh and bench/conn-cpu.sh: HAProxy's classic TLS
+# session-ID stickiness, the configuration crossbar is compared with.
+
+# haproxy_tls_listen NAME PORT MAXCONN BACKEND_ADDR...: a `listen` section in
+# `mode tcp` (from the defaults) balancing round robin over the backends, sticking on
+# the TLS <= 1.2 session ID: learned from the ServerHello, looked up in the
+# ClientHello. Servers are named NAME-0, NAME-1, ...
+haproxy_tls_listen() {
+    local name=$1 port=$2 maxconn=$3 i=0 a
+    shift 3
+    echo "listen $name"
+    echo "    bind 127.0.0.1:$port"
+    echo "    maxconn $maxconn"
+    echo "    balance roundrobin"
+    echo "    acl clienthello req_ssl_hello_type 1"
+    echo "    acl serverhello rep_ssl_hello_type 2"
+    echo "    tcp-request inspect-delay 5s"
+    echo "    tcp-request content accept if clienthello"
+    echo "    tcp-response content accept if serverhello"
+    echo "    stick-table type binary len 32 size 100k expire 30m"
+    echo "    stick on payload_lv(43,1) if clienthello"
+    echo "    stick store-response payload_lv(43,1) if serverhello"
+    for a in "$@"; do
+        echo "    server $name-$i $a"
+        i=$((i + 1))
+    done
+}
