@@ -373,16 +373,10 @@ async fn client_gone(stream: &TcpStream, eof_is_gone: bool) {
     }
 }
 
-/// Turn on TCP keepalive with the service's timing. A failure is logged, not fatal:
-/// the connection works without it.
+/// Turn TCP keepalive on with the service's timing (or off). A failure is logged,
+/// not fatal: the connection works without it.
 fn set_keepalive(stream: &TcpStream, ka: Option<crate::config::Keepalive>) {
-    let sock = socket2::SockRef::from(stream);
-    let set = match ka {
-        Some(ka) => sock.set_tcp_keepalive(&crate::listener::keepalive_params(ka)),
-        // Off, but the listener's setting may have been inherited.
-        None => sock.set_keepalive(false),
-    };
-    if let Err(e) = set {
+    if let Err(e) = crate::listener::set_keepalive(&socket2::SockRef::from(stream), ka) {
         tracing::debug!("TCP keepalive not set: {e}");
     }
 }

@@ -95,9 +95,10 @@ fn is_exhaustion(e: &io::Error) -> bool {
 }
 
 /// Does an accepted socket inherit TCP_NODELAY and the keepalive settings of its
-/// listening socket? Linux copies them at accept, so setting them once on the
-/// listener saves five setsockopt calls per connection.
-pub const OPTIONS_INHERITED: bool = cfg!(any(target_os = "linux", target_os = "android"));
+/// listening socket? Linux copies them to each connection (when its handshake
+/// completes), so setting them once on the listener saves five setsockopt calls
+/// per connection.
+const OPTIONS_INHERITED: bool = cfg!(any(target_os = "linux", target_os = "android"));
 
 /// Set on the listening socket what every accepted connection should start with:
 /// TCP_NODELAY and `keepalive` (or keepalive off). Returns what accepted sockets
@@ -111,11 +112,10 @@ pub fn set_inherited_options(
         return None;
     }
     let sock = socket2::SockRef::from(listener);
-    let set = sock.set_nodelay(true).and_then(|()| match keepalive {
-        Some(ka) => sock.set_tcp_keepalive(&keepalive_params(ka)),
-        None => sock.set_keepalive(false),
-    });
-    match set {
+    match sock
+        .set_nodelay(true)
+        .and_then(|()| set_keepalive(&sock, keepalive))
+    {
         Ok(()) => Some(keepalive),
         Err(e) => {
             tracing::debug!("listener socket options not set, setting them per connection: {e}");
@@ -124,8 +124,17 @@ pub fn set_inherited_options(
     }
 }
 
+/// Turn TCP keepalive on with `ka`'s timing, or off (`None`: a setting inherited
+/// from a listener may have to be undone).
+pub fn set_keepalive(sock: &socket2::SockRef<'_>, ka: Option<Keepalive>) -> io::Result<()> {
+    match ka {
+        Some(ka) => sock.set_tcp_keepalive(&keepalive_params(ka)),
+        None => sock.set_keepalive(false),
+    }
+}
+
 /// socket2's keepalive parameters for `ka`.
-pub fn keepalive_params(ka: Keepalive) -> socket2::TcpKeepalive {
+fn keepalive_params(ka: Keepalive) -> socket2::TcpKeepalive {
     let params = socket2::TcpKeepalive::new()
         .with_time(ka.time)
         .with_interval(ka.interval);
