@@ -174,15 +174,7 @@ ADMIN_PORT=$("$LG" freeport)
 } >"$WORK/crossbar.yaml"
 
 {
-    echo "global"
-    echo "    maxconn $MAXCONN"
-    echo "    maxpipes $MAXPIPES"
-    echo "defaults"
-    echo "    mode tcp"
-    echo "    timeout connect 3s"
-    echo "    timeout client 30m"
-    echo "    timeout server 30m"
-    echo "    option splice-auto"
+    haproxy_head "$MAXCONN" "$MAXPIPES"
     for svc in sink echo; do
         addr=$SINK
         [ $svc = echo ] && addr=$ECHO

@@ -66,14 +66,7 @@ P_XB=$("$LG" freeport) P_HA=$("$LG" freeport) P_ADMIN=$("$LG" freeport)
     for i in "${!ADDRS[@]}"; do echo "      - { name: b$i, address: \"${ADDRS[$i]}\" }"; done
 } >"$W/crossbar.yaml"
 {
-    echo "global"
-    echo "    maxconn 2000"
-    echo "defaults"
-    echo "    mode tcp"
-    echo "    timeout connect 3s"
-    echo "    timeout client 30m"
-    echo "    timeout server 30m"
-    echo "    option splice-auto"
+    haproxy_head 2000 256
     haproxy_tls_listen t13 "$P_HA" 2000 "${ADDRS[@]}"
 } >"$W/haproxy.cfg"
 

@@ -1,5 +1,5 @@
-# Sourced by bench/compare.sh and bench/conn-cpu.sh: HAProxy's classic TLS
-# session-ID stickiness, the configuration crossbar is compared with.
+# Sourced by bench/compare.sh and bench/conn-cpu.sh: the HAProxy configuration
+# crossbar is compared with (mode tcp, classic TLS session-ID stickiness).
 
 # haproxy_tls_listen NAME PORT MAXCONN BACKEND_ADDR...: a `listen` section in
 # `mode tcp` (from the defaults) balancing round robin over the backends, sticking on
@@ -24,4 +24,18 @@ haproxy_tls_listen() {
         echo "    server $name-$i $a"
         i=$((i + 1))
     done
+}
+
+# haproxy_head MAXCONN MAXPIPES: the `global` and `defaults` sections both scripts
+# use: `mode tcp`, long client/server timeouts, `option splice-auto`.
+haproxy_head() {
+    echo "global"
+    echo "    maxconn $1"
+    echo "    maxpipes $2"
+    echo "defaults"
+    echo "    mode tcp"
+    echo "    timeout connect 3s"
+    echo "    timeout client 30m"
+    echo "    timeout server 30m"
+    echo "    option splice-auto"
 }
