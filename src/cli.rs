@@ -229,7 +229,7 @@ pub async fn request(
 }
 
 /// Lay rows out in columns, each as wide as its widest cell.
-fn columns(rows: &[Vec<String>]) -> String {
+pub(crate) fn columns(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..n)
         .map(|i| {

@@ -266,7 +266,12 @@ async fn https(h: &HttpsCheck, target: &Target, timeout: Duration) -> Result<(),
 }
 
 /// One HTTP/1.1 GET on an established stream: the status and (capped) body.
-async fn http_get<S>(io: TokioIo<S>, path: &str, host: &str) -> Result<(u16, Bytes), CheckError>
+/// Also used by `crossbar doctor` for the Puppet CA certificate.
+pub(crate) async fn http_get<S>(
+    io: TokioIo<S>,
+    path: &str,
+    host: &str,
+) -> Result<(u16, Bytes), CheckError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

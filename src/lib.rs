@@ -14,8 +14,9 @@
 //! owns listeners, reload and shutdown), [`conn`] (one connection's life),
 //! [`health`] (active checks and passive failure counting: rise/fall),
 //! [`metrics`], [`admin`] (the HTTP endpoint: /metrics, /healthz, /api), [`cli`]
-//! (the `crossbar status|table|backend|reload` clients of that API) and [`demo`]
-//! (a self-contained run with local TLS backends).
+//! (the `crossbar status|table|backend|reload` clients of that API), [`doctor`]
+//! (checks every backend's certificates, TLS and status before traffic is switched)
+//! and [`demo`] (a self-contained run with local TLS backends).
 #![deny(unsafe_code)]
 
 pub mod admin;
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod demo;
+pub mod doctor;
 pub mod health;
 pub mod hello;
 pub mod listener;

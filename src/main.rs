@@ -16,6 +16,7 @@ Examples:
   crossbar demo                         # self-contained demo on loopback, exits when done
   crossbar check -c /etc/crossbar/crossbar.yaml
   crossbar run -c /etc/crossbar/crossbar.yaml
+  crossbar doctor -c /etc/crossbar/crossbar.yaml --status   # before switching traffic
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
   crossbar status                       # services and backends, from the admin API
   crossbar backend drain puppet/compile1 --token-file /etc/crossbar/admin.token
@@ -52,6 +53,20 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Connect to every backend and check what agents need: certificate names, issuer
+    /// and expiry, the Puppet CA, TLS versions, stickiness, status. Exit 0 clean,
+    /// 1 warnings, 2 errors.
+    Doctor {
+        /// Configuration file.
+        #[arg(short, long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+        format: ReportFormat,
+        /// Also ask `/status/v1/simple` of backends without an `https` check.
+        #[arg(long)]
+        status: bool,
+    },
     /// Start local TLS backends and crossbar in front, run clients, show what happened.
     Demo {
         /// Keep running after the client run (until Ctrl-C).
@@ -83,6 +98,17 @@ enum Command {
         admin: AdminArgs,
     },
 }
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReportFormat {
+    Table,
+    Json,
+}
+
+/// Where `crossbar doctor` looks without `-c` (the packaged location).
+const DEFAULT_CONFIG: &str = "/etc/crossbar/crossbar.yaml";
+/// `crossbar doctor`'s exit code when the configuration itself is invalid.
+const DOCTOR_CONFIG_ERROR: u8 = 2;
 
 #[derive(Subcommand)]
 enum TableCommand {
@@ -184,6 +210,11 @@ fn main() -> ExitCode {
                 runtime(cfg.workers).and_then(|rt| rt.block_on(crossbar::run::run_with(cfg, opts))),
             )
         }
+        Command::Doctor {
+            config,
+            format,
+            status,
+        } => doctor(&config, format, status),
         Command::Demo { serve } => {
             report(runtime(None).and_then(|rt| rt.block_on(crossbar::demo::run(serve))))
         }
@@ -251,6 +282,27 @@ fn client(args: AdminArgs, cmd: ClientCommand) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `crossbar doctor`: the report on stdout, its verdict as the exit code.
+fn doctor(config: &std::path::Path, format: ReportFormat, status: bool) -> ExitCode {
+    let cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(DOCTOR_CONFIG_ERROR);
+        }
+    };
+    let opts = crossbar::doctor::Options { status };
+    let report = match runtime(None) {
+        Ok(rt) => rt.block_on(crossbar::doctor::run(&cfg, opts)),
+        Err(e) => return report(Err(e)),
+    };
+    match format {
+        ReportFormat::Table => print!("{}", report.table()),
+        ReportFormat::Json => println!("{}", report.json()),
+    }
+    ExitCode::from(report.exit_code)
 }
 
 fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime> {

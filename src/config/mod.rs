@@ -337,6 +337,10 @@ pub struct ServiceConfig {
     pub on_non_tls: OnNonTls,
     /// SNI names (lower case, no trailing dot; `*.suffix` wildcards) for shared listeners.
     pub server_names: Vec<String>,
+    /// More names agents dial for this service (VIP names in DNS, not used for
+    /// routing): `crossbar doctor` checks that every backend's certificate carries
+    /// them, together with the exact `server_names`.
+    pub names: Vec<String>,
     /// The service chosen on a shared listener when no server name matches.
     pub default: bool,
     /// The balance algorithm.

@@ -199,6 +199,7 @@ pub(super) struct RawService {
     pub mode: Option<RawMode>,
     pub on_non_tls: Option<RawOnNonTls>,
     pub server_names: Option<Vec<String>>,
+    pub names: Option<Vec<String>>,
     pub default: Option<bool>,
     pub balance: Option<RawBalance>,
     pub failback: Option<RawFailback>,

@@ -95,6 +95,9 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
         }
         writeln!(f, "  names     {names}")?;
     }
+    if !s.names.is_empty() {
+        writeln!(f, "  dialed    {}", s.names.join(", "))?;
+    }
     let balance = match s.balance {
         Balance::RoundRobin => "roundrobin".to_string(),
         Balance::LeastConn => "leastconn".to_string(),

@@ -444,6 +444,7 @@ impl Checker<'_> {
                 _ => OnNonTls::Reject,
             },
             server_names: self.server_names(raw.server_names.as_deref(), mode, &p),
+            names: self.dialed_names(raw.names.as_deref(), &p),
             default: raw.default.unwrap_or(false),
             balance,
             failback,
@@ -523,6 +524,31 @@ impl Checker<'_> {
         for (i, name) in raw.iter().enumerate() {
             let ip = format!("{sp}[{i}]");
             match server_name(name) {
+                Ok(n) if out.contains(&n) => self.err(&ip, format!("`{n}` is listed twice")),
+                Ok(n) => out.push(n),
+                Err(why) => self.err(&ip, why),
+            }
+        }
+        out
+    }
+
+    /// `names:` — host names agents dial for this service (checked by `crossbar doctor`).
+    fn dialed_names(&mut self, raw: Option<&[String]>, p: &str) -> Vec<String> {
+        let Some(raw) = raw else { return Vec::new() };
+        let np = join(p, "names");
+        let mut out: Vec<String> = Vec::new();
+        for (i, name) in raw.iter().enumerate() {
+            let ip = format!("{np}[{i}]");
+            // Agents configured by address check the certificate's IP SANs instead.
+            let parsed = match name.parse::<std::net::IpAddr>() {
+                Ok(addr) => Ok(addr.to_string()),
+                Err(_) => server_name(name),
+            };
+            match parsed {
+                Ok(n) if n.starts_with('*') => self.err(
+                    &ip,
+                    format!("`{n}`: agents dial a host name, not a wildcard"),
+                ),
                 Ok(n) if out.contains(&n) => self.err(&ip, format!("`{n}` is listed twice")),
                 Ok(n) => out.push(n),
                 Err(why) => self.err(&ip, why),

@@ -1,0 +1,212 @@
+//! The doctor's rules: what in the backends' inspections will make agents fail,
+//! with the severity and the fix.
+use super::inspect::{TicketKey, CA_CERT_PATH};
+use super::{BackendReport, Finding, Severity, EXPIRY_WARNING_DAYS};
+use crate::config::{Balance, Config, ServiceConfig, StickOn};
+
+/// Every finding for every service of `config`.
+pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for svc in &config.services {
+        let mine: Vec<&BackendReport> = backends.iter().filter(|b| b.service == svc.name).collect();
+        let mut add = |severity, backend: Option<&str>, message: String| {
+            out.push(Finding {
+                severity,
+                service: svc.name.clone(),
+                backend: backend.map(str::to_string),
+                message,
+            })
+        };
+        if dialed_names(svc).is_empty() {
+            add(
+                Severity::Info,
+                None,
+                "no names to check: list the names agents dial for this service under `names:`"
+                    .into(),
+            );
+        }
+        for b in &mine {
+            for (sev, msg) in backend_findings(svc, b) {
+                add(sev, Some(&b.backend), msg);
+            }
+        }
+        for (sev, msg) in issuers(&mine)
+            .into_iter()
+            .chain(ca_certificates(svc, &mine))
+        {
+            add(sev, None, msg);
+        }
+    }
+    out
+}
+
+/// The names agents may dial for `svc`: exact `server_names`, then `names`.
+fn dialed_names(svc: &ServiceConfig) -> Vec<&str> {
+    let mut names: Vec<&str> = svc
+        .server_names
+        .iter()
+        .filter(|n| !n.starts_with('*'))
+        .map(String::as_str)
+        .collect();
+    for n in &svc.names {
+        if !names.contains(&n.as_str()) {
+            names.push(n);
+        }
+    }
+    names
+}
+
+fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, String)> {
+    let seen = &b.inspection;
+    let mut out = Vec::new();
+    if let Some(e) = &seen.unreachable {
+        let msg = format!(
+            "unreachable ({e}): agents are sent to the other backends; nothing else was checked"
+        );
+        return vec![(Severity::Warning, msg)];
+    }
+    if let Some(e) = &seen.tls_error {
+        return vec![(Severity::Error, format!("no TLS handshake: {e}"))];
+    }
+    let Some(leaf) = seen.chain.first() else {
+        return vec![(Severity::Error, "presented no certificate".into())];
+    };
+    for c in &seen.chain {
+        if c.days_left < 0 {
+            let msg = format!("certificate {} expired on {}", c.subject, c.not_after);
+            out.push((Severity::Error, msg));
+        } else if c.days_left < EXPIRY_WARNING_DAYS {
+            let msg = format!(
+                "certificate {} expires in {} days ({}): renew it",
+                c.subject, c.days_left, c.not_after
+            );
+            out.push((Severity::Warning, msg));
+        }
+    }
+    for name in dialed_names(svc) {
+        if !leaf.covers(name) {
+            out.push((Severity::Error, missing_name(name, &leaf.sans)));
+        }
+    }
+    if let Some(s) = seen.status.as_ref().filter(|s| !s.ok) {
+        let msg = format!(
+            "status {}: {}: its health check keeps it down",
+            s.path, s.answer
+        );
+        out.push((Severity::Warning, msg));
+    }
+    out.extend(stickiness(svc, b));
+    out
+}
+
+fn missing_name(name: &str, sans: &[String]) -> String {
+    let have = if sans.is_empty() {
+        "none".to_string()
+    } else {
+        sans.join(", ")
+    };
+    format!(
+        "`{name}` is not in the certificate's subject alternative names ({have}): agents \
+         dialing it fail verification. Fix: add it to `dns_alt_names` in this master's \
+         puppet.conf and re-issue its certificate (signed with allow-subject-alt-names)"
+    )
+}
+
+/// How the service's stick keys will work with this backend.
+fn stickiness(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, String)> {
+    let Some(stick) = &svc.stick else {
+        return Vec::new();
+    };
+    let on = |k| stick.on.contains(&k);
+    let seen = &b.inspection;
+    let mut out = Vec::new();
+    if (on(StickOn::Ticket) || on(StickOn::Psk)) && matches!(seen.ticket_key, TicketKey::NotFound) {
+        out.push((
+            Severity::Info,
+            "TLS 1.3 tickets carry no key name: resumptions are placed by server confirmation"
+                .into(),
+        ));
+    }
+    if on(StickOn::SessionId) && seen.session_id_resumption == Some(false) {
+        out.push((
+            Severity::Info,
+            "TLS 1.2 session IDs are not resumed: `session_id` stickiness learns nothing here"
+                .into(),
+        ));
+    }
+    out
+}
+
+/// Backends of one service whose leaf certificates come from different CAs.
+fn issuers(backends: &[&BackendReport]) -> Vec<(Severity, String)> {
+    let ids: Vec<(&str, String)> = backends
+        .iter()
+        .filter_map(|b| Some((b.backend.as_str(), b.inspection.chain.first()?.issuer_id())))
+        .collect();
+    let Some((_, first)) = ids.first() else {
+        return Vec::new();
+    };
+    if ids.iter().all(|(_, id)| id == first) {
+        return Vec::new();
+    }
+    let list: Vec<String> = ids.iter().map(|(b, id)| format!("{b}: {id}")).collect();
+    vec![(
+        Severity::Warning,
+        format!(
+            "backends' certificates are issued by different CAs ({}): agents trust one CA \
+             and fail on the backends of the others",
+            list.join("; ")
+        ),
+    )]
+}
+
+/// The Puppet CA certificates the backends serve: they must be one CA; for a
+/// `balance: first` (CA) service, every reachable backend must serve it.
+fn ca_certificates(svc: &ServiceConfig, backends: &[&BackendReport]) -> Vec<(Severity, String)> {
+    let serving: Vec<(&str, &super::CaCert)> = backends
+        .iter()
+        .filter_map(|b| Some((b.backend.as_str(), b.inspection.ca_certificate.as_ref()?)))
+        .collect();
+    let Some((first_name, first)) = serving.first() else {
+        return Vec::new();
+    };
+    let describe = |c: &super::CaCert| format!("{} serial {}", c.first.subject, c.first.serial);
+    if serving.iter().any(|(_, c)| c.der != first.der) {
+        let list: Vec<String> = serving
+            .iter()
+            .map(|(b, c)| format!("{b}: {}", describe(c)))
+            .collect();
+        let msg = format!(
+            "backends serve different Puppet CA certificates ({}): a standby CA must be an \
+             `rsync -a --delete` copy of the primary's cadir, made before its first start",
+            list.join("; ")
+        );
+        return vec![(Severity::Error, msg)];
+    }
+    if svc.balance != Balance::First {
+        return Vec::new();
+    }
+    let missing: Vec<&str> = backends
+        .iter()
+        .filter(|b| b.inspection.tls_error.is_none() && b.inspection.unreachable.is_none())
+        .filter(|b| b.inspection.ca_certificate.is_none())
+        .map(|b| b.backend.as_str())
+        .collect();
+    if !missing.is_empty() {
+        let msg = format!(
+            "{} serve no CA certificate at {CA_CERT_PATH} while {first_name} does: they \
+             cannot take over as the CA",
+            missing.join(", ")
+        );
+        return vec![(Severity::Warning, msg)];
+    }
+    let names: Vec<&str> = serving.iter().map(|(b, _)| *b).collect();
+    vec![(
+        Severity::Info,
+        format!(
+            "{} serve the same CA certificate ({})",
+            names.join(" and "),
+            describe(first)
+        ),
+    )]
+}

@@ -1,0 +1,156 @@
+//! `crossbar doctor`: connects to every backend of a configuration and reports
+//! what will break agents before traffic is switched: certificates (names agents
+//! dial, issuer, expiry), the Puppet CA each backend serves, TLS versions and how
+//! stickiness will work, and the status page.
+//!
+//! Findings carry a severity; the exit code is 0 (clean), 1 (warnings) or 2
+//! (errors), so the command can gate CI or run as `ExecStartPre`.
+//!
+//! - [`inspect`]: what one backend shows (handshakes, chain, probes, status).
+//! - [`findings`]: per backend and per service rules over those inspections.
+//! - [`render`]: the table and the JSON.
+mod cert;
+mod findings;
+mod inspect;
+mod render;
+
+use serde::Serialize;
+
+pub use cert::CertInfo;
+pub use inspect::{CaCert, Inspection, StatusAnswer, TicketKey};
+
+use crate::config::Config;
+
+/// A certificate expiring within this many days is a warning: Puppet's own
+/// certificate-expiry alerting uses the same 30-day window.
+pub const EXPIRY_WARNING_DAYS: i64 = 30;
+
+/// What the operator asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Ask the status page of backends without an `https` check too.
+    pub status: bool,
+}
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing; does not change the exit code.
+    Info,
+    /// Some agents or some of the time will fail, or soon: exit 1.
+    Warning,
+    /// Agents will fail: exit 2.
+    Error,
+}
+
+/// One thing the doctor found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// How bad.
+    pub severity: Severity,
+    /// The service.
+    pub service: String,
+    /// The backend, when the finding is about one.
+    pub backend: Option<String>,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// One backend's inspection, with where it belongs.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendReport {
+    /// The service.
+    pub service: String,
+    /// The backend.
+    pub backend: String,
+    /// A backup (standby) backend.
+    pub backup: bool,
+    /// What it showed.
+    #[serde(flatten)]
+    pub inspection: Inspection,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The configuration file.
+    pub config: String,
+    /// Every backend, in configuration order.
+    pub backends: Vec<BackendReport>,
+    /// Findings, most severe first.
+    pub findings: Vec<Finding>,
+    /// Count of error findings.
+    pub errors: usize,
+    /// Count of warning findings.
+    pub warnings: usize,
+    /// 0 clean, 1 warnings, 2 errors.
+    pub exit_code: u8,
+}
+
+impl Report {
+    /// The table and findings, for a terminal.
+    pub fn table(&self) -> String {
+        render::table(self)
+    }
+
+    /// The report as JSON.
+    pub fn json(&self) -> String {
+        render::json(self)
+    }
+}
+
+/// Inspect every backend of `config` (all at once) and judge what was seen.
+pub async fn run(config: &Config, opts: Options) -> Report {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (s, svc) in config.services.iter().enumerate() {
+        for (i, b) in svc.backends.iter().enumerate() {
+            let (svc, b) = (svc.clone(), b.clone());
+            tasks.spawn(async move {
+                let seen = inspect::inspect(&svc, &b, opts.status).await;
+                ((s, i), seen)
+            });
+        }
+    }
+    let mut seen = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(x) => seen.push(x),
+            Err(e) => tracing::error!("doctor: a backend inspection failed: {e}"),
+        }
+    }
+    seen.sort_by_key(|(at, _)| *at);
+    let backends: Vec<BackendReport> = seen
+        .into_iter()
+        .map(|((s, i), inspection)| {
+            let (svc, b) = (&config.services[s], &config.services[s].backends[i]);
+            BackendReport {
+                service: svc.name.clone(),
+                backend: b.name.clone(),
+                backup: b.backup,
+                inspection,
+            }
+        })
+        .collect();
+    let findings = findings::judge(config, &backends);
+    report(config, backends, findings)
+}
+
+fn report(config: &Config, backends: Vec<BackendReport>, mut findings: Vec<Finding>) -> Report {
+    findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+    let count = |s| findings.iter().filter(|f| f.severity == s).count();
+    let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
+    let exit_code = match (errors, warnings) {
+        (0, 0) => 0,
+        (0, _) => 1,
+        _ => 2,
+    };
+    Report {
+        config: config.source.display().to_string(),
+        backends,
+        findings,
+        errors,
+        warnings,
+        exit_code,
+    }
+}
