@@ -126,8 +126,8 @@ pub enum CheckError {
         /// `expect_status`.
         want: u16,
     },
-    /// The body lacks `expect_body`.
-    #[error("body {got:?} does not contain {want:?}")]
+    /// The body is not `expect_body`.
+    #[error("body {got:?}, expected {want:?}")]
     Body {
         /// The start of what the server answered.
         got: String,
@@ -309,7 +309,10 @@ where
     }
 }
 
-/// Compare an answer with `expect_status` and `expect_body`.
+/// Compare an answer with `expect_status` and `expect_body`. The body must be
+/// exactly `expect_body` (surrounding whitespace aside): Puppet's status page
+/// answers 200 only with `running`, and anything else (`starting`, `error`,
+/// `unknown`, a proxy's error page) is not healthy.
 fn expect(h: &HttpsCheck, status: u16, body: &[u8]) -> Result<(), CheckError> {
     if status != h.expect_status {
         return Err(CheckError::Status {
@@ -321,7 +324,7 @@ fn expect(h: &HttpsCheck, status: u16, body: &[u8]) -> Result<(), CheckError> {
         return Ok(());
     };
     let text = String::from_utf8_lossy(body);
-    if text.contains(want.as_str()) {
+    if text.trim() == want.as_str() {
         Ok(())
     } else {
         Err(CheckError::Body {

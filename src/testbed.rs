@@ -260,7 +260,11 @@ async fn serve_backend(
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let name = name.clone();
                     async move {
-                        let body = if req.uri().path() == "/status/v1/simple" {
+                        // Puppet's status page, also per service (`/status/v1/simple/server`).
+                        let path = req.uri().path();
+                        let body = if path == "/status/v1/simple"
+                            || path.starts_with("/status/v1/simple/")
+                        {
                             "running".to_string()
                         } else {
                             format!("{name}\n")

@@ -746,3 +746,77 @@ async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
     assert!(all.iter().all(|(_, r)| r.as_deref() == Ok("b2")));
     drop(b2);
 }
+
+/// A TLS server whose every answer is `200` with `body` (Puppet's status page with a
+/// given state; a proxy's or another service's page).
+async fn status_page(ca: &TestCa, body: &'static str) -> SocketAddr {
+    let cfg = testbed::server_config(ca, "s", &[NAME], BackendTls::default()).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let l = TcpListener::bind(any_port()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |_req| async move {
+                    let body = http_body_util::Full::new(hyper::body::Bytes::from(body));
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(body))
+                });
+                let io = hyper_util::rt::TokioIo::new(tls);
+                // ok: a client closing mid-answer ends only this connection
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Puppet's status page answers 200 only with `running`: a 200 with any other body
+/// is down (it used to pass when the body merely contained the expected word), and
+/// the per-service page `/status/v1/simple/<service>` is checked like the global one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_check_wants_exactly_running_also_per_service() {
+    let ca = TestCa::new("health CA").unwrap();
+    let timeout = Duration::from_secs(2);
+    let check = |path: &str| {
+        let mut h = https(Some("running"));
+        h.path = path.into();
+        CheckKind::Https(h)
+    };
+    for body in ["running", "running\n"] {
+        let addr = status_page(&ca, body).await;
+        health::probe(&check("/status/v1/simple"), &target(addr, NAME), timeout)
+            .await
+            .unwrap_or_else(|e| panic!("{body:?}: {e}"));
+    }
+    for body in [
+        "not running",
+        "unknown",
+        "error",
+        "running: no, starting",
+        "",
+    ] {
+        let addr = status_page(&ca, body).await;
+        let err = health::probe(&check("/status/v1/simple"), &target(addr, NAME), timeout)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CheckError::Body { .. }), "{body:?}: {err}");
+    }
+    // The testbed backend serves Puppet's per-service pages: ca and server pass.
+    let b = tls_backend(&ca, "b1", any_port()).await;
+    for path in ["/status/v1/simple/ca", "/status/v1/simple/server"] {
+        health::probe(&check(path), &target(b.addr, NAME), timeout)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    // ... and any other page answers the backend's name, which is not `running`.
+    let err = health::probe(&check("/other"), &target(b.addr, NAME), timeout)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CheckError::Body { .. }), "{err}");
+}

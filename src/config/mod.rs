@@ -136,7 +136,8 @@ pub struct HttpsCheck {
     pub path: String,
     /// Expected status (default 200).
     pub expect_status: u16,
-    /// Expected body substring (default `running`); `None` accepts any body.
+    /// Expected body, compared whole after trimming whitespace (default `running`);
+    /// `None` accepts any body.
     pub expect_body: Option<String>,
     /// CA bundle to verify the backend certificate; `None` skips verification.
     pub ca_file: Option<PathBuf>,

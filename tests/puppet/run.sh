@@ -8,13 +8,17 @@
 #   CROSSBAR_BIN   crossbar binary (default target/release/crossbar; built if missing)
 #   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
 #   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent
-#   STOP_AFTER=X   stop after phase X (setup|bootstrap|runs|file|certs|sni|failover)
+#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|file|certs|serverlist|sni|failover)
 #
 # Topology (at most 2 JVMs; see docs/puppet.md "Verified with"):
 #   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
 #   ca2 (127.0.0.22:8140) hot-standby CA (rsync copy of ca1's cadir) + compile 2 + files 2
 #   crossbar VIPs: puppet 127.0.0.10, puppetca 127.0.0.11, puppetfiles 127.0.0.12 (:8140)
 #   crossbar SNI variant: one shared listener 127.0.0.13:8140
+#   a second crossbar whose only service has every backend down: 127.0.0.14:8140
+#     (puppetdown.xb.test, the first entry of an agent's server_list)
+#   compile3 (127.0.0.23:8140): openssl s_server with a Puppet-signed certificate
+#     lacking the service names, for `crossbar doctor`'s error
 #   agents a1..aN: own confdir/ssldir/vardir, sourceaddress 127.0.0.10N
 # Prints "PASS name: figures" / "FAIL name: why" per check, then "N passed, M failed".
 # Exit status: 0 when every check passed, 1 otherwise, 2 on a setup error.
@@ -28,12 +32,20 @@ VIP_PUPPET=127.0.0.10
 VIP_CA=127.0.0.11
 VIP_FILES=127.0.0.12
 VIP_SNI=127.0.0.13
+VIP_DOWN=127.0.0.14
+IP_COMPILE3=127.0.0.23
 IP_CA1=127.0.0.21
 IP_CA2=127.0.0.22
 ADMIN_PORT=19140
 ADMIN_SNI_PORT=19141
+ADMIN_DOWN_PORT=19142
 ADMIN=http://127.0.0.1:$ADMIN_PORT
 ADMIN_SNI=http://127.0.0.1:$ADMIN_SNI_PORT
+ADMIN_DOWN=http://127.0.0.1:$ADMIN_DOWN_PORT
+# An agent must give up on a balancer that holds a connection only after
+# http_connect_timeout (Puppet's default: 2 minutes); the server_list failover
+# must finish well before that: under half of it.
+SERVER_LIST_LIMIT_MS=60000
 NAGENTS=4
 JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-300}
 HOSTS_BEGIN="# BEGIN crossbar-puppet-e2e $$"
@@ -97,6 +109,7 @@ hosts_write() { # mode: vip | sni
         echo "$p puppet.$DOMAIN"
         echo "$c puppetca.$DOMAIN"
         echo "$f puppetfiles.$DOMAIN"
+        echo "$VIP_DOWN puppetdown.$DOMAIN"
         echo "$IP_CA1 ca1.$DOMAIN"
         echo "$IP_CA2 ca2.$DOMAIN"
         echo "$HOSTS_END"
@@ -310,6 +323,15 @@ puppetserver ca setup --config "$W/ca1/etc/puppet.conf" --certname "ca1.$DOMAIN"
 # ca2's host cert, signed offline by the same CA before the copy (so both agree on serials)
 puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "ca2.$DOMAIN" \
     --subject-alt-names "$ALT" > "$W/ca2/log/ca-generate.log" 2>&1 || { cat "$W/ca2/log/ca-generate.log" >&2; die "ca generate ca2"; }
+# compile3: a compiler certificate signed by the same CA but WITHOUT the service
+# names in its SANs (no --subject-alt-names): `crossbar doctor` must flag it
+puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "compile3.$DOMAIN" \
+    > "$W/ca1/log/ca-generate-compile3.log" 2>&1 || { cat "$W/ca1/log/ca-generate-compile3.log" >&2; die "ca generate compile3"; }
+mkdir -p "$W/compile3/status/v1"
+cp "$W/ca1/ssl/certs/compile3.$DOMAIN.pem" "$W/compile3/cert.pem" &&
+    cp "$W/ca1/ssl/private_keys/compile3.$DOMAIN.pem" "$W/compile3/key.pem" ||
+    die "compile3 certificate not where expected"
+echo running > "$W/compile3/status/v1/simple"
 mkdir -p "$W/ca2/ssl/"{certs,private_keys,public_keys}
 mv "$W/ca1/ssl/certs/ca2.$DOMAIN.pem" "$W/ca2/ssl/certs/"
 mv "$W/ca1/ssl/private_keys/ca2.$DOMAIN.pem" "$W/ca2/ssl/private_keys/"
@@ -342,6 +364,7 @@ defaults:
 services:
   puppetca:
     listen: ["$VIP_CA:8140"]
+    names: ["puppetca.$DOMAIN"]
     balance: first
     failback: manual
     health: { server_name: puppetca.$DOMAIN }
@@ -350,6 +373,7 @@ services:
       - { name: ca2, address: "ca2.$DOMAIN:8140", backup: true }
   puppet:
     listen: ["$VIP_PUPPET:8140"]
+    names: ["puppet.$DOMAIN"]
     balance: leastconn
     stick:
       on: [session_id, ticket, psk, source]
@@ -360,6 +384,7 @@ services:
       - { name: compile2, address: "ca2.$DOMAIN:8140" }
   puppetfiles:
     listen: ["$VIP_FILES:8140"]
+    names: ["puppetfiles.$DOMAIN"]
     health: { server_name: puppetfiles.$DOMAIN }
     backends:
       - { name: files1, address: "ca1.$DOMAIN:8140" }
@@ -397,7 +422,32 @@ services:
       - { name: files1, address: "ca1.$DOMAIN:8140" }
       - { name: files2, address: "ca2.$DOMAIN:8140" }
 EOF
-for f in crossbar crossbar-sni; do
+cat > "$W/crossbar-down.yaml" <<EOF
+# a second balancer VIP whose only service has every backend down (nothing listens
+# on :8141): agents with it first in server_list must move on at once
+admin:
+  listen: 127.0.0.1:$ADMIN_DOWN_PORT
+services:
+  puppet:
+    listen: ["$VIP_DOWN:8140"]
+    health: { check: tcp, interval: 1s, timeout: 1s, rise: 2, fall: 1 }
+    backends:
+      - { name: compile1, address: "$IP_CA1:8141" }
+      - { name: compile2, address: "$IP_CA2:8141" }
+EOF
+cat > "$W/doctor-compile3.yaml" <<EOF
+# the puppet pool with compile3, whose certificate lacks puppet.$DOMAIN
+admin: { enabled: false }
+services:
+  puppet:
+    listen: ["$VIP_PUPPET:8140"]
+    names: ["puppet.$DOMAIN"]
+    balance: leastconn
+    backends:
+      - { name: compile1, address: "ca1.$DOMAIN:8140" }
+      - { name: compile3, address: "$IP_COMPILE3:8140" }
+EOF
+for f in crossbar crossbar-sni crossbar-down doctor-compile3; do
     "$CROSSBAR" check -c "$W/$f.yaml" > "$W/$f.check" 2>&1 || { cat "$W/$f.check" >&2; die "crossbar check $f.yaml"; }
 done
 "$CROSSBAR" run -c "$W/crossbar.yaml" > "$W/crossbar.log" 2>&1 &
@@ -411,6 +461,34 @@ log "crossbar up; setup took $(( $(date +%s) - T0 ))s"
 [ "${STOP_AFTER:-}" = setup ] && exit 0
 
 # ============================================================== checks
+# 0. crossbar doctor against the real puppetservers: a clean report (exit 0)...
+t=$(now_ms)
+"$CROSSBAR" doctor -c "$W/crossbar.yaml" --status > "$W/doctor.txt" 2> "$W/doctor.err"; drc=$?
+dms=$(( $(now_ms) - t ))
+"$CROSSBAR" doctor -c "$W/crossbar.yaml" --format json > "$W/doctor.json" 2>&1
+dcerts=$(grep -c '"subject": "CN=ca[12].xb.test"' "$W/doctor.json")
+if [ $drc = 0 ] && grep -q "0 error(s), 0 warning(s): exit 0" "$W/doctor.txt" && [ "$dcerts" -ge 6 ] &&
+   grep -q "info     puppetca: ca1 and ca2 serve the same CA certificate" "$W/doctor.txt"; then
+    pass doctor-clean "crossbar doctor --status: exit $drc in ${dms}ms, 6 backends, $dcerts leaf certificates read, ca1 and ca2 serve the same CA certificate"
+else
+    fail doctor-clean "exit $drc; report: $(tr '\n' '|' < "$W/doctor.txt") $(head -c 500 "$W/doctor.err")"
+fi
+sed 's/^/  doctor| /' "$W/doctor.txt" >&2
+# ... and against compile3, whose Puppet-signed certificate lacks puppet.$DOMAIN: an error
+(cd "$W/compile3" && exec openssl s_server -quiet -WWW -accept "$IP_COMPILE3:8140" \
+     -cert cert.pem -key key.pem) < /dev/null > "$W/compile3/s_server.log" 2>&1 &
+PIDS[compile3]=$!
+for _ in $(seq 1 50); do curl -sk --max-time 1 -o /dev/null "https://$IP_COMPILE3:8140/status/v1/simple" && break; sleep 0.2; done
+"$CROSSBAR" doctor -c "$W/doctor-compile3.yaml" > "$W/doctor-compile3.txt" 2>&1; drc=$?
+stop_pid compile3
+if [ $drc = 2 ] && grep -q "ERROR    puppet/compile3: \`puppet.$DOMAIN\` is not in the certificate's subject alternative names" "$W/doctor-compile3.txt" &&
+   grep -q "dns_alt_names" "$W/doctor-compile3.txt" && ! grep -q "ERROR    puppet/compile1" "$W/doctor-compile3.txt"; then
+    pass doctor-missing-name "compile3 ($(grep -o "subject alternative names ([^)]*)" "$W/doctor-compile3.txt" | head -1)): exit $drc, the error names puppet.$DOMAIN and the dns_alt_names fix; compile1 clean"
+else
+    fail doctor-missing-name "exit $drc; report: $(tr '\n' '|' < "$W/doctor-compile3.txt")"
+fi
+[ "${STOP_AFTER:-}" = doctor ] && exit
+
 # 1. bootstrap through the puppetca listener
 names=()
 for i in $(seq 1 $NAGENTS); do names+=("a$i"); agent_conf "a$i" "$i"; done
@@ -513,6 +591,27 @@ done
 medx=$(printf '%s\n' "${tx[@]}" | sort -n | sed -n 2p); medd=$(printf '%s\n' "${td[@]}" | sort -n | sed -n 2p)
 bd=$(cat "$W/agents/d1/bootstrap.ms"); [ -s "$W/agents/d1/ssl/certs/d1.$DOMAIN.pem" ] || bd="$bd (failed)"
 pass timings "agent -t median of 3: through crossbar ${medx}ms (${tx[*]}), direct to $home.$DOMAIN ${medd}ms (${td[*]}) (file source via the puppetfiles VIP in both); ssl bootstrap (4 in parallel) through crossbar ${BDURS[*]}ms, direct to ca1.$DOMAIN at the same time ${bd}ms"
+
+# 5b. server_list failover: the first VIP has every backend down; crossbar closes
+# such connections right after the ClientHello, so the agent moves on to the next
+# server at once instead of waiting out http_connect_timeout
+"$CROSSBAR" run -c "$W/crossbar-down.yaml" > "$W/crossbar-down.log" 2>&1 &
+PIDS[crossbar_down]=$!
+for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN_DOWN/healthz" >/dev/null && break; sleep 0.2; done
+MURL=$ADMIN_DOWN wait_state puppet compile1 down 20; MURL=$ADMIN_DOWN wait_state puppet compile2 down 20
+st_d="$(MURL=$ADMIN_DOWN state puppet compile1)/$(MURL=$ADMIN_DOWN state puppet compile2)"
+cat_before=$(cat "$W"/ca?/log/access.log | grep -c "/puppet/v3/catalog/a2.$DOMAIN")
+t=$(now_ms); rc=$(agent_run a2 --server_list "puppetdown.$DOMAIN:8140,puppet.$DOMAIN:8140"); sl_ms=$(( $(now_ms) - t ))
+cat_after=$(cat "$W"/ca?/log/access.log | grep -c "/puppet/v3/catalog/a2.$DOMAIN")
+down_acc=$(MURL=$ADMIN_DOWN metric crossbar_listener_accepts_total)
+stop_pid crossbar_down
+if { [ "$rc" = 0 ] || [ "$rc" = 2 ]; } && [ "$st_d" = down/down ] && [ "$down_acc" -gt 0 ] &&
+   [ "$cat_after" -gt "$cat_before" ] && [ $sl_ms -lt $SERVER_LIST_LIMIT_MS ]; then
+    pass server-list-failover "agent -t with server_list puppetdown,puppet (first VIP: backends $st_d, $down_acc connection(s) taken and closed): rc=$rc in ${sl_ms}ms (normal runs: median ${medx}ms; a held connection would cost http_connect_timeout, 120 s); catalog compiled via puppet.$DOMAIN"
+else
+    fail server-list-failover "rc=$rc in ${sl_ms}ms (limit ${SERVER_LIST_LIMIT_MS}ms); down VIP backends $st_d, accepted $down_acc; catalogs for a2 $cat_before -> $cat_after (log: $(ls "$W"/agents/a2/run-*.log | tail -1))"
+fi
+[ "${STOP_AFTER:-}" = serverlist ] && exit
 
 # 6. SNI variant: one shared listener
 "$CROSSBAR" run -c "$W/crossbar-sni.yaml" > "$W/crossbar-sni.log" 2>&1 &
