@@ -137,7 +137,7 @@ pub async fn run(config: &Config, opts: Options) -> Report {
 }
 
 fn report(config: &Config, backends: Vec<BackendReport>, mut findings: Vec<Finding>) -> Report {
-    findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let count = |s| findings.iter().filter(|f| f.severity == s).count();
     let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
     let exit_code = match (errors, warnings) {
