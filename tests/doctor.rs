@@ -459,3 +459,34 @@ async fn the_command_exits_with_the_verdict() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("broken.yaml:"), "{err}");
 }
+
+/// A backend that speaks no TLS: an error for a `tls` service, only information
+/// for a `mode: tcp` one (which passes any protocol).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_without_tls_is_an_error_only_in_tls_mode() {
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = plain.accept().await {
+            use tokio::io::AsyncWriteExt;
+            // ok: the doctor may have closed already
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2\r\n").await;
+        }
+    });
+    let r = doctor_run(&config("svc", "", &[("plain", addr, "")]), false).await;
+    assert_eq!(r.exit_code, 2);
+    let errors = messages(&r, Severity::Error);
+    assert!(
+        errors.len() == 1 && errors[0].starts_with("plain: no TLS handshake: TLS 1.3: "),
+        "{errors:?}"
+    );
+    let r = doctor_run(
+        &config("svc", "    mode: tcp\n", &[("plain", addr, "")]),
+        false,
+    )
+    .await;
+    assert_eq!(r.exit_code, 0, "{:?}", r.findings);
+    assert!(messages(&r, Severity::Info)
+        .iter()
+        .any(|m| m.starts_with("plain: no TLS handshake")));
+}

@@ -2,7 +2,7 @@
 //! with the severity and the fix.
 use super::inspect::{TicketKey, CA_CERT_PATH};
 use super::{BackendReport, Finding, Severity, EXPIRY_WARNING_DAYS};
-use crate::config::{Balance, Config, ServiceConfig, StickOn};
+use crate::config::{Balance, Config, Mode, ServiceConfig, StickOn};
 
 /// Every finding for every service of `config`.
 pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
@@ -66,7 +66,12 @@ fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, St
         return vec![(Severity::Warning, msg)];
     }
     if let Some(e) = &seen.tls_error {
-        return vec![(Severity::Error, format!("no TLS handshake: {e}"))];
+        // `mode: tcp` passes any protocol: a backend that speaks no TLS may be right.
+        let severity = match svc.mode {
+            Mode::Tcp => Severity::Info,
+            Mode::Tls => Severity::Error,
+        };
+        return vec![(severity, format!("no TLS handshake: {e}"))];
     }
     let Some(leaf) = seen.chain.first() else {
         return vec![(Severity::Error, "presented no certificate".into())];
