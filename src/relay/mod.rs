@@ -411,8 +411,12 @@ async fn drive(
         }
         if c2s_done && s2c_done {
             let end = match abort {
-                Some(Abort { by: Peer::Client, .. }) => RelayEnd::ClientReset,
-                Some(Abort { by: Peer::Backend, .. }) => RelayEnd::BackendReset,
+                Some(Abort {
+                    by: Peer::Client, ..
+                }) => RelayEnd::ClientReset,
+                Some(Abort {
+                    by: Peer::Backend, ..
+                }) => RelayEnd::BackendReset,
                 None => first_close.unwrap_or(RelayEnd::ClientClosed),
             };
             return (end, abort);
