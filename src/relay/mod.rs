@@ -326,6 +326,7 @@ pub async fn relay(
         let (sr, sw) = server.split();
         let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, &aborted, None);
         let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, &aborted, watch);
+        tokio::pin!(c2s, s2c);
         drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
     };
     match abort {
@@ -360,14 +361,13 @@ pub async fn relay(
 /// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
 /// direction from it runs on until it has delivered what the aborting peer sent.
 async fn drive(
-    c2s: impl std::future::Future<Output = Ending>,
-    s2c: impl std::future::Future<Output = Ending>,
+    mut c2s: Pin<&mut impl std::future::Future<Output = Ending>>,
+    mut s2c: Pin<&mut impl std::future::Future<Output = Ending>>,
     idle: Duration,
     activity: &Activity,
     aborted: &AtomicBool,
     hard_stop: &CancellationToken,
 ) -> (RelayEnd, Option<Abort>) {
-    tokio::pin!(c2s, s2c);
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
@@ -375,8 +375,8 @@ async fn drive(
     tokio::pin!(idle_timer);
     loop {
         let (source, ending) = tokio::select! {
-            r = &mut c2s, if !c2s_done => { c2s_done = true; (Peer::Client, r) }
-            r = &mut s2c, if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
+            r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
+            r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
                 let quiet = activity.idle_for();
                 if quiet >= idle {
