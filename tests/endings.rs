@@ -533,6 +533,12 @@ async fn aborts_under_load_are_seen_as_resets() {
             assert_eq!((*len, *end), (LOAD_SIZE, Seen::Eof), "exchange {id} intact");
         }
     }
+    println!(
+        "{} exchanges of {LOAD_SIZE} bytes: {} aborted by the backend, all seen as resets; {} intact",
+        results.len(),
+        aborted.len(),
+        results.len() - aborted.len()
+    );
     assert!(
         !aborted.is_empty() && aborted.len() < results.len(),
         "a mix of endings"
