@@ -604,12 +604,16 @@ cat_before=$(cat "$W"/ca?/log/access.log | grep -c "/puppet/v3/catalog/a2.$DOMAI
 t=$(now_ms); rc=$(agent_run a2 --server_list "puppetdown.$DOMAIN:8140,puppet.$DOMAIN:8140"); sl_ms=$(( $(now_ms) - t ))
 cat_after=$(cat "$W"/ca?/log/access.log | grep -c "/puppet/v3/catalog/a2.$DOMAIN")
 down_acc=$(MURL=$ADMIN_DOWN metric crossbar_listener_accepts_total)
+sl_log=$(ls -t "$W"/agents/a2/run-*.log | head -1)
+# the agent's own account: "Unable to connect to server from server_list setting:
+# Request to https://puppetdown...:8140/status/v1/simple/server failed after 0.02 seconds"
+sl_gave_up=$(grep -o "puppetdown.$DOMAIN:8140/[^ ]* failed after [0-9.]* seconds" "$sl_log" | head -1 | sed 's/.* failed after //')
 stop_pid crossbar_down
 if { [ "$rc" = 0 ] || [ "$rc" = 2 ]; } && [ "$st_d" = down/down ] && [ "$down_acc" -gt 0 ] &&
-   [ "$cat_after" -gt "$cat_before" ] && [ $sl_ms -lt $SERVER_LIST_LIMIT_MS ]; then
-    pass server-list-failover "agent -t with server_list puppetdown,puppet (first VIP: backends $st_d, $down_acc connection(s) taken and closed): rc=$rc in ${sl_ms}ms (normal runs: median ${medx}ms; a held connection would cost http_connect_timeout, 120 s); catalog compiled via puppet.$DOMAIN"
+   [ "$cat_after" -gt "$cat_before" ] && [ $sl_ms -lt $SERVER_LIST_LIMIT_MS ] && [ -n "$sl_gave_up" ]; then
+    pass server-list-failover "agent -t with server_list puppetdown,puppet (first VIP: backends $st_d, $down_acc connection(s) taken and closed; the agent gave up on it after $sl_gave_up): rc=$rc in ${sl_ms}ms (normal runs: median ${medx}ms; a held connection would cost http_connect_timeout, 120 s); catalog compiled via puppet.$DOMAIN"
 else
-    fail server-list-failover "rc=$rc in ${sl_ms}ms (limit ${SERVER_LIST_LIMIT_MS}ms); down VIP backends $st_d, accepted $down_acc; catalogs for a2 $cat_before -> $cat_after (log: $(ls "$W"/agents/a2/run-*.log | tail -1))"
+    fail server-list-failover "rc=$rc in ${sl_ms}ms (limit ${SERVER_LIST_LIMIT_MS}ms); down VIP backends $st_d, accepted $down_acc; agent gave up on it after '${sl_gave_up}'; catalogs for a2 $cat_before -> $cat_after (log: $sl_log)"
 fi
 [ "${STOP_AFTER:-}" = serverlist ] && exit
 
