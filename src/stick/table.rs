@@ -493,7 +493,7 @@ mod tests {
     }
 
     fn hit(t: &StickTable, key: &StickKey) -> Option<String> {
-        lookup_name(&t, key).map(|b| b.to_string())
+        lookup_name(t, key).map(|b| b.to_string())
     }
 
     fn queue_len(t: &StickTable) -> usize {
@@ -701,7 +701,7 @@ mod tests {
                             );
                             t.learn(key, if w == 0 { "b1" } else { "b2" });
                             if i % 3 == 0 {
-                                lookup_name(&t, &key);
+                                lookup_name(t, &key);
                             }
                         }
                     })
