@@ -290,8 +290,8 @@ return {
   scripts: document.scripts.length,
   caption: t.caption.innerText,
   head: [...t.querySelectorAll('th')].map(cell),
-  rows: [...t.querySelectorAll('tr[data-backend]')].map(r => [...r.cells].map(cell)),
-  colours: [...t.querySelectorAll('tr[data-backend] td:nth-child(3)')]
+  rows: [...t.querySelectorAll('tr[class]:not(.tot)')].map(r => [...r.cells].map(cell)),
+  colours: [...t.querySelectorAll('tr[class]:not(.tot) td:nth-child(3)')]
       .map(c => getComputedStyle(c).backgroundColor),
   width: document.documentElement.scrollWidth,
 };

@@ -344,9 +344,8 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result
     let hs = &b["handshakes"];
     write!(
         o,
-        "<tr class=\"{}\" data-backend=\"{}\"><td>{}</td><td>{}</td><td class=\"st\" title=\"since {}\">{} {}</td>",
+        "<tr class=\"{}\"><td>{}</td><td>{}</td><td title=\"since {}\">{} {}</td>",
         Esc(state),
-        Esc(s(b, "name")),
         Esc(s(b, "name")),
         Esc(s(b, "address")),
         Esc(s(b, "state_since")),
@@ -360,8 +359,8 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result
     };
     write!(
         o,
-        "<td class=\"n\">{}</td><td>{backup}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-         <td class=\"n\">{}</td><td class=\"n\" title=\"{} bytes\">{}</td><td class=\"n\" title=\"{} bytes\">{}</td>",
+        "<td>{}</td><td>{backup}</td><td>{}</td><td>{}</td>\
+         <td>{}</td><td title=\"{}\">{}</td><td title=\"{}\">{}</td>",
         n(b, "weight"),
         n(b, "active_connections"),
         n(b, "peak_connections"),
@@ -376,7 +375,7 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result
     write_check(o, b)?;
     writeln!(
         o,
-        "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"hint\">{}</td></tr>",
+        "<td>{}</td><td>{}</td><td>{}</td></tr>",
         n(hs, "resumed"),
         n(hs, "full"),
         hint(svc, s(b, "name"), state, cli),
@@ -384,8 +383,11 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result
 }
 
 fn write_count(o: &mut String, v: u64) -> fmt::Result {
-    let class = if v > 0 { "n err" } else { "n" };
-    write!(o, "<td class=\"{class}\">{v}</td>")
+    if v > 0 {
+        write!(o, "<td class=\"err\">{v}</td>")
+    } else {
+        write!(o, "<td>{v}</td>")
+    }
 }
 
 fn write_check(o: &mut String, b: &Value) -> fmt::Result {
@@ -442,9 +444,9 @@ fn write_total(o: &mut String, backends: &[Value]) -> fmt::Result {
     let up = backends.iter().filter(|b| s(b, "state") == "up").count();
     writeln!(
         o,
-        "<tr class=\"tot\"><td>Total</td><td></td><td>{up}/{} up</td><td class=\"n\">{}</td><td></td>\
-         <td class=\"n\">{}</td><td></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-         <td class=\"n\">{}</td><td class=\"n\">{}</td><td></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td></td></tr>",
+        "<tr class=\"tot\"><td>Total</td><td></td><td>{up}/{} up</td><td>{}</td><td></td>\
+         <td>{}</td><td></td><td>{}</td><td>{}</td><td>{}</td>\
+         <td>{}</td><td>{}</td><td></td><td>{}</td><td>{}</td><td></td></tr>",
         backends.len(),
         sum(&|b| n(b, "weight")),
         sum(&|b| n(b, "active_connections")),
