@@ -19,15 +19,16 @@
 //! - commands: [`run`] (`crossbar run`: signals, upgrades, the admin endpoint),
 //!   [`demo`] (a self-contained run with local TLS backends), [`admin_client`] (the
 //!   `crossbar status|table|backend|reload` clients of the admin API);
-//! - [`admin`] (the HTTP endpoint: /metrics, /healthz, /api) and [`upgrade`] (hitless
-//!   binary upgrades);
+//! - [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz, /api) and
+//!   [`upgrade`] (hitless binary upgrades);
 //! - [`server`]: the running balancer: builds services, owns listeners, reload and
 //!   shutdown;
 //! - [`conn`], [`health`] (active checks and passive failure counting: rise/fall) and
 //!   [`ticket_keys`] (learning backends' ticket-key names), all working on
 //! - [`service`]: the runtime model (a service, a listen address's routing, what
 //!   connections share), built from [`config`] (YAML -> validated model) over
-//!   [`balance`], [`stick`], [`route`], [`metrics`] and [`access_log`];
+//!   [`balance`], [`stick`], [`route`], [`metrics`] (with [`live`]: since-when,
+//!   peaks, last check and reload for the status page) and [`access_log`];
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
 #![deny(unsafe_code)]
@@ -43,6 +44,7 @@ pub mod dial;
 pub mod health;
 pub mod hello;
 pub mod listener;
+pub mod live;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod relay;

@@ -200,6 +200,7 @@ impl Server {
             .map_err(|e| e.to_string())
             .and_then(|cfg| self.reload(cfg).map_err(|e| e.to_string()));
         crate::system::sd_notify("READY=1");
+        self.metrics().process.note_reload(&result);
         match result {
             Ok(()) => {
                 self.metrics().reload(true);
