@@ -119,7 +119,7 @@ pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) 
         ca_certificate: None,
     };
     if let Err(e) =
-        crate::conn::connect_own(&target.address, svc.timeouts.connect, target.proxy_protocol).await
+        crate::dial::connect_own(&target.address, svc.timeouts.connect, target.proxy_protocol).await
     {
         out.unreachable = Some(e.to_string());
         return out;
@@ -238,7 +238,7 @@ async fn handshake(
 ) -> Result<TlsStream<TcpStream>, String> {
     let run = async {
         let tcp =
-            crate::conn::connect_own(&target.address, HANDSHAKE_TIMEOUT, target.proxy_protocol)
+            crate::dial::connect_own(&target.address, HANDSHAKE_TIMEOUT, target.proxy_protocol)
                 .await
                 .map_err(|e| format!("connect: {e}"))?;
         tokio_rustls::TlsConnector::from(cfg.clone())
@@ -280,7 +280,7 @@ async fn resumes(target: &Target, cfg: &Arc<ClientConfig>) -> bool {
     }
 }
 
-/// The ticket-key probe crossbar runs for stick tables ([`crate::probe`]).
+/// The ticket-key probe crossbar runs for stick tables ([`crate::ticket_keys`]).
 async fn ticket_key(svc: &ServiceConfig, b: &BackendConfig, target: &Target) -> TicketKey {
     let length = svc
         .stick
@@ -288,7 +288,7 @@ async fn ticket_key(svc: &ServiceConfig, b: &BackendConfig, target: &Target) -> 
         .map(|s| s.ticket_prefix)
         .filter(|&n| n > 0)
         .unwrap_or(DEFAULT_TICKET_PREFIX);
-    let probe = crate::probe::probe(
+    let probe = crate::ticket_keys::ask_key_name(
         b.proxy_protocol,
         &b.address,
         target.server_name.clone(),
@@ -321,9 +321,9 @@ fn status_check(b: &BackendConfig, want_status: bool) -> Option<HttpsCheck> {
     }
 }
 
-/// The health check itself ([`health::probe`]), with its verdict as the answer.
+/// The health check itself ([`health::run_check`]), with its verdict as the answer.
 async fn status(h: &HttpsCheck, target: &Target) -> StatusAnswer {
-    let r = health::probe(&CheckKind::Https(h.clone()), target, REQUEST_TIMEOUT).await;
+    let r = health::run_check(&CheckKind::Https(h.clone()), target, REQUEST_TIMEOUT).await;
     StatusAnswer {
         path: h.path.clone(),
         ok: r.is_ok(),

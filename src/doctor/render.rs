@@ -21,7 +21,7 @@ const HEADER: [&str; 10] = [
 pub fn table(r: &Report) -> String {
     let mut rows = vec![HEADER.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     rows.extend(r.backends.iter().map(row));
-    let mut out = crate::cli::columns(&rows);
+    let mut out = crate::admin_client::columns(&rows);
     if !r.findings.is_empty() {
         out.push_str("\nfindings:\n");
     }
