@@ -813,6 +813,73 @@ mod tests {
         assert_eq!(r.keepalive_retries().unwrap(), 5);
     }
 
+    /// A running service with a stick table on every key, for the learning tests.
+    async fn learning_service() -> (Arc<crate::server::Server>, Arc<Service>) {
+        let yaml = "admin: { enabled: false }\nservices:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    \
+                    health: { check: none }\n    stick: { on: [session_id, ticket, psk], probe_interval: 0s }\n    \
+                    backends:\n      - { name: b1, address: \"127.0.0.1:9\" }\n";
+        let config =
+            crate::config::Config::from_str_at(yaml, std::path::Path::new("t.yaml")).unwrap();
+        let server = crate::server::Server::start(config, crate::metrics::Metrics::new())
+            .await
+            .unwrap();
+        let svc = server.service("svc").unwrap();
+        (server, svc)
+    }
+
+    /// A captured ClientHello and what the watcher saw in the server's real answer.
+    fn captured(name: &str) -> (ClientHelloInfo, ServerHandshake) {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/server_flights/");
+        let hello = std::fs::read(format!("{dir}{name}.hello.bin")).unwrap();
+        let server = std::fs::read(format!("{dir}{name}.server.bin")).unwrap();
+        let HelloParse::Found(h) = hello::parse_client_hello(&hello, 64 * 1024) else {
+            panic!("{name}: no hello");
+        };
+        let mut w = ServerWatcher::new(&h, SERVER_WATCH_LIMIT);
+        w.feed(&server);
+        (h, w.info().clone())
+    }
+
+    /// After a HelloRetryRequest the ServerHello's `selected_identity` indexes the
+    /// client's second hello: applied to the first hello's list it named whatever the
+    /// client put first there (a forged identity, learned with its prefix).
+    #[tokio::test]
+    async fn no_psk_is_learned_after_a_hello_retry() {
+        let (_server, svc) = learning_service().await;
+        let table = svc.table.clone().unwrap();
+        let (mut h, mut hs) = captured("openssl3_tls13_resumed");
+        assert_eq!(hs.psk_selected, Some(0));
+        let real = h.psk_identities[0].clone();
+        let forged = vec![0x5a; real.len()];
+        // First hello `[forged, real]`, HRR, second hello `[real]`, selected_identity 0.
+        h.psk_identities = vec![forged.clone(), real.clone()];
+        hs.hello_retry = true;
+        learn_handshake(&svc, &table, "b1", &h, &hs, IpAddr::from([127, 0, 0, 1]));
+        for id in [&forged, &real] {
+            assert_eq!(table.lookup(&table.key(KeyKind::Psk, id)), None);
+            let p = prefix(&svc, id).unwrap();
+            assert_eq!(table.lookup(&table.key(KeyKind::TicketPrefix, p)), None);
+        }
+    }
+
+    /// On a TLS 1.2 ticket resumption the server echoes the session ID the client
+    /// chose: learning it let one valid ticket and random IDs add an entry per
+    /// abbreviated handshake.
+    #[tokio::test]
+    async fn no_session_id_is_learned_from_a_ticket_resumption() {
+        let (_server, svc) = learning_service().await;
+        let table = svc.table.clone().unwrap();
+        let (h, hs) = captured("openssl3_tls12_resumed");
+        assert!(h.ticket.is_some());
+        assert_eq!(hs.resumed, Some(true));
+        assert_eq!(hs.session_id, h.session_id, "the server echoes the client's ID");
+        learn_handshake(&svc, &table, "b1", &h, &hs, IpAddr::from([127, 0, 0, 1]));
+        assert_eq!(table.lookup(&table.key(KeyKind::SessionId, &hs.session_id)), None);
+        // The accepted ticket itself is still learned.
+        let t = h.ticket.as_deref().unwrap();
+        assert!(table.lookup(&table.key(KeyKind::Ticket, t)).is_some());
+    }
+
     #[test]
     fn limiter_caps_a_burst() {
         let l = LogLimiter::new();
