@@ -582,8 +582,16 @@ fn learn_handshake(
     if !tls13 && hs.resumed == Some(false) && !hs.server_ccs {
         return;
     }
-    // TLS <= 1.2: the server assigned (or, resuming, confirmed) this session ID.
-    if !tls13 && !hs.session_id.is_empty() && svc.sticks_on(StickOn::SessionId) {
+    // TLS <= 1.2: the server assigned (or, resuming, confirmed) this session ID. On a
+    // ticket resumption it merely echoes the ID the client chose (RFC 5077 3.4):
+    // learning that let one valid ticket and random IDs add an entry per cheap
+    // abbreviated handshake.
+    let ticket_resumption = h.ticket.is_some() && hs.resumed == Some(true);
+    if !tls13
+        && !ticket_resumption
+        && !hs.session_id.is_empty()
+        && svc.sticks_on(StickOn::SessionId)
+    {
         learn(svc, table, KeyKind::SessionId, &hs.session_id, backend);
     }
     if svc.sticks_on(StickOn::Ticket) {
@@ -598,8 +606,10 @@ fn learn_handshake(
             learn_prefix(svc, table, t, backend);
         }
     }
-    // TLS 1.3: the PSK identity the ServerHello says it accepted.
-    if let (true, Some(i)) = (tls13, hs.psk_selected) {
+    // TLS 1.3: the PSK identity the ServerHello says it accepted. After a
+    // HelloRetryRequest its index points into the client's second hello, which we
+    // don't parse: learn nothing then (a client could offer `[forged, real]` first).
+    if let (true, false, Some(i)) = (tls13, hs.hello_retry, hs.psk_selected) {
         if let Some(id) = h.psk_identities.get(usize::from(i)) {
             if svc.sticks_on(StickOn::Psk) {
                 learn(svc, table, KeyKind::Psk, id, backend);
