@@ -33,7 +33,7 @@ const HELLO_READ_CHUNK: usize = 4096;
 
 /// Why a connection ended before or instead of a relay; knows the side at fault.
 #[derive(Debug, thiserror::Error)]
-enum ConnError {
+pub(crate) enum ConnError {
     #[error("client hello: {0}")]
     Hello(HelloError),
     #[error("no service for server name {0:?}")]
@@ -72,6 +72,10 @@ struct AccessLog {
     stick: Option<&'static str>,
     stick_hit: bool,
     backend: Option<Arc<str>>,
+    /// Backends the ClientHello was offered to (more than one while confirming).
+    tried: usize,
+    /// How placement confirmation ended, if it ran.
+    confirm: Option<&'static str>,
     handshake: Option<&'static str>,
     c2s: u64,
     s2c: u64,
@@ -131,6 +135,8 @@ pub async fn handle(
         stick = log.stick.unwrap_or("-"),
         stick_result = if log.stick.is_none() { "-" } else if log.stick_hit { "hit" } else { "miss" },
         backend = log.backend.as_deref().unwrap_or("-"),
+        tried = log.tried,
+        confirm = log.confirm.unwrap_or("-"),
         handshake = log.handshake.unwrap_or("-"),
         bytes_in = log.c2s,
         bytes_out = log.s2c,
@@ -203,7 +209,7 @@ async fn serve(
     let tls = hello.is_some();
     let mut tried: Vec<usize> = Vec::new();
     let mut preferred = sticky.backend();
-    let (mut server, lease) = loop {
+    let (server, lease) = loop {
         let (mut server, lease) = tokio::select! {
             r = connect(&svc, preferred.take(), client_ip, log, &mut tried) => r?,
             () = client_gone(stream, tls) => return Err(ConnError::ClientGone),
@@ -228,7 +234,10 @@ async fn serve(
             },
         };
         match answer {
-            Answer::Bytes => break (server, lease),
+            Answer::Bytes => {
+                log.tried = 1;
+                break (server, lease);
+            }
             Answer::Idle => return Err(ConnError::NoAnswer),
             Answer::Closed(e) => {
                 backend.metrics.connect_errors.inc();
@@ -238,7 +247,23 @@ async fn serve(
             }
         }
     };
+    let (mut server, lease, pending) = match hello.as_ref() {
+        Some(h) => {
+            let search = crate::confirm::Search {
+                svc: &svc,
+                shared,
+                client: stream,
+                peer,
+                hello: h,
+                hello_bytes: &buf,
+                tried,
+            };
+            confirm_placement(search, sticky.certain(), server, lease, log).await
+        }
+        None => (server, lease, Vec::new()),
+    };
     let backend = lease.backend().clone();
+    log.backend = Some(backend.name.clone());
     if svc.config.keepalive.is_some() {
         set_keepalive(&server, svc.config.keepalive);
     }
@@ -286,6 +311,23 @@ async fn serve(
             }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
         })
     });
+    // Answer bytes read while confirming the placement reach the client first, and
+    // the watcher sees them first.
+    let mut watch = watch;
+    if !pending.is_empty() {
+        stream
+            .write_all(&pending)
+            .await
+            .map_err(|_| ConnError::ClientGone)?;
+        backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
+        if let Some(w) = watch.as_mut() {
+            if w.watcher.feed(&pending) {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
+            }
+        }
+    }
     let counters = RelayCounters {
         c2s: &backend.metrics.bytes_c2s,
         s2c: &backend.metrics.bytes_s2c,
@@ -301,7 +343,7 @@ async fn serve(
     .await;
     log.handshake = *handshake_kind.lock().unwrap_or_else(|e| e.into_inner());
     log.c2s = stats.client_to_server + replayed;
-    log.s2c = stats.server_to_client;
+    log.s2c = stats.server_to_client + pending.len() as u64;
     log.end = stats.end.as_str().to_string();
     if let Some(kind) = stats.error {
         log.error = Some(format!("{kind}"));
@@ -316,9 +358,38 @@ async fn serve(
     Ok(())
 }
 
+/// Confirm the placement of an offered session if that is wanted (crate::confirm):
+/// returns the backend to relay to and the answer bytes already read from it.
+async fn confirm_placement(
+    search: crate::confirm::Search<'_>,
+    certain: bool,
+    server: TcpStream,
+    lease: Lease,
+    log: &mut AccessLog,
+) -> (TcpStream, Lease, Vec<u8>) {
+    use crate::confirm::{Outcome, Wanted};
+    let svc = search.svc;
+    match crate::confirm::wanted(svc, search.hello, search.hello_bytes.len(), certain) {
+        Wanted::No => (server, lease, Vec::new()),
+        Wanted::NotEligible => {
+            svc.metrics.confirm(Outcome::NotEligible.as_str());
+            log.confirm = Some(Outcome::NotEligible.as_str());
+            (server, lease, Vec::new())
+        }
+        Wanted::Yes => {
+            // Boxed: only connections that confirm pay for the search's state.
+            let c = Box::pin(search.run(server, lease)).await;
+            svc.metrics.confirm(c.outcome.as_str());
+            log.confirm = Some(c.outcome.as_str());
+            log.tried = c.tried;
+            (c.server, c.lease, c.pending)
+        }
+    }
+}
+
 /// Write what goes to a backend before the relay: the PROXY header (if the backend
 /// wants one) and the bytes read while looking at the hello.
-async fn send_prelude(
+pub(crate) async fn send_prelude(
     server: &mut TcpStream,
     client: &TcpStream,
     peer: SocketAddr,
@@ -428,6 +499,12 @@ struct Sticky {
 impl Sticky {
     fn backend(&self) -> Option<usize> {
         self.key.as_ref().and_then(|(_, b)| *b)
+    }
+
+    /// An exact session entry or a (non-shared) key-name prefix hit: the session's
+    /// holder is known. A source entry or hint is only a guess.
+    fn certain(&self) -> bool {
+        matches!(self.key, Some((kind, Some(_))) if kind != KeyKind::Source)
     }
 }
 
@@ -839,7 +916,10 @@ mod tests {
 
     /// A captured ClientHello and what the watcher saw in the server's real answer.
     fn captured(name: &str) -> (ClientHelloInfo, ServerHandshake) {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/server_flights/");
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/server_flights/"
+        );
         let hello = std::fs::read(format!("{dir}{name}.hello.bin")).unwrap();
         let server = std::fs::read(format!("{dir}{name}.server.bin")).unwrap();
         let HelloParse::Found(h) = hello::parse_client_hello(&hello, 64 * 1024) else {
@@ -882,9 +962,15 @@ mod tests {
         let (h, hs) = captured("openssl3_tls12_resumed");
         assert!(h.ticket.is_some());
         assert_eq!(hs.resumed, Some(true));
-        assert_eq!(hs.session_id, h.session_id, "the server echoes the client's ID");
+        assert_eq!(
+            hs.session_id, h.session_id,
+            "the server echoes the client's ID"
+        );
         learn_handshake(&svc, &table, "b1", &h, &hs, IpAddr::from([127, 0, 0, 1]));
-        assert_eq!(table.lookup(&table.key(KeyKind::SessionId, &hs.session_id)), None);
+        assert_eq!(
+            table.lookup(&table.key(KeyKind::SessionId, &hs.session_id)),
+            None
+        );
         // The accepted ticket itself is still learned.
         let t = h.ticket.as_deref().unwrap();
         assert!(table.lookup(&table.key(KeyKind::Ticket, t)).is_some());

@@ -43,6 +43,7 @@ const EXT_SERVER_NAME: u16 = 0;
 const EXT_ALPN: u16 = 16;
 const EXT_SESSION_TICKET: u16 = 35;
 const EXT_PRE_SHARED_KEY: u16 = 41;
+const EXT_EARLY_DATA: u16 = 42;
 const EXT_SUPPORTED_VERSIONS: u16 = 43;
 /// server_name NameType host_name (RFC 6066 3).
 const SNI_HOST_NAME: u8 = 0;
@@ -73,6 +74,8 @@ pub struct ClientHelloInfo {
     pub alpn: Vec<Vec<u8>>,
     /// legacy_version of the ClientHello body (0x0303 for TLS 1.2 and 1.3).
     pub legacy_version: u16,
+    /// The client announces TLS 1.3 early data (0-RTT) after its hello.
+    pub early_data: bool,
     /// Number of bytes of the stream that make up the record(s) holding the hello.
     pub consumed: usize,
 }
@@ -281,6 +284,7 @@ fn parse_hello_message(message: &[u8]) -> Option<ClientHelloInfo> {
         supported_versions: ext.versions,
         alpn: ext.alpn.into_iter().map(<[u8]>::to_vec).collect(),
         legacy_version: hello.version.0,
+        early_data: ext.early_data,
         consumed: 0,
     })
 }
@@ -329,6 +333,8 @@ struct Extensions<'a> {
     versions: Vec<u16>,
     /// ALPN protocol names.
     alpn: Vec<&'a [u8]>,
+    /// early_data is present.
+    early_data: bool,
 }
 
 /// Read the extensions we need: tls-parser first, a manual walk if it gave up early.
@@ -360,6 +366,7 @@ fn from_tls_parser<'a>(list: &[TlsExtension<'a>]) -> Extensions<'a> {
             TlsExtension::PreSharedKey(p) => out.psk = Some(p),
             TlsExtension::SupportedVersions(v) => out.versions = v.iter().map(|v| v.0).collect(),
             TlsExtension::ALPN(names) => out.alpn = names.clone(),
+            TlsExtension::EarlyData(_) => out.early_data = true,
             _ => {}
         }
     }
@@ -388,6 +395,7 @@ fn walk_extensions(ext: &[u8], side: Side) -> Option<Extensions<'_>> {
             }
             EXT_SESSION_TICKET => out.ticket = Some(data),
             EXT_PRE_SHARED_KEY => out.psk = Some(data),
+            EXT_EARLY_DATA => out.early_data = true,
             EXT_SUPPORTED_VERSIONS => {
                 out.versions.clear();
                 let mut list = match side {
@@ -1352,6 +1360,19 @@ mod tests {
             parse_client_hello(&synthetic_hello(&sni_ext(b".")), MAX),
             malformed
         );
+    }
+
+    #[test]
+    fn early_data_is_seen_by_both_extension_readers() {
+        let mut ext = sni_ext(HOST.as_bytes());
+        ext.extend_from_slice(&[0, 42, 0, 0]);
+        assert!(found(&synthetic_hello(&ext)).early_data);
+        // Behind an extension tls-parser refuses, the manual walk finds it too.
+        let mut odd = vec![0, 49, 0, 1, 0];
+        odd.extend_from_slice(&ext);
+        assert!(found(&synthetic_hello(&odd)).early_data);
+        assert!(!found(&synthetic_hello(&sni_ext(HOST.as_bytes()))).early_data);
+        assert!(!check_hello(&fixture("openssl3_tls13_psk")).early_data);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod admin;
 pub mod balance;
 pub mod cli;
 pub mod config;
+pub mod confirm;
 pub mod conn;
 pub mod demo;
 pub mod health;

@@ -94,6 +94,8 @@ pub struct Shared {
     pub hard_stop: CancellationToken,
     /// Limits repetitive error log lines.
     pub log_limiter: crate::conn::LogLimiter,
+    /// Extra backend handshakes placement confirmation may still spend.
+    pub confirm_budget: crate::confirm::Budget,
 }
 
 struct ListenerHandle {
@@ -172,6 +174,7 @@ impl Server {
                 metrics,
                 hard_stop: CancellationToken::new(),
                 log_limiter: crate::conn::LogLimiter::new(),
+                confirm_budget: crate::confirm::Budget::new(config.confirm_budget),
             }),
             tracker: TaskTracker::new(),
             accepting: CancellationToken::new(),
@@ -354,6 +357,7 @@ impl Server {
         );
         st.listeners = listeners;
         st.services = services;
+        self.shared.confirm_budget.set_rate(config.confirm_budget);
         st.config = config;
         Ok(probes)
     }

@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer};
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub workers: Option<u64>,
+    pub confirm_budget: Option<u64>,
     /// Absent: admin on its default address. `null` is refused (ambiguous).
     #[serde(default, deserialize_with = "present")]
     pub admin: Option<Nullable<RawAdmin>>,
@@ -239,6 +240,8 @@ pub(super) struct RawStick {
     pub state_file: Option<PathBuf>,
     pub save_interval: Option<RawDuration>,
     pub probe_interval: Option<RawDuration>,
+    pub confirm: Option<bool>,
+    pub confirm_tries: Option<u64>,
 }
 
 /// `proxy_protocol:`
