@@ -658,17 +658,23 @@ async fn rustls_session_cache_backends_keep_tls12_session_ids() {
     check(&rows);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jdk_backends_keep_resumptions() {
+/// JDK backends, s_client and JDK agents, one mode.
+async fn jdk_backends(mode: Mode) {
     let Some(java) = Java::compile() else { return };
     let ca = TestCa::new("confirm test CA").unwrap();
     header();
-    let mut rows = Vec::new();
-    for mode in [Mode::Tls13, Mode::Tls12SessionId] {
-        let clients = [Client::Openssl, Client::Jdk];
-        rows.extend(run(&ca, Some(&java), Stack::Jdk, mode, 1, &clients).await);
-    }
-    check(&rows);
+    let clients = [Client::Openssl, Client::Jdk];
+    check(&run(&ca, Some(&java), Stack::Jdk, mode, 1, &clients).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jdk_backends_keep_tls13_resumptions() {
+    jdk_backends(Mode::Tls13).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jdk_backends_keep_tls12_session_ids() {
+    jdk_backends(Mode::Tls12SessionId).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
