@@ -15,12 +15,12 @@ use serde::{Deserialize, Deserializer};
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub workers: Option<u64>,
-    pub confirm_budget: Option<u64>,
     /// Absent: admin on its default address. `null` is refused (ambiguous).
     #[serde(default, deserialize_with = "present")]
     pub admin: Option<Nullable<RawAdmin>>,
     pub defaults: Option<RawDefaults>,
     pub services: Option<RawServices>,
+    pub confirm_budget: Option<u64>,
 }
 
 /// A key that was written, possibly as an explicit `null`.
