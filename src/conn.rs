@@ -351,7 +351,7 @@ async fn serve(
     if let Some(abort) = stats.abort.filter(|a| !a.local) {
         svc.metrics.reset(abort.by);
     }
-    if stats.end == RelayEnd::BackendReset && stats.server_to_client == 0 {
+    if stats.end == RelayEnd::BackendReset && stats.server_to_client == 0 && pending.is_empty() {
         tracing::warn!(service = %svc.name(), backend = %backend.name, "backend reset the connection before answering");
     }
     svc.metrics
