@@ -32,7 +32,7 @@ use crossbar::testbed::{BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use tls::{ChildGuard, OpensslBackend, Sess};
+use tls::{ChildGuard, Sess};
 
 /// Agents in parallel, all from one address.
 const CLIENTS: usize = 32;
@@ -44,6 +44,8 @@ const TARGET: f64 = 0.99;
 const MAX_SPREAD_SHARE: f64 = 0.45;
 /// Longest the JVMs may take to start, compile or finish a run on a loaded 2-core box.
 const JVM_TIMEOUT: Duration = Duration::from_secs(120);
+/// Tries to find one port free on every node's loopback address.
+const NODE_PORT_ATTEMPTS: usize = 5;
 /// Extra handshakes per second the acceptance runs allow: 32 agents resuming at
 /// once on a cold table need up to 2 extra handshakes each within a second or two.
 const ACCEPTANCE_BUDGET: u32 = 1000;
@@ -62,12 +64,6 @@ impl Mode {
             Mode::Tls13 => &["-tls1_3"],
             Mode::Tls12SessionId => &["-tls1_2", "-no_ticket"],
             Mode::Tls12Ticket => &["-tls1_2"],
-        }
-    }
-    fn s_server_args(self) -> &'static [&'static str] {
-        match self {
-            Mode::Tls12SessionId => &["-no_ticket"],
-            _ => &[],
         }
     }
     fn rustls(self) -> BackendTls {
@@ -106,7 +102,6 @@ impl Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stack {
     Rustls,
-    Openssl,
     Jdk,
 }
 
@@ -354,7 +349,6 @@ impl History {
 #[allow(dead_code)]
 enum Backends {
     Rustls(Vec<TlsBackend>),
-    Openssl(Vec<OpensslBackend>),
     Jdk(ChildGuard),
 }
 
@@ -378,14 +372,6 @@ async fn backends(
             let list = v.iter().map(|b| (b.name.clone(), b.addr)).collect();
             (Backends::Rustls(v), list)
         }
-        Stack::Openssl => {
-            let mut v = Vec::new();
-            for n in &names {
-                v.push(OpensslBackend::start(ca, n, mode.s_server_args())?);
-            }
-            let list = v.iter().map(|b| (b.name.clone(), b.addr)).collect();
-            (Backends::Openssl(v), list)
-        }
         Stack::Jdk => {
             let java = java.context("no JDK")?;
             let (guard, list) = java.servers(ca, &names, &mode.jdk_server_props())?;
@@ -394,24 +380,42 @@ async fn backends(
     })
 }
 
-/// crossbar nodes with the same config and nothing shared, one per loopback address.
+/// crossbar nodes with the same config and nothing shared, one per loopback address
+/// (127.0.0.1, .2, ...), all on the same port as behind a VIP: JDK clients cache
+/// sessions by host name and port.
 async fn nodes(
     list: &[(String, SocketAddr)],
     count: usize,
     budget: u32,
 ) -> Result<Vec<Arc<Server>>> {
-    let mut out = Vec::new();
-    for i in 0..count {
-        let yaml = format!(
-            "confirm_budget: {budget}\nservices:\n  puppet:\n    listen: [\"127.0.0.{}:0\"]\n    \
+    let yaml = |ip: usize, port: u16| {
+        format!(
+            "confirm_budget: {budget}\nservices:\n  puppet:\n    listen: [\"127.0.0.{ip}:{port}\"]\n    \
              balance: roundrobin\n    health: {{ check: none }}\n    \
              stick: {{ on: [session_id, ticket, psk] }}\n    backends:\n{}",
-            i + 1,
             tls::backends_yaml(list)
-        );
-        out.push(tls::start_crossbar(&yaml).await?);
+        )
+    };
+    // The first node takes a free port; the others take the same port on their own
+    // address (free there unless another test raced for it: then pick again).
+    for _ in 0..NODE_PORT_ATTEMPTS {
+        let first = tls::start_crossbar(&yaml(1, 0)).await?;
+        let port = first.local_addrs("puppet")[0].port();
+        let mut out = vec![first];
+        for i in 2..=count {
+            match tls::start_crossbar(&yaml(i, port)).await {
+                Ok(x) => out.push(x),
+                Err(_) => break,
+            }
+        }
+        if out.len() == count {
+            return Ok(out);
+        }
+        for x in out {
+            x.shutdown(Duration::from_secs(1)).await;
+        }
     }
-    Ok(out)
+    bail!("no common free port for {count} nodes")
 }
 
 /// `openssl s_client` agents: all full handshakes in parallel, then each agent's
@@ -677,13 +681,16 @@ async fn jdk_backends_keep_tls12_session_ids() {
     jdk_backends(Mode::Tls12SessionId).await;
 }
 
-/// Two nodes, one mode: OpenSSL backends with s_client agents, JDK backends with
-/// JDK agents (one agent program per stack keeps the run near a minute).
+/// Two nodes, one mode: rustls backends with s_client agents, JDK backends with JDK
+/// agents (one agent program per stack keeps the run near a minute). Not `openssl
+/// s_server`: it serves one connection at a time, so two connections each holding
+/// one backend's answer while offering the hello to the other wait on each other
+/// until `timeouts.connect` (real OpenSSL servers such as nginx are concurrent).
 async fn two_nodes(mode: Mode) {
     let java = Java::compile();
     let ca = TestCa::new("confirm test CA").unwrap();
     header();
-    let mut rows = run(&ca, None, Stack::Openssl, mode, 2, &[Client::Openssl]).await;
+    let mut rows = run(&ca, None, Stack::Rustls, mode, 2, &[Client::Openssl]).await;
     if let Some(j) = &java {
         rows.extend(run(&ca, Some(j), Stack::Jdk, mode, 2, &[Client::Jdk]).await);
     }
