@@ -4,7 +4,7 @@
 //! bounded by the budget when sessions are forged.
 //!
 //! Real peers only: rustls backends with a server-side session cache and no
-//! ticketer, `openssl s_server`, JDK HTTPS servers (`tests/java/JdkServers.java`,
+//! ticketer, JDK HTTPS servers (`tests/java/JdkServers.java`,
 //! compiled with javac into the test's temp dir, one JVM hosting the three backends,
 //! each with its own certificate and default session settings); clients are `openssl
 //! s_client` and JDK clients with their own default session cache
