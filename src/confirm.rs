@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use crate::balance::Lease;
 use crate::config::StickOn;
 use crate::hello::{ClientHelloInfo, ServerWatcher};
-use crate::server::{Service, Shared};
+use crate::service::{Service, Shared};
 
 /// Most bytes of one backend's answer held while waiting for its verdict: a TLS 1.2
 /// ServerHello plus a certificate chain (Puppet's is ~4 KiB, long chains ~16 KiB).
@@ -207,7 +207,7 @@ impl Search<'_> {
     /// hello to further candidates until one resumes it.
     pub async fn run(mut self, mut server: TcpStream, lease: Lease) -> Committed {
         let limit = self.svc.config.timeouts.connect;
-        let (verdict, pending) = answer(&mut server, self.hello, self.client, limit).await;
+        let (verdict, pending) = answer(&mut server, self.client, limit).await;
         let outcome = match verdict {
             Verdict::Resumed => Outcome::First,
             Verdict::HelloRetry => Outcome::HelloRetry,
@@ -282,7 +282,7 @@ impl Search<'_> {
     async fn offer(&self, lease: &Lease) -> Option<(TcpStream, Verdict, Vec<u8>)> {
         let b = lease.backend();
         let limit = self.svc.config.timeouts.connect;
-        let mut s = match crate::conn::connect_to(&b.config.address, limit).await {
+        let mut s = match crate::dial::connect_to(&b.config.address, limit).await {
             Ok(s) => s,
             Err(e) => {
                 b.metrics.connect_errors.inc();
@@ -299,7 +299,7 @@ impl Search<'_> {
         if tokio::time::timeout(limit, sent).await.ok()?.is_err() {
             return None;
         }
-        let (verdict, bytes) = answer(&mut s, self.hello, self.client, limit).await;
+        let (verdict, bytes) = answer(&mut s, self.client, limit).await;
         Some((s, verdict, bytes))
     }
 }
@@ -307,13 +307,8 @@ impl Search<'_> {
 /// Read a backend's answer until it shows whether the session resumed, within
 /// `limit` and [`ANSWER_LIMIT`] bytes; stops early if the client stirs (sends a byte
 /// or closes: it must not be kept waiting for a search).
-async fn answer(
-    server: &mut TcpStream,
-    hello: &ClientHelloInfo,
-    client: &TcpStream,
-    limit: Duration,
-) -> (Verdict, Vec<u8>) {
-    let mut watcher = ServerWatcher::new(hello, ANSWER_LIMIT);
+async fn answer(server: &mut TcpStream, client: &TcpStream, limit: Duration) -> (Verdict, Vec<u8>) {
+    let mut watcher = ServerWatcher::new(ANSWER_LIMIT);
     let mut held = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     loop {
