@@ -14,8 +14,9 @@
 //! session (the backend of its last full handshake).
 //!
 //! Run with `--nocapture` to see the figures (the test output is the record).
-#[path = "common/tls.rs"]
-mod tls;
+mod common;
+
+use common::tls;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
