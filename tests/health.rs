@@ -708,7 +708,7 @@ async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
 /// A TLS server whose every answer is `200` with `body` (Puppet's status page with a
 /// given state; a proxy's or another service's page).
 async fn status_page(ca: &TestCa, body: &'static str) -> SocketAddr {
-    let cfg = testbed::server_config(ca, "s", &[NAME], BackendTls::default()).unwrap();
+    let cfg = testbed::server_config(ca, "s", &[SNI], BackendTls::default()).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
     let l = TcpListener::bind(any_port()).await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -748,7 +748,7 @@ async fn https_check_wants_exactly_running_also_per_service() {
     };
     for body in ["running", "running\n"] {
         let addr = status_page(&ca, body).await;
-        health::run_check(&check("/status/v1/simple"), &target(addr, NAME), timeout)
+        health::run_check(&check("/status/v1/simple"), &target(addr, SNI), timeout)
             .await
             .unwrap_or_else(|e| panic!("{body:?}: {e}"));
     }
@@ -760,7 +760,7 @@ async fn https_check_wants_exactly_running_also_per_service() {
         "",
     ] {
         let addr = status_page(&ca, body).await;
-        let err = health::run_check(&check("/status/v1/simple"), &target(addr, NAME), timeout)
+        let err = health::run_check(&check("/status/v1/simple"), &target(addr, SNI), timeout)
             .await
             .unwrap_err();
         assert!(matches!(err, CheckError::Body { .. }), "{body:?}: {err}");
@@ -768,12 +768,12 @@ async fn https_check_wants_exactly_running_also_per_service() {
     // The testbed backend serves Puppet's per-service pages: ca and server pass.
     let b = tls_backend(&ca, "b1", any_port()).await;
     for path in ["/status/v1/simple/ca", "/status/v1/simple/server"] {
-        health::run_check(&check(path), &target(b.addr, NAME), timeout)
+        health::run_check(&check(path), &target(b.addr, SNI), timeout)
             .await
             .unwrap_or_else(|e| panic!("{path}: {e}"));
     }
     // ... and any other page answers the backend's name, which is not `running`.
-    let err = health::run_check(&check("/other"), &target(b.addr, NAME), timeout)
+    let err = health::run_check(&check("/other"), &target(b.addr, SNI), timeout)
         .await
         .unwrap_err();
     assert!(matches!(err, CheckError::Body { .. }), "{err}");
