@@ -290,7 +290,8 @@ async fn serve(
         c2s: &backend.metrics.bytes_c2s,
         s2c: &backend.metrics.bytes_s2c,
     };
-    let stats = relay::relay(
+    let stats = relay::relay_as(
+        svc.config.relay,
         stream,
         &mut server,
         svc.config.timeouts.idle,

@@ -88,6 +88,7 @@ struct Tuning {
     retries: u32,
     queue_size: usize,
     slow_start: Duration,
+    relay: RelayMode,
 }
 
 /// Listener settings from `defaults:`.
@@ -249,6 +250,7 @@ impl Checker<'_> {
             retries: DEFAULT_RETRIES,
             queue_size: DEFAULT_QUEUE_SIZE,
             slow_start: Duration::ZERO,
+            relay: RelayMode::SpliceAuto,
         };
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
@@ -258,6 +260,7 @@ impl Checker<'_> {
             retries: raw.retries,
             queue_size: raw.queue_size,
             slow_start: raw.slow_start.as_ref(),
+            relay: raw.relay,
         };
         let tuning = self.tuning(&builtin, &layer, "defaults");
         let backlog = self.int(
@@ -318,6 +321,11 @@ impl Checker<'_> {
             retries: retries as u32,
             queue_size: queue as usize,
             slow_start,
+            relay: match raw.relay {
+                None => base.relay,
+                Some(RawRelay::SpliceAuto) => RelayMode::SpliceAuto,
+                Some(RawRelay::Kernel) => RelayMode::Kernel,
+            },
         }
     }
 
@@ -433,6 +441,7 @@ impl Checker<'_> {
             retries: raw.retries,
             queue_size: raw.queue_size,
             slow_start: raw.slow_start.as_ref(),
+            relay: raw.relay,
         };
         let tuning = self.tuning(base, &layer, &p);
         ServiceConfig {
@@ -455,6 +464,7 @@ impl Checker<'_> {
             retries: tuning.retries,
             queue_size: tuning.queue_size,
             slow_start: tuning.slow_start,
+            relay: tuning.relay,
         }
     }
 
@@ -608,4 +618,5 @@ struct TuningLayer<'a> {
     retries: Option<u64>,
     queue_size: Option<u64>,
     slow_start: Option<&'a RawDuration>,
+    relay: Option<RawRelay>,
 }

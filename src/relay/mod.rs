@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 use crate::hello::{ServerHandshake, ServerWatcher};
 
 #[cfg(target_os = "linux")]
+pub mod kernel;
+#[cfg(target_os = "linux")]
 mod splice;
 
 /// Per-direction copy buffer: large enough for a full TLS record (16 KiB + overhead)
@@ -324,6 +326,28 @@ pub async fn relay(
         end,
         error,
     }
+}
+
+/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for and
+/// loaded (else, having said why once, splice-auto).
+#[allow(clippy::too_many_arguments)]
+pub async fn relay_as(
+    mode: crate::config::RelayMode,
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    idle: Duration,
+    counters: &RelayCounters<'_>,
+    watch: Option<Box<Watch<'_>>>,
+    hard_stop: &CancellationToken,
+) -> RelayStats {
+    #[cfg(target_os = "linux")]
+    if mode == crate::config::RelayMode::Kernel {
+        if let Ok(k) = kernel::get() {
+            return kernel::relay(k, client, server, idle, counters, watch, hard_stop).await;
+        }
+    }
+    let _ = mode;
+    relay(client, server, idle, counters, watch, hard_stop).await
 }
 
 #[cfg(test)]
