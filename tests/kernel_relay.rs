@@ -50,13 +50,46 @@ async fn bytes_intact_both_ways() {
     let seen = echo.next_report().await;
     assert_eq!(seen.received, len as u64);
     assert_eq!(hex(&seen.sha), hex(&sha(&data)));
-    assert!(seen.clean_eof, "the backend saw an error, not the client's FIN");
+    assert!(
+        seen.clean_eof,
+        "the backend saw an error, not the client's FIN"
+    );
     wait_until("the byte counts reach the metrics", || {
         lb.metric("crossbar_bytes_total", &[("direction", "server_to_client")]) == len as f64
-            && lb.metric("crossbar_bytes_total", &[("direction", "client_to_server")])
-                == len as f64
+            && lb.metric("crossbar_bytes_total", &[("direction", "client_to_server")]) == len as f64
     })
     .await;
+}
+
+/// `mode: tls`: the handshake is watched (the server's direction passed up until the
+/// ServerHello is seen), then the kernel takes over; a real TLS session on rustls
+/// peers carries the bytes intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_session_intact_and_handshake_seen() {
+    loaded();
+    let ca = crossbar::testbed::TestCa::new("kernel relay CA").unwrap();
+    let echo = Backend::tls_echo(&ca, "tls-echo").await;
+    let lb = Crossbar::start(&one_service(
+        &format!("    server_names: [\"{SNI}\"]\n    relay: kernel\n"),
+        &[backend_line(&echo.name, echo.addr, "")],
+    ))
+    .await;
+    let data = payload(8 * MIB, 12);
+    let tls = tls_connect(&ca, lb.addr("svc")).await;
+    let (got_len, got_sha) = exchange(tls, &data).await;
+    assert_eq!(got_len, data.len() as u64);
+    assert_eq!(hex(&got_sha), hex(&sha(&data)));
+    let seen = echo.next_report().await;
+    assert_eq!(seen.received, data.len() as u64);
+    assert_eq!(hex(&seen.sha), hex(&sha(&data)));
+    assert!(seen.clean_eof);
+    assert_eq!(
+        lb.metric(
+            "crossbar_tls_handshakes_total",
+            &[("backend", "tls-echo"), ("kind", "full")]
+        ),
+        1.0
+    );
 }
 
 /// A reader that keeps up: the kernel moves the bytes. (A reader that falls behind
@@ -107,7 +140,10 @@ async fn bulk_is_moved_by_the_kernel() {
     .await;
     let by_kernel = kernel::redirected_total() - before;
     println!("the kernel moved {by_kernel} of {len} bytes");
-    assert!(by_kernel >= MIB as u64, "the kernel moved only {by_kernel} bytes");
+    assert!(
+        by_kernel >= MIB as u64,
+        "the kernel moved only {by_kernel} bytes"
+    );
 }
 
 fn sha2_new() -> sha2::Sha256 {
@@ -126,7 +162,12 @@ async fn half_close_client_first() {
     c.write_all(&data).await.unwrap();
     c.shutdown().await.unwrap();
     let mut answer = String::new();
-    within("the answer after the half-close", c.read_to_string(&mut answer)).await.unwrap();
+    within(
+        "the answer after the half-close",
+        c.read_to_string(&mut answer),
+    )
+    .await
+    .unwrap();
     assert_eq!(answer, format!("{} {}\n", data.len(), hex(&sha(&data))));
 }
 
@@ -140,7 +181,9 @@ async fn half_close_server_first() {
     let lb = Crossbar::start(&kernel_service(&srv, "")).await;
     let mut c = TcpStream::connect(lb.addr("svc")).await.unwrap();
     let mut got = Vec::new();
-    within("the server's bytes and EOF", c.read_to_end(&mut got)).await.unwrap();
+    within("the server's bytes and EOF", c.read_to_end(&mut got))
+        .await
+        .unwrap();
     assert_eq!(hex(&sha(&got)), hex(&sha(&hello)));
     let later = payload(MIB, 5);
     c.write_all(&later).await.unwrap();
@@ -168,7 +211,11 @@ async fn idle_timeout_closes() {
     let quiet = Instant::now();
     let (rest, _) = within("the idle close", read_to_end_or_error(&mut c)).await;
     assert!(rest.is_empty());
-    assert!(quiet.elapsed() >= idle, "closed after {:?}", quiet.elapsed());
+    assert!(
+        quiet.elapsed() >= idle,
+        "closed after {:?}",
+        quiet.elapsed()
+    );
     assert_eq!(echo.next_report().await.received, data.len() as u64);
 }
 
@@ -204,11 +251,17 @@ async fn stalled_reader_bounds_memory_and_loses_nothing() {
         }
         sent += chunk.len();
     }
-    assert!(sent < BOUND, "the client wrote {sent} bytes into a stalled path");
+    println!("the client wrote {sent} bytes before flow control stopped it");
+    assert!(
+        sent < BOUND,
+        "the client wrote {sent} bytes into a stalled path"
+    );
     go_tx.send(()).unwrap();
     // The partial chunk write_all was cut in: finish from a fresh count instead.
     drop(c);
-    let got = within("the backend reading everything", backend).await.unwrap();
+    let got = within("the backend reading everything", backend)
+        .await
+        .unwrap();
     assert!(got.len() >= sent, "{} < {sent}", got.len());
     for (i, piece) in got.chunks(MIB).enumerate() {
         assert!(piece == &chunk[..piece.len()], "chunk {i} differs");
@@ -275,5 +328,9 @@ fn committed_object_matches_its_source() {
             .join("\n")
     };
     let committed = std::path::Path::new(root).join("bpf/relay.bpf.o");
-    assert_eq!(disasm(&out), disasm(&committed), "run bpf/build.sh and commit the object");
+    assert_eq!(
+        disasm(&out),
+        disasm(&committed),
+        "run bpf/build.sh and commit the object"
+    );
 }

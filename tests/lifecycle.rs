@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rstest::rstest;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
+use rstest::rstest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -497,7 +497,10 @@ pub async fn relay(
             tracing::debug!("kernel relay: {e}; copying this connection");
         }
     }
-    let stats = run(client, server, &mut c2s, &mut s2c, idle, counters, watch, hard_stop).await;
+    let stats = run(
+        client, server, &mut c2s, &mut s2c, idle, counters, watch, hard_stop,
+    )
+    .await;
     drop(entries);
     stats
 }
