@@ -17,7 +17,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Activity, RelayCounters, RelayEnd, RelayStats, Side, Watch, BUF_SIZE};
+use super::ending::{self, Abort, Ending, Peer};
+use super::{drive, Activity, RelayCounters, RelayEnd, RelayStats, Side, Watch, BUF_SIZE};
 
 /// The compiled program (bpf/build.sh; tests/kernel_relay.rs checks it matches the source).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../bpf/relay.bpf.o");
@@ -400,8 +401,31 @@ fn enter<'k>(
 }
 
 /// Forward what the program passed up from `src` to `dst` until `src`'s EOF, then
-/// half-close `dst` once the kernel's bytes are all in it.
+/// half-close `dst` once the kernel's bytes are all in it (unless the other
+/// direction found an abort: then `dst` is to be reset, never half-closed).
 async fn pump(
+    src: &TcpStream,
+    dst: &TcpStream,
+    dir: &mut Dir<'_>,
+    activity: &Activity,
+    aborted: &AtomicBool,
+    watch: Option<Box<Watch<'_>>>,
+) -> Ending {
+    match forward(src, dst, dir, activity, watch).await {
+        Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
+        Ok(()) => match shutdown_write(dst) {
+            Ok(()) => Ending::Fin,
+            Err(e) => Ending::DestinationAborted(e),
+        },
+        Err(Side::Read(e)) => Ending::SourceAborted(e),
+        Err(Side::Write(e)) => Ending::DestinationAborted(e),
+        Err(Side::Local(e)) => Ending::Local(e),
+    }
+}
+
+/// The passed-up bytes of one direction, until `src`'s EOF and the kernel's bytes
+/// are all in `dst`.
+async fn forward(
     src: &TcpStream,
     dst: &TcpStream,
     dir: &mut Dir<'_>,
@@ -427,18 +451,18 @@ async fn pump(
             if let Some(w) = watch.take() {
                 (w.on_handshake)(w.watcher.info());
             }
-            return shutdown_write(dst).map_err(Side::Write);
+            return Ok(());
         }
         write_all(dst, &buf[..n]).await.map_err(Side::Write)?;
         activity.touch();
         dir.ctl.consumed += n as u64;
-        dir.publish().map_err(Side::Write)?;
+        dir.publish().map_err(Side::Local)?;
         if let Some(w) = watch.as_mut() {
             if w.watcher.feed(&buf[..n]) {
                 if let Some(w) = watch.take() {
                     (w.on_handshake)(w.watcher.info());
                 }
-                dir.enable().map_err(Side::Write)?;
+                dir.enable().map_err(Side::Local)?;
             }
         }
     }
@@ -505,13 +529,15 @@ pub async fn relay(
     stats
 }
 
-/// The relay proper: both pumps, the idle timer, metrics ticks and the hard stop.
+/// The relay proper: both pumps under the splice relay's [`drive`] (idle timer,
+/// endings, hard stop), with a ticker that turns the kernel's byte counts into
+/// activity and metrics; then the abort, if any, is passed on.
 #[allow(clippy::too_many_arguments)]
-async fn run(
+async fn run<'k>(
     client: &TcpStream,
     server: &TcpStream,
-    c2s: &mut Dir<'_>,
-    s2c: &mut Dir<'_>,
+    c2s: &mut Dir<'k>,
+    s2c: &mut Dir<'k>,
     idle: Duration,
     counters: &RelayCounters<'_>,
     watch: Option<Box<Watch<'_>>>,
@@ -521,93 +547,117 @@ async fn run(
         start: Instant::now(),
         last_ms: AtomicU64::new(0),
     };
-    let keys = (c2s.key, s2c.key);
-    let k = c2s.k;
-    let mapped = (c2s.mapped, s2c.mapped);
-    // Counters for the metrics ticks: they read the maps, not the pumps' state.
-    let moved = |key: Tuple, mapped: bool, consumed: &AtomicU64| -> u64 {
-        let f = if mapped {
-            lock(&k.flows).get(&key, 0).unwrap_or_default()
-        } else {
-            Flow::default()
-        };
-        f.redirected + consumed.load(Ordering::Relaxed)
+    let aborted = AtomicBool::new(false);
+    let reported = Mutex::new((0u64, 0u64));
+    let ticker = Ticker {
+        k: c2s.k,
+        keys: [(c2s.key, c2s.mapped), (s2c.key, s2c.mapped)],
+        counters,
+        reported: &reported,
+        activity: &activity,
     };
-    let consumed = (AtomicU64::new(0), AtomicU64::new(0));
-    let mut reported = (0u64, 0u64);
-    let mut error = None;
-    let end = {
-        let up = async {
-            let r = pump(client, server, c2s, &activity, None).await;
-            consumed.0.store(c2s.ctl.consumed, Ordering::Relaxed);
-            r
-        };
-        let down = async {
-            let r = pump(server, client, s2c, &activity, watch).await;
-            consumed.1.store(s2c.ctl.consumed, Ordering::Relaxed);
-            r
-        };
+    let (end, abort) = {
+        let up = pump(client, server, c2s, &activity, &aborted, None);
+        let down = pump(server, client, s2c, &activity, &aborted, watch);
         tokio::pin!(up, down);
-        let (mut up_done, mut down_done) = (false, false);
-        let mut first_close = None;
-        let mut last_moved = 0u64;
-        let mut idle_since = tokio::time::Instant::now();
-        let tick = tokio::time::sleep(idle.min(METRICS_TICK));
-        tokio::pin!(tick);
-        loop {
-            tokio::select! {
-                r = &mut up, if !up_done => {
-                    up_done = true;
-                    match r {
-                        Ok(()) => { first_close.get_or_insert(RelayEnd::ClientClosed); }
-                        Err(Side::Read(e)) => { error = Some(e.kind()); break RelayEnd::ClientError }
-                        Err(Side::Write(e)) => { error = Some(e.kind()); break RelayEnd::ServerError }
-                    }
-                }
-                r = &mut down, if !down_done => {
-                    down_done = true;
-                    match r {
-                        Ok(()) => { first_close.get_or_insert(RelayEnd::ServerClosed); }
-                        Err(Side::Read(e)) => { error = Some(e.kind()); break RelayEnd::ServerError }
-                        Err(Side::Write(e)) => { error = Some(e.kind()); break RelayEnd::ClientError }
-                    }
-                }
-                () = &mut tick => {
-                    // The pumps see only bytes passed up; the kernel's are in the counters.
-                    let now = (
-                        moved(keys.0, mapped.0, &consumed.0),
-                        moved(keys.1, mapped.1, &consumed.1),
-                    );
-                    counters.c2s.inc_by(now.0.saturating_sub(reported.0));
-                    counters.s2c.inc_by(now.1.saturating_sub(reported.1));
-                    reported = (reported.0.max(now.0), reported.1.max(now.1));
-                    let t = tokio::time::Instant::now();
-                    if now.0 + now.1 != last_moved {
-                        last_moved = now.0 + now.1;
-                        idle_since = t;
-                    }
-                    let quiet = (t - idle_since).min(activity.idle_for());
-                    if quiet >= idle {
-                        break RelayEnd::IdleTimeout;
-                    }
-                    tick.as_mut().reset(t + (idle - quiet).min(METRICS_TICK));
-                }
-                () = hard_stop.cancelled() => break RelayEnd::Shutdown,
-            }
-            if up_done && down_done {
-                break first_close.unwrap_or(RelayEnd::ClientClosed);
-            }
+        tokio::select! {
+            r = drive(up, down, idle, &activity, &aborted, hard_stop) => r,
+            never = ticker.run(idle) => match never {},
         }
     };
+    if let Some(a) = abort {
+        pass_on_abort(a, client, server, c2s, s2c, end, idle, hard_stop).await;
+    }
     let (c2s_total, s2c_total) = (c2s.moved(), s2c.moved());
     let by_kernel = c2s.flow().redirected + s2c.flow().redirected;
     REDIRECTED.fetch_add(by_kernel, Ordering::Relaxed);
+    let reported = *lock(&reported);
     counters.c2s.inc_by(c2s_total.saturating_sub(reported.0));
     counters.s2c.inc_by(s2c_total.saturating_sub(reported.1));
     RelayStats {
         client_to_server: c2s_total,
         server_to_client: s2c_total,
         end,
-        error,
+        error: abort.map(|a| a.error),
+        abort,
+    }
+}
+
+/// As the splice relay does: a local failure resets both peers; a peer's abort
+/// reaches the other peer as a reset once the aborting peer's bytes (the kernel's
+/// included) are in its socket and acknowledged.
+#[allow(clippy::too_many_arguments)]
+async fn pass_on_abort<'k>(
+    a: Abort,
+    client: &TcpStream,
+    server: &TcpStream,
+    c2s: &mut Dir<'k>,
+    s2c: &mut Dir<'k>,
+    end: RelayEnd,
+    idle: Duration,
+    hard_stop: &CancellationToken,
+) {
+    if a.local {
+        ending::reset_on_close(client);
+        ending::reset_on_close(server);
+        return;
+    }
+    let (to, dir) = match a.by {
+        Peer::Client => (server, c2s),
+        Peer::Backend => (client, s2c),
+    };
+    if end == RelayEnd::IdleTimeout || end == RelayEnd::Shutdown {
+        ending::reset_on_close(to);
+        return;
+    }
+    tokio::select! {
+        r = dir.drained(to) => {
+            if let Err(e) = r {
+                tracing::debug!("kernel relay: waiting for the kernel's bytes: {e}");
+            }
+        }
+        () = tokio::time::sleep(idle) => {}
+        () = hard_stop.cancelled() => {}
+    }
+    ending::pass_on(to, idle, hard_stop).await;
+}
+
+/// Turns the kernel's per-direction counters into activity (for the idle timeout)
+/// and metrics, every [`METRICS_TICK`] (or the idle timeout, if shorter).
+struct Ticker<'a> {
+    k: &'a KernelRelay,
+    keys: [(Tuple, bool); 2],
+    counters: &'a RelayCounters<'a>,
+    reported: &'a Mutex<(u64, u64)>,
+    activity: &'a Activity,
+}
+
+impl Ticker<'_> {
+    fn redirected(&self, (key, mapped): (Tuple, bool)) -> u64 {
+        if !mapped {
+            return 0;
+        }
+        lock(&self.k.flows)
+            .get(&key, 0)
+            .map(|f| f.redirected)
+            .unwrap_or(0)
+    }
+
+    /// Never returns.
+    async fn run(&self, idle: Duration) -> std::convert::Infallible {
+        let period = idle.min(METRICS_TICK).max(Duration::from_millis(1));
+        let mut last = (0u64, 0u64);
+        loop {
+            tokio::time::sleep(period).await;
+            let now = (self.redirected(self.keys[0]), self.redirected(self.keys[1]));
+            if now != last {
+                self.activity.touch();
+                self.counters.c2s.inc_by(now.0 - last.0);
+                self.counters.s2c.inc_by(now.1 - last.1);
+                let mut r = lock(self.reported);
+                *r = (r.0 + now.0 - last.0, r.1 + now.1 - last.1);
+                last = now;
+            }
+        }
     }
 }
