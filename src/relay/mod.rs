@@ -441,7 +441,9 @@ pub async fn relay_as(
     #[cfg(target_os = "linux")]
     if mode == crate::config::RelayMode::Kernel {
         if let Ok(k) = kernel::get() {
-            return kernel::relay(k, client, server, idle, counters, watch, hard_stop).await;
+            // Boxed: inline, it would enlarge every connection's future, splice ones too.
+            let kernel = kernel::relay(k, client, server, idle, counters, watch, hard_stop);
+            return Box::pin(kernel).await;
         }
     }
     let _ = mode;
