@@ -204,11 +204,12 @@ async fn idle_timeout_closes() {
     let lb = Crossbar::start(&kernel_service(&echo, "    timeouts: { idle: 400ms }\n")).await;
     let mut c = TcpStream::connect(lb.addr("svc")).await.unwrap();
     let data = payload(256 * 1024, 6);
+    // Before the last bytes: the connection's last activity can't be earlier.
+    let quiet = Instant::now();
     c.write_all(&data).await.unwrap();
     let mut back = vec![0u8; data.len()];
     c.read_exact(&mut back).await.unwrap();
     assert!(back == data, "echoed bytes differ");
-    let quiet = Instant::now();
     let (rest, _) = within("the idle close", read_to_end_or_error(&mut c)).await;
     assert!(rest.is_empty());
     assert!(
