@@ -3,7 +3,10 @@
 //! the defect lives between processes (the upgrade socket).
 mod common;
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -140,4 +143,142 @@ async fn table_dumps_are_capped() {
     let at = format!("/api/tables/svc?limit={}", admin::MAX_TABLE_LIMIT);
     let (status, body) = raw_request(bed.addr, &get(&at), PROMPT).await;
     assert_eq!(status, Some(200), "{body}");
+}
+
+// ---------------------------------------------------------------------------
+// The upgrade socket, between real `crossbar run` processes
+
+/// A `crossbar run` child, killed (and reaped) on drop.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn start(config: &Path, upgrade: &Path, stderr: Stdio) -> Proc {
+        let child = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .arg("run")
+            .arg("-c")
+            .arg(config)
+            .arg("--upgrade-socket")
+            .arg(upgrade)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn crossbar");
+        Proc(child)
+    }
+
+    /// Wait (bounded by WAIT) for the process to exit; its exit code.
+    async fn exited(&mut self) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < WAIT {
+            if let Some(st) = self.0.try_wait().expect("try_wait") {
+                return st.code();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+/// A tcp-mode service on a free port in front of `backend`; the config file path.
+fn tcp_config(dir: &Path, backend: SocketAddr) -> (PathBuf, SocketAddr) {
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let yaml = format!(
+        "admin: {{ enabled: false }}\n\
+         services:\n  svc:\n    listen: [\"{listen}\"]\n    mode: tcp\n    health: {{ check: none }}\n\
+         \x20   backends:\n      - {{ name: echo, address: \"{backend}\" }}\n"
+    );
+    let path = dir.join("crossbar.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    (path, listen)
+}
+
+async fn echo_once(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return false;
+    };
+    let mut buf = [0u8; 4];
+    s.write_all(b"ping").await.is_ok() && s.read_exact(&mut buf).await.is_ok() && &buf == b"ping"
+}
+
+/// The socket is created 0600 in a 0700 directory; a peer that sends an endless
+/// line is cut off after a few bytes (before: read into memory without bound), one
+/// that sends garbage or nothing is dropped, and through all of it the process
+/// keeps serving and a real successor still takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_upgrade_socket_peers_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, listen) = tcp_config(dir.path(), echo.addr);
+    let sock = dir.path().join("run").join("upgrade.sock");
+    let mut old = Proc::start(&cfg, &sock, Stdio::inherit());
+    wait_until("the upgrade socket exists", || sock.exists()).await;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&sock), 0o600, "socket mode");
+    assert_eq!(mode(sock.parent().unwrap()), 0o700, "directory mode");
+    assert!(echo_once(listen).await, "serving");
+
+    // An endless line: the old process stops reading and closes, so writing fails.
+    let long = sock.clone();
+    let wrote_all = tokio::task::spawn_blocking(move || {
+        let mut s = std::os::unix::net::UnixStream::connect(&long).unwrap();
+        s.set_write_timeout(Some(WAIT)).unwrap();
+        s.write_all(&vec![b'T'; 16 << 20]).is_ok()
+    })
+    .await
+    .unwrap();
+    assert!(!wrote_all, "16 MiB without a newline were all read");
+
+    // Garbage: closed, no sockets handed out.
+    let garbage = sock.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut s = std::os::unix::net::UnixStream::connect(&garbage).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(b"GIVE ME THE SOCKETS\n").unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out); // ok: a reset is also a refusal
+        out
+    })
+    .await
+    .unwrap();
+    assert!(answer.is_empty(), "garbage got an answer: {answer:?}");
+
+    // A silent peer stays connected while a real successor takes over.
+    let _silent = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    assert!(echo_once(listen).await, "still serving after the hostile peers");
+    let mut new = Proc::start(&cfg, &sock, Stdio::inherit());
+    assert_eq!(old.exited().await, Some(0), "the old process handed over");
+    assert!(echo_once(listen).await, "the successor serves");
+    assert_eq!(new.0.try_wait().unwrap(), None, "the successor runs");
+    assert_eq!(mode(&sock), 0o600, "the successor's socket mode");
+}
+
+/// A socket path in a directory others can write to is refused at start, with the
+/// reason (anyone could otherwise replace the socket and be handed the listeners).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_socket_in_a_shared_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _) = tcp_config(dir.path(), echo.addr);
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut p = Proc::start(&cfg, &shared.join("upgrade.sock"), Stdio::piped());
+    assert_eq!(p.exited().await, Some(1), "refused to start");
+    let mut err = String::new();
+    p.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.contains("not writable by group or others"), "{err}");
 }
