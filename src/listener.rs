@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Keepalive, ListenConfig};
 use crate::metrics::ListenerMetrics;
 
-/// First pause after an accept error caused by resource exhaustion (EMFILE...).
+/// First pause after an accept error (EMFILE, ECONNABORTED...); doubles while
+/// errors repeat, reset by the next successful accept.
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest pause between accept retries under exhaustion.
+/// Longest pause between accept retries while errors repeat.
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Binding a listen address failed.
@@ -272,20 +273,64 @@ pub async fn accept_loop(
                     inherited,
                 });
             }
-            Err(e) if is_exhaustion(&e) => {
+            Err(e) => {
+                // Exhaustion (EMFILE...) is logged loudly; ECONNABORTED and friends
+                // (a client gave up first) quietly. Either way: a pause before the
+                // next try, so an error that repeats can't spin a core.
                 metrics.accept_errors.inc();
-                tracing::warn!(listener = %local, "accept failed: {e}; retrying in {backoff:?}");
+                if is_exhaustion(&e) {
+                    tracing::warn!(listener = %local, "accept failed: {e}; retrying in {backoff:?}");
+                } else {
+                    tracing::debug!(listener = %local, "accept failed: {e}; retrying in {backoff:?}");
+                }
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
             }
-            Err(e) => {
-                // ECONNABORTED and friends: the client gave up before we accepted.
-                metrics.accept_errors.inc();
-                tracing::debug!(listener = %local, "accept failed: {e}");
-            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// A socket that was bound but never listened on: every accept(2) fails with
+    /// EINVAL at once, and epoll reports it ready forever (HUP).
+    fn failing_listener() -> TcpListener {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, None).unwrap();
+        s.bind(&addr.into()).unwrap();
+        s.set_nonblocking(true).unwrap();
+        TcpListener::from_std(s.into()).unwrap()
+    }
+
+    /// An error that is not resource exhaustion (EINVAL here, ECONNABORTED in life)
+    /// is backed off too: with time paused, the loop gets one try, then waits on its
+    /// timer however often the runtime runs it (a loop without a pause retries
+    /// thousands of times).
+    #[tokio::test(start_paused = true)]
+    async fn every_accept_error_is_backed_off() {
+        let metrics = Metrics::new().listener("test");
+        let errors = metrics.accept_errors.clone();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(accept_loop(
+            failing_listener(),
+            Arc::new(Semaphore::new(1)),
+            metrics,
+            stop.clone(),
+            || None,
+            |_| panic!("nothing to accept"),
+        ));
+        for _ in 0..10_000 {
+            tokio::task::yield_now().await;
+        }
+        let tries = errors.get();
+        stop.cancel();
+        task.await.unwrap();
+        assert!((1..=2).contains(&tries), "{tries} accept attempts without a pause");
     }
 }
