@@ -144,7 +144,10 @@ fn receive(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
             );
         }
     }
-    if msg.flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+    if msg
+        .flags
+        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC)
+    {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "handover message or its sockets truncated",
@@ -215,17 +218,19 @@ fn euid() -> u32 {
 /// credentials at connect, for a listener's its credentials at listen).
 fn check_peer(stream: &UnixStream) -> io::Result<()> {
     let cred = getsockopt(stream, sockopt::PeerCredentials).map_err(io::Error::from)?;
-    peer_allowed(cred.uid(), euid()).then_some(()).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "upgrade peer runs as uid {} (pid {}): only uid {} or root may take part",
-                cred.uid(),
-                cred.pid(),
-                euid()
-            ),
-        )
-    })
+    peer_allowed(cred.uid(), euid())
+        .then_some(())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "upgrade peer runs as uid {} (pid {}): only uid {} or root may take part",
+                    cred.uid(),
+                    cred.pid(),
+                    euid()
+                ),
+            )
+        })
 }
 
 /// Same user or root.

@@ -108,8 +108,15 @@ async fn stalled_admin_bodies_time_out_and_health_still_answers() {
     assert_eq!(status, Some(200), "metrics with the slots full");
     assert!(body.contains("crossbar_"), "{body}");
     let (status, body) = raw_request(bed.addr, &get("/api/services"), PROMPT).await;
-    assert_eq!(status, Some(503), "other endpoints with the slots full: {body}");
-    println!("admin: slots full; healthz, metrics, services answered in {:?}", t.elapsed());
+    assert_eq!(
+        status,
+        Some(503),
+        "other endpoints with the slots full: {body}"
+    );
+    println!(
+        "admin: slots full; healthz, metrics, services answered in {:?}",
+        t.elapsed()
+    );
 
     let t = Instant::now();
     for (i, mut s) in stalled.into_iter().enumerate() {
@@ -121,8 +128,14 @@ async fn stalled_admin_bodies_time_out_and_health_still_answers() {
         assert_eq!(status_of(&text), Some(408), "stalled request {i}: {text}");
     }
     let took = t.elapsed();
-    println!("admin: {} stalled bodies answered 408 and closed after {took:?}", admin::MAX_CONNECTIONS);
-    assert!(took >= admin::REQUEST_TIMEOUT - PROMPT, "not before the timeout: {took:?}");
+    println!(
+        "admin: {} stalled bodies answered 408 and closed after {took:?}",
+        admin::MAX_CONNECTIONS
+    );
+    assert!(
+        took >= admin::REQUEST_TIMEOUT - PROMPT,
+        "not before the timeout: {took:?}"
+    );
     // The slots are free again: a regular endpoint answers.
     let (status, body) = raw_request(bed.addr, &get("/api/services"), PROMPT).await;
     assert_eq!(status, Some(200), "{body}");
@@ -139,7 +152,11 @@ async fn table_dumps_are_capped() {
     assert_eq!(status, Some(400), "{body}");
     assert!(body.contains("limit must be"), "{body}");
     let (status, body) = raw_request(bed.addr, &get("/api/tables/svc?limit=100000"), PROMPT).await;
-    assert_eq!(status, Some(400), "the old cap (100000) is refused now: {body}");
+    assert_eq!(
+        status,
+        Some(400),
+        "the old cap (100000) is refused now: {body}"
+    );
     let at = format!("/api/tables/svc?limit={}", admin::MAX_TABLE_LIMIT);
     let (status, body) = raw_request(bed.addr, &get(&at), PROMPT).await;
     assert_eq!(status, Some(200), "{body}");
@@ -257,7 +274,10 @@ async fn hostile_upgrade_socket_peers_are_refused() {
 
     // A silent peer stays connected while a real successor takes over.
     let _silent = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    assert!(echo_once(listen).await, "still serving after the hostile peers");
+    assert!(
+        echo_once(listen).await,
+        "still serving after the hostile peers"
+    );
     let mut new = Proc::start(&cfg, &sock, Stdio::inherit());
     assert_eq!(old.exited().await, Some(0), "the old process handed over");
     assert!(echo_once(listen).await, "the successor serves");
@@ -300,7 +320,10 @@ impl FdsExhausted {
             rlim_max: 0,
         };
         // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut saved) }, 0);
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut saved) },
+            0
+        );
         let highest = std::fs::read_dir("/proc/self/fd")
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
@@ -317,7 +340,10 @@ impl FdsExhausted {
         while let Ok(f) = std::fs::File::open("/dev/null") {
             fillers.push(f);
         }
-        assert!(std::fs::File::open("/dev/null").is_err(), "descriptors exhausted");
+        assert!(
+            std::fs::File::open("/dev/null").is_err(),
+            "descriptors exhausted"
+        );
         FdsExhausted {
             saved,
             _fillers: fillers,

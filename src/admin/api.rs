@@ -220,7 +220,11 @@ static TABLE_DUMPS: Semaphore = Semaphore::const_new(1);
 
 /// [`table`] as JSON text, built on the blocking pool (never on a runtime worker
 /// that relays connections), one dump at a time.
-pub async fn table_json(server: Arc<Server>, name: String, limit: usize) -> Result<String, ApiError> {
+pub async fn table_json(
+    server: Arc<Server>,
+    name: String,
+    limit: usize,
+) -> Result<String, ApiError> {
     let _turn = TABLE_DUMPS
         .acquire()
         .await

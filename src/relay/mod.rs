@@ -28,7 +28,10 @@ mod splice;
 pub fn pipe_fds() -> (u64, u64) {
     #[cfg(target_os = "linux")]
     {
-        (splice::PIPE_FDS_PER_CONNECTION, splice::POOLED_FDS_PER_THREAD)
+        (
+            splice::PIPE_FDS_PER_CONNECTION,
+            splice::POOLED_FDS_PER_THREAD,
+        )
     }
     #[cfg(not(target_os = "linux"))]
     {

@@ -204,7 +204,9 @@ fn note_fallback(e: &io::Error) {
     if WARNED.swap(true, Ordering::Relaxed) {
         tracing::debug!("no pipe for splice ({e}): copying instead");
     } else {
-        tracing::warn!("no pipe for splice ({e}): copying instead; raise the open-file limit (LimitNOFILE)");
+        tracing::warn!(
+            "no pipe for splice ({e}): copying instead; raise the open-file limit (LimitNOFILE)"
+        );
     }
 }
 
