@@ -163,11 +163,11 @@ pub(super) async fn pump(
                     }
                 }
             }
-            Err(e) => return Err(Side::Read(e)),
+            Err(e) => return Err(Side::Local(e)),
         };
         let (pr, pw, size) = match &lent.pipe {
             Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
-            None => return Err(Side::Read(io::Error::other("pipe pool"))),
+            None => return Err(Side::Local(io::Error::other("pipe pool"))),
         };
         let n = match src.try_io(Interest::READABLE, || splice(src.as_raw_fd(), pw, size)) {
             Ok(0) => return Ok(()),
