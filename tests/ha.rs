@@ -19,6 +19,7 @@ mod common;
 #[path = "common/netns.rs"]
 mod netns;
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +38,8 @@ const ADMIN: &str = "127.0.0.1:9140";
 const ECHO_PORT: u16 = 7000;
 /// `mode: tcp`, `balance: source` service on every node address (agreement).
 const SOURCE_PORT: u16 = 7100;
+/// `mode: tcp`, `balance: source` without a stick table (placement by hash alone).
+const HASH_PORT: u16 = 7200;
 /// TLS services, one per resumption mode, on every address.
 const SID_PORT: u16 = 8141;
 const TICKET_PORT: u16 = 8142;
@@ -99,6 +102,11 @@ services:
     listen: ["0.0.0.0:{SOURCE_PORT}"]
     balance: source
     stick: {{ on: [source] }}
+    backends:
+{echo}  hash:
+    mode: tcp
+    listen: ["0.0.0.0:{HASH_PORT}"]
+    balance: source
     backends:
 {echo}  sid:
     listen: ["0.0.0.0:{SID_PORT}"]
@@ -688,5 +696,198 @@ fn keepalived_pair_moves_the_vip_drains_and_keeps_sessions() -> Result<()> {
     assert_eq!(holder, Some(Host::NodeA));
     drop(ka_b);
     let _ = cb_a.signal("TERM"); // ok: the lab kills it anyway
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Active/active
+
+/// Which backend each node picks for each source, connecting to both nodes' own
+/// addresses on `port`.
+fn placements(lab: &Lab, port: u16) -> Result<Vec<(String, String)>> {
+    lab.block_in(Host::Client, move || async move {
+        let mut out = Vec::new();
+        for i in 0..SOURCES {
+            let src = netns::source(i);
+            let mut pick = Vec::new();
+            for node in [Host::NodeA, Host::NodeB] {
+                let (be, mut s) = who_from(src, SocketAddr::new(node.ip().into(), port)).await?;
+                s.shutdown().await?;
+                pick.push(be);
+            }
+            out.push((pick[0].clone(), pick[1].clone()));
+        }
+        Ok(out)
+    })
+}
+
+/// Per-backend counts of node A's picks, for the figures.
+fn spread(p: &[(String, String)]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for (a, _) in p {
+        *m.entry(a.clone()).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Wait until `node` sees `backend` of `service` as up (`true`) or down.
+fn wait_backend_up(lab: &Lab, node: Host, service: &str, backend: &str, up: bool) -> Result<()> {
+    let want = if up { 1.0 } else { 0.0 };
+    wait_for(
+        &format!("{node:?} sees {service}/{backend} up={up}"),
+        LAB_WAIT,
+        || {
+            admin_get(lab, node, "/metrics").is_ok_and(|m| {
+                metric_value(
+                    &m,
+                    "crossbar_backend_up",
+                    &[("service", service), ("backend", backend)],
+                ) == want
+            })
+        },
+    )
+    .map(|_| ())
+}
+
+/// Resumptions that alternate between the nodes: every client first does one full
+/// handshake on A; then, round by round and in an order that differs from the
+/// first (so the nodes' round-robin counters can't line up by chance), each offers
+/// its session on B, A, B, ... Returns (kept, attempts, first-connection spread).
+fn alternating(
+    lab: &Lab,
+    port: u16,
+    args: &[&str],
+    clients: usize,
+    rounds: usize,
+) -> Result<(usize, usize, BTreeMap<String, usize>)> {
+    let mut firsts = BTreeMap::new();
+    let mut sessions = Vec::new();
+    for c in 0..clients {
+        let f = lab.dir.path().join(format!("alt-{port}-{c}"));
+        let a = SocketAddr::new(Host::NodeA.ip().into(), port);
+        let (_, first) = s_client(lab, a, args, ("-sess_out", &f))?;
+        *firsts.entry(first.clone()).or_insert(0) += 1;
+        sessions.push((f, first));
+    }
+    let mut kept = 0;
+    for r in 0..rounds {
+        let node = if r % 2 == 0 { Host::NodeB } else { Host::NodeA };
+        let to = SocketAddr::new(node.ip().into(), port);
+        for k in 0..clients {
+            let (f, first) = &sessions[(clients - 1 - k + r * 2) % clients];
+            let (reused, be) = s_client(lab, to, args, ("-sess_in", f))?;
+            kept += usize::from(reused && be == *first);
+        }
+    }
+    Ok((kept, clients * rounds, firsts))
+}
+
+#[test]
+fn active_active_nodes_agree_without_talking() -> Result<()> {
+    if !lab_tools() {
+        return Ok(());
+    }
+    let lab = Lab::new()?;
+    backend_certs(&lab)?;
+    let _echo = lab.serve_in(Host::Backends, || echo_backends(ECHO_PORT));
+    let _sid = openssl_backends(&lab, SID_PORT, &["-no_ticket"])?;
+    let _ticket = openssl_backends(&lab, TICKET_PORT, &[])?;
+    let _tls13 = openssl_backends(&lab, TLS13_PORT, &[])?;
+    let _a = start_node(&lab, Host::NodeA)?;
+    let _b = start_node(&lab, Host::NodeB)?;
+    for service in ["source", "hash"] {
+        for be in ["be0", "be1", "be2"] {
+            for node in [Host::NodeA, Host::NodeB] {
+                wait_backend_up(&lab, node, service, be, true)?;
+            }
+        }
+    }
+
+    // Every node places every source the same way.
+    for (service, port) in [("source", SOURCE_PORT), ("hash", HASH_PORT)] {
+        let p = placements(&lab, port)?;
+        let agree = p.iter().filter(|(a, b)| a == b).count();
+        println!(
+            "{service}: {agree}/{SOURCES} sources placed alike by both nodes; spread {:?}",
+            spread(&p)
+        );
+        assert_eq!(agree, SOURCES as usize, "{service}: nodes disagree");
+    }
+
+    // TLS resumptions alternating between the nodes (one client address).
+    let mut failed = Vec::new();
+    for (label, port, args) in [
+        (
+            "TLS 1.2 session ID",
+            SID_PORT,
+            &["-tls1_2", "-no_ticket"][..],
+        ),
+        ("TLS 1.2 ticket", TICKET_PORT, &["-tls1_2"][..]),
+        ("TLS 1.3", TLS13_PORT, &["-tls1_3"][..]),
+    ] {
+        let (kept, n, firsts) = alternating(&lab, port, args, 9, 10)?;
+        println!("resumed on the first backend, alternating nodes, OpenSSL, {label}: {kept}/{n}; first connections {firsts:?}");
+        if (kept as f64) < TARGET * n as f64 {
+            failed.push(label);
+        }
+        assert!(
+            firsts.values().all(|v| *v <= 4),
+            "{label}: first connections not spread"
+        );
+    }
+    assert!(failed.is_empty(), "below {TARGET}: {failed:?}");
+
+    // The nodes disagree about be1's health: B can't reach it, A can.
+    lab.exec(
+        Host::NodeB,
+        &[
+            "ip",
+            "route",
+            "add",
+            "prohibit",
+            &format!("{}/32", BACKEND_IPS[1]),
+        ],
+    )?;
+    for service in ["source", "hash"] {
+        wait_backend_up(&lab, Host::NodeB, service, "be1", false)?;
+    }
+    let mut during = BTreeMap::new();
+    for (service, port) in [("source", SOURCE_PORT), ("hash", HASH_PORT)] {
+        let p = placements(&lab, port)?;
+        let on_be1 = p.iter().filter(|(a, _)| a == "be1").count();
+        let moved = p.iter().filter(|(a, b)| a != b).count();
+        let wrong = p.iter().filter(|(a, b)| a != b && a != "be1").count();
+        println!("{service} while B sees be1 down: {moved}/{SOURCES} placed differently, all of them among the {on_be1} sources A places on be1");
+        assert_eq!(wrong, 0, "{service}: sources not on be1 moved too");
+        assert_eq!(
+            moved, on_be1,
+            "{service}: B still sends sources to a backend it sees down"
+        );
+        during.insert(service, p);
+    }
+    lab.exec(
+        Host::NodeB,
+        &[
+            "ip",
+            "route",
+            "del",
+            "prohibit",
+            &format!("{}/32", BACKEND_IPS[1]),
+        ],
+    )?;
+    for service in ["source", "hash"] {
+        wait_backend_up(&lab, Host::NodeB, service, "be1", true)?;
+    }
+    // Once they agree again: the pure hash is back at once; the source table keeps
+    // the sources B moved where it moved them until their entries expire.
+    let p = placements(&lab, HASH_PORT)?;
+    let agree = p.iter().filter(|(a, b)| a == b).count();
+    println!("hash after B sees be1 up again: {agree}/{SOURCES} placed alike");
+    assert_eq!(agree, SOURCES as usize);
+    let p = placements(&lab, SOURCE_PORT)?;
+    let agree = p.iter().filter(|(a, b)| a == b).count();
+    let held = p.iter().filter(|(a, b)| a != b).count();
+    println!("source (stick.on: [source]) after B sees be1 up again: {agree}/{SOURCES} placed alike; {held} stay where B's table put them until source_expire");
+    assert!(p.iter().all(|(a, b)| a == b || a == "be1"));
     Ok(())
 }
