@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
-use crossbar::cli::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
+use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
 use crossbar::config::Config;
 
 /// Layer-4 TLS-passthrough load balancer for Puppet masters.
@@ -237,12 +237,12 @@ fn client(args: AdminArgs, cmd: ClientCommand) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return report(Err(e).context("starting the runtime")),
     };
-    match rt.block_on(crossbar::cli::run(&opts, &cmd)) {
+    match rt.block_on(crossbar::admin_client::run(&opts, &cmd)) {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
         }
-        Err(crossbar::cli::CliError::Api { body, .. }) if opts.json => {
+        Err(crossbar::admin_client::CliError::Api { body, .. }) if opts.json => {
             eprint!("{body}");
             ExitCode::FAILURE
         }

@@ -3,6 +3,7 @@
 //! Handles are resolved once when a service is built, so the data path only does
 //! atomic adds. Stick-table sizes are read from the tables at scrape time by a
 //! collector, so the data path never touches those gauges.
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use prometheus::core::{Collector, Desc};
@@ -12,6 +13,8 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::live::BackendLive;
+use crate::relay::Peer;
 use crate::stick::{KeyKind, StickTable};
 
 /// Buckets for connect time: loopback is ~100 us, a WAN master tens of ms, a timeout seconds.
@@ -46,9 +49,14 @@ pub struct Metrics {
     listener_refused: IntCounterVec,
     routing_refused: IntCounterVec,
     queue_timeouts: IntCounterVec,
+    resets: IntCounterVec,
     config_reloads: IntCounterVec,
     health_checks: IntCounterVec,
     tables: Arc<TableCollector>,
+    /// Process facts for the status page (start, last reload).
+    pub process: crate::live::ProcessLive,
+    /// Backend facts by (service, backend): kept across reloads like the counters.
+    live: Mutex<HashMap<(String, String), Arc<BackendLive>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -196,6 +204,12 @@ impl Metrics {
                 "Connections that waited for a backend slot and gave up.",
                 &["service"],
             ),
+            resets: counter_vec(
+                &r,
+                "crossbar_connection_resets_total",
+                "Relayed connections a peer aborted (reset or error), by the side that aborted; crossbar reset the other side in turn.",
+                &["service", "side"],
+            ),
             config_reloads: counter_vec(
                 &r,
                 "crossbar_config_reloads_total",
@@ -209,6 +223,8 @@ impl Metrics {
                 &["service", "backend", "result"],
             ),
             tables,
+            process: Default::default(),
+            live: Mutex::new(HashMap::new()),
             registry: r,
         })
     }
@@ -236,6 +252,8 @@ impl Metrics {
             learned: keys.map(|k| self.stick_learned.with_label_values(&[service, k])),
             duration: self.connection_duration.with_label_values(&[service]),
             queue_timeouts: self.queue_timeouts.with_label_values(&[service]),
+            resets: [Peer::Client, Peer::Backend]
+                .map(|p| self.resets.with_label_values(&[service, p.as_str()])),
             hello_errors: self.hello_errors.clone(),
             routing_refused: self.routing_refused.clone(),
         }
@@ -269,13 +287,25 @@ impl Metrics {
                 .health_checks
                 .with_label_values(&[service, backend, "fail"]),
             state: self.backend_state.clone(),
+            live: self.backend_live(service, backend),
             service: service.to_string(),
             backend: backend.to_string(),
         }
     }
 
+    fn backend_live(&self, service: &str, backend: &str) -> Arc<BackendLive> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.entry((service.to_string(), backend.to_string()))
+            .or_default()
+            .clone()
+    }
+
     /// Remove the label sets of a backend that left the configuration.
     pub fn forget_backend(&self, service: &str, backend: &str) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(service.to_string(), backend.to_string()));
         let l = [service, backend];
         for v in [&self.connections, &self.connect_errors] {
             let _ = v.remove_label_values(&l); // ok: absent labels are fine
@@ -330,6 +360,8 @@ pub struct ServiceMetrics {
     pub duration: Histogram,
     /// Queue give-ups.
     pub queue_timeouts: IntCounter,
+    /// Aborts passed on, by the side that aborted (client, backend).
+    resets: [IntCounter; 2],
     hello_errors: IntCounterVec,
     routing_refused: IntCounterVec,
 }
@@ -356,9 +388,24 @@ impl ServiceMetrics {
         }
     }
 
+    /// Stick lookups so far: (hits, misses), every key kind together.
+    pub fn lookup_totals(&self) -> (u64, u64) {
+        let sum = |v: &[IntCounter; 4]| v.iter().map(IntCounter::get).sum();
+        (sum(&self.lookup_hit), sum(&self.lookup_miss))
+    }
+
     /// Count a learned entry.
     pub fn learned(&self, kind: KeyKind) {
         self.learned[key_index(kind)].inc()
+    }
+
+    /// Count a relayed connection `side` aborted (and crossbar reset the other side).
+    pub fn reset(&self, side: Peer) {
+        let i = match side {
+            Peer::Client => 0,
+            Peer::Backend => 1,
+        };
+        self.resets[i].inc()
     }
 
     /// Count a hello error (rare path: label lookup here is fine).
@@ -414,6 +461,8 @@ pub struct BackendMetrics {
     pub check_ok: IntCounter,
     /// Failed active checks.
     pub check_fail: IntCounter,
+    /// Since-when, peak and last check (see [`crate::live`]).
+    pub live: Arc<BackendLive>,
     state: IntGaugeVec,
     service: String,
     backend: String,
@@ -422,6 +471,7 @@ pub struct BackendMetrics {
 impl BackendMetrics {
     /// Set the state gauge: 1 for `state`, 0 for the others.
     pub fn set_state(&self, state: &str) {
+        self.live.note_state(state);
         for s in BACKEND_STATES {
             self.state
                 .with_label_values(&[&self.service, &self.backend, s])
