@@ -14,6 +14,7 @@ use prometheus::{
 };
 
 use crate::live::BackendLive;
+pub use crate::live::BACKEND_STATES;
 use crate::relay::Peer;
 use crate::stick::{KeyKind, StickTable};
 
@@ -344,9 +345,6 @@ impl Metrics {
         *self.tables.tables.lock().unwrap_or_else(|e| e.into_inner()) = tables;
     }
 }
-
-/// Every state a backend can be in, as the `state` label of `crossbar_backend_state`.
-pub const BACKEND_STATES: [&str; 5] = ["up", "down", "drain", "disabled", "standby"];
 
 /// Per-service handles.
 #[derive(Clone)]

@@ -1,8 +1,9 @@
 //! Acceptance: SNI routing on a shared listener, and clients that send hellos slowly,
 //! fragmented, oversized, not at all, not TLS, or with forged session state.
 //! Real clients and servers on loopback; every port is picked by the kernel.
-#[path = "common/tls.rs"]
-mod tls;
+mod common;
+
+use common::tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

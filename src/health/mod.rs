@@ -15,6 +15,7 @@
 //! becomes `standby` (healthy, no traffic) until an operator enables it, so a
 //! Puppet CA keeps one active signer.
 mod checks;
+mod error;
 mod state;
 mod tls_client;
 
@@ -30,7 +31,8 @@ use crate::balance::Backend;
 use crate::config::CheckKind;
 use crate::service::Service;
 
-pub use checks::{classify_answer, run_check, CheckError, HelloReply, Target};
+pub use checks::{classify_answer, run_check, HelloReply, Target};
+pub use error::CheckError;
 pub use state::{observe, passive_failure, passive_success, Flip};
 pub(crate) use tls_client::AcceptAnyCert;
 

@@ -8,7 +8,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::checks::CheckError;
+use super::error::CheckError;
 use crate::config::HttpsCheck;
 
 pub(super) fn provider() -> Arc<CryptoProvider> {
