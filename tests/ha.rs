@@ -16,8 +16,6 @@
 //! quotes it). Needs root, iproute2, keepalived, nftables, curl and openssl: with
 //! `CI=true` a missing one fails the test, elsewhere it skips with a message.
 mod common;
-#[path = "common/netns.rs"]
-mod netns;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -27,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use common::metric_value;
-use netns::{have, Host, Lab, LabProcess, BACKEND_IPS, LAB_WAIT, VIP};
+use common::netns::{self, have, Host, Lab, LabProcess, BACKEND_IPS, LAB_WAIT, VIP};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 

@@ -8,7 +8,7 @@
 //! Code runs inside a host either as a process (`ip netns exec`) or as a thread that
 //! joined the namespace (`setns`) and drives its own tokio runtime, so sockets it
 //! creates live in that host.
-#![allow(dead_code)] // each test binary uses a different part of this module
+
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
