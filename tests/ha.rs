@@ -24,8 +24,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use common::java::Java;
 use common::metric_value;
 use common::netns::{self, have, Host, Lab, LabProcess, BACKEND_IPS, LAB_WAIT, VIP};
+use crossbar::testbed::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -38,6 +40,8 @@ const ECHO_PORT: u16 = 7000;
 const SOURCE_PORT: u16 = 7100;
 /// `mode: tcp`, `balance: source` without a stick table (placement by hash alone).
 const HASH_PORT: u16 = 7200;
+/// TLS services on JDK backends, one per resumption mode.
+const JDK_PORTS: [(&str, u16); 3] = [("jsid", 8144), ("jticket", 8145), ("jtls13", 8146)];
 /// TLS services, one per resumption mode, on every address.
 const SID_PORT: u16 = 8141;
 const TICKET_PORT: u16 = 8142;
@@ -126,7 +130,86 @@ services:
         sid = be(SID_PORT),
         ticket = be(TICKET_PORT),
         tls13 = be(TLS13_PORT),
-    )
+    ) + &JDK_PORTS
+        .iter()
+        .map(|(name, port)| {
+            format!(
+                "  {name}:\n    listen: [\"0.0.0.0:{port}\"]\n    balance: roundrobin\n    stick: {{ on: [session_id, ticket, psk], probe_interval: 2s }}\n    backends:\n{}",
+                be(*port)
+            )
+        })
+        .collect::<String>()
+}
+
+/// JDK server properties and client properties per JDK service (the JDK's own
+/// defaults otherwise: TLS 1.3 with stateful session tickets).
+fn jdk_props(service: &str) -> (Vec<&'static str>, Vec<&'static str>) {
+    match service {
+        "jsid" => (
+            vec![
+                "-Djdk.tls.server.protocols=TLSv1.2",
+                "-Djdk.tls.server.enableSessionTicketExtension=false",
+            ],
+            vec![
+                "-Djdk.tls.client.protocols=TLSv1.2",
+                "-Djdk.tls.client.enableSessionTicketExtension=false",
+            ],
+        ),
+        "jticket" => (
+            vec!["-Djdk.tls.server.protocols=TLSv1.2"],
+            vec!["-Djdk.tls.client.protocols=TLSv1.2"],
+        ),
+        _ => (vec![], vec!["-Djdk.tls.client.protocols=TLSv1.3"]),
+    }
+}
+
+/// One JVM per JDK service on the backend host, each serving `be0..be2` on the
+/// backend addresses (own certificate per backend, default session settings).
+fn jdk_backends(lab: &Lab, java: &Java, ca: &TestCa) -> Result<Vec<common::tls::ChildGuard>> {
+    let ns = lab.ns(Host::Backends);
+    let prefix = ["ip", "netns", "exec", ns.as_str()];
+    let mut out = Vec::new();
+    for (service, port) in JDK_PORTS {
+        let list: Vec<(String, Option<SocketAddr>)> = BACKEND_IPS
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("be{i}"), Some(SocketAddr::new((*ip).into(), port))))
+            .collect();
+        let (guard, _) = java.servers_at(ca, &list, &jdk_props(service).0, &prefix)?;
+        out.push(guard);
+    }
+    Ok(out)
+}
+
+/// JDK agents alternating between the nodes (their session cache keys sessions by
+/// the name they dial, as behind one VIP): 9 agents, 1 full handshake on A + 10
+/// attempts on B, A, B, ... Returns (kept, attempts, errors, first spread).
+fn jdk_alternating(
+    lab: &Lab,
+    java: &Java,
+    ca: &TestCa,
+    service: &str,
+    port: u16,
+) -> Result<(usize, usize, Vec<String>, BTreeMap<String, usize>)> {
+    let ns = lab.ns(Host::Client);
+    let prefix = ["ip", "netns", "exec", ns.as_str()];
+    let addrs = [
+        SocketAddr::new(Host::NodeA.ip().into(), port),
+        SocketAddr::new(Host::NodeB.ip().into(), port),
+    ];
+    let (runs, errors) = java.clients(ca, 9, 10, &addrs, &jdk_props(service).1, &prefix)?;
+    let (mut kept, mut n, mut firsts) = (0, 0, BTreeMap::new());
+    for run in &runs {
+        let Some((_, first)) = run.first() else {
+            continue;
+        };
+        *firsts.entry(first.clone()).or_insert(0) += 1;
+        for (resumed, be) in &run[1..] {
+            n += 1;
+            kept += usize::from(*resumed && be == first);
+        }
+    }
+    Ok((kept, n.max(90), errors, firsts))
 }
 
 /// The keepalived.conf of one node (docs/ha.md shows the same file).
@@ -280,14 +363,14 @@ fn openssl_backends(lab: &Lab, port: u16, extra: &[&str]) -> Result<Vec<LabProce
 }
 
 /// Per-backend certificates from one test CA (each backend its own key).
-fn backend_certs(lab: &Lab) -> Result<()> {
-    let ca = crossbar::testbed::TestCa::new("crossbar HA test CA")?;
+fn backend_certs(lab: &Lab) -> Result<TestCa> {
+    let ca = TestCa::new("crossbar HA test CA")?;
     for i in 0..BACKEND_IPS.len() {
         let pem = ca.issue_pem(&format!("be{i}"), &[common::SNI])?;
         std::fs::write(lab.dir.path().join(format!("be{i}.cert.pem")), &pem.cert)?;
         std::fs::write(lab.dir.path().join(format!("be{i}.key.pem")), &pem.key)?;
     }
-    Ok(())
+    Ok(ca)
 }
 
 static STARTS: AtomicUsize = AtomicUsize::new(0);
@@ -786,8 +869,10 @@ fn active_active_nodes_agree_without_talking() -> Result<()> {
         return Ok(());
     }
     let lab = Lab::new()?;
-    backend_certs(&lab)?;
+    let ca = backend_certs(&lab)?;
     let _echo = lab.serve_in(Host::Backends, || echo_backends(ECHO_PORT));
+    let java = Java::compile().context("no JDK")?;
+    let _jdk = jdk_backends(&lab, &java, &ca)?;
     let _sid = openssl_backends(&lab, SID_PORT, &["-no_ticket"])?;
     let _ticket = openssl_backends(&lab, TICKET_PORT, &[])?;
     let _tls13 = openssl_backends(&lab, TLS13_PORT, &[])?;
@@ -832,6 +917,13 @@ fn active_active_nodes_agree_without_talking() -> Result<()> {
             firsts.values().all(|v| *v <= 4),
             "{label}: first connections not spread"
         );
+    }
+    for (service, port) in JDK_PORTS {
+        let (kept, n, errors, firsts) = jdk_alternating(&lab, &java, &ca, service, port)?;
+        println!("resumed on the first backend, alternating nodes, JDK client and servers, {service}: {kept}/{n}; errors {}; first connections {firsts:?}", errors.len());
+        if (kept as f64) < TARGET * n as f64 || !errors.is_empty() {
+            failed.push(service);
+        }
     }
     assert!(failed.is_empty(), "below {TARGET}: {failed:?}");
 

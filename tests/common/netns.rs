@@ -9,7 +9,6 @@
 //! joined the namespace (`setns`) and drives its own tokio runtime, so sockets it
 //! creates live in that host.
 
-
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
