@@ -327,11 +327,7 @@ async fn stick_table_survives_a_restart() {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut backends = Vec::new();
     for n in ["r1", "r2", "r3"] {
-        backends.push(
-            TlsBackend::start(&ca, n, &["puppet.example.com"], tls, any)
-                .await
-                .unwrap(),
-        );
+        backends.push(TlsBackend::start(&ca, n, &[SNI], tls, any).await.unwrap());
     }
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
@@ -358,9 +354,7 @@ async fn stick_table_survives_a_restart() {
     wait_listening(listen).await;
     let mut first = Vec::new();
     for a in &agents {
-        let r = testbed::get(listen, "puppet.example.com", a.clone(), "/")
-            .await
-            .unwrap();
+        let r = testbed::get(listen, SNI, a.clone(), "/").await.unwrap();
         assert!(!r.resumed);
         first.push(r.backend);
     }
@@ -373,9 +367,7 @@ async fn stick_table_survives_a_restart() {
     // In reverse order: a fresh round robin would now send agent 3 to r1 and agent 1
     // to r3, so only the loaded table can put them back where their sessions are.
     for (a, want) in agents.iter().zip(&first).rev() {
-        let r = testbed::get(listen, "puppet.example.com", a.clone(), "/")
-            .await
-            .unwrap();
+        let r = testbed::get(listen, SNI, a.clone(), "/").await.unwrap();
         assert_eq!(
             (&r.backend, r.resumed),
             (want, true),

@@ -456,6 +456,22 @@ mod tests {
         (0..len).map(|_| rng.u8(..)).collect()
     }
 
+    /// Write `data` and half-close while reading everything the peer sends until EOF.
+    async fn send_and_drain(stream: &mut TcpStream, data: &[u8]) -> Vec<u8> {
+        let (mut r, mut w) = stream.split();
+        let send = async {
+            w.write_all(data).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let recv = async {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        let ((), got) = tokio::join!(send, recv);
+        got
+    }
+
     /// client <-> [relay] <-> server, both directions at once, then half-closes.
     async fn roundtrip(len: usize) {
         let (mut client, mut proxy_client_side) = pair().await;
@@ -477,31 +493,9 @@ mod tests {
             .await;
             (s, cnt.0.get(), cnt.1.get())
         });
-        let srv = tokio::spawn(async move {
-            let (mut r, mut w) = server.split();
-            let send = async {
-                w.write_all(&down2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let recv = async {
-                let mut got = Vec::new();
-                r.read_to_end(&mut got).await.unwrap();
-                got
-            };
-            let ((), got) = tokio::join!(send, recv);
-            Sha256::digest(&got)
-        });
-        let (mut r, mut w) = client.split();
-        let send = async {
-            w.write_all(&up2).await.unwrap();
-            w.shutdown().await.unwrap();
-        };
-        let recv = async {
-            let mut got = Vec::new();
-            r.read_to_end(&mut got).await.unwrap();
-            got
-        };
-        let ((), got) = tokio::join!(send, recv);
+        let srv =
+            tokio::spawn(async move { Sha256::digest(send_and_drain(&mut server, &down2).await) });
+        let got = send_and_drain(&mut client, &up2).await;
         assert_eq!(
             Sha256::digest(&got),
             Sha256::digest(&down),
