@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
 use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
-use crossbar::config::Config;
+use crossbar::config::{Config, RelayMode};
 
 /// Layer-4 TLS-passthrough load balancer for Puppet masters.
 #[derive(Parser)]
@@ -160,6 +160,10 @@ fn main() -> ExitCode {
         Command::Check { config } => match Config::load(&config) {
             Ok(cfg) => {
                 print!("{}", cfg.summary());
+                #[cfg(target_os = "linux")]
+                if cfg.services.iter().any(|s| s.relay == RelayMode::Kernel) {
+                    println!("{}", crossbar::relay::kernel::status());
+                }
                 println!("{}: OK", config.display());
                 ExitCode::SUCCESS
             }

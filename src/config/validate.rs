@@ -95,6 +95,7 @@ struct Tuning {
     retries: u32,
     queue_size: usize,
     slow_start: Duration,
+    relay: RelayMode,
 }
 
 /// Listener settings from `defaults:`.
@@ -183,6 +184,7 @@ impl Checker<'_> {
             retries: DEFAULT_RETRIES,
             queue_size: DEFAULT_QUEUE_SIZE,
             slow_start: Duration::ZERO,
+            relay: RelayMode::SpliceAuto,
         };
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
@@ -192,6 +194,7 @@ impl Checker<'_> {
             retries: raw.retries,
             queue_size: raw.queue_size,
             slow_start: raw.slow_start.as_ref(),
+            relay: raw.relay,
         };
         let tuning = self.tuning(&builtin, &layer, "defaults");
         let backlog = self.int(
@@ -252,6 +255,11 @@ impl Checker<'_> {
             retries: retries as u32,
             queue_size: queue as usize,
             slow_start,
+            relay: match raw.relay {
+                None => base.relay,
+                Some(RawRelay::SpliceAuto) => RelayMode::SpliceAuto,
+                Some(RawRelay::Kernel) => RelayMode::Kernel,
+            },
         }
     }
 
@@ -367,6 +375,7 @@ impl Checker<'_> {
             retries: raw.retries,
             queue_size: raw.queue_size,
             slow_start: raw.slow_start.as_ref(),
+            relay: raw.relay,
         };
         let tuning = self.tuning(base, &layer, &p);
         ServiceConfig {
@@ -397,6 +406,7 @@ impl Checker<'_> {
             retries: tuning.retries,
             queue_size: tuning.queue_size,
             slow_start: tuning.slow_start,
+            relay: tuning.relay,
         }
     }
 
@@ -550,4 +560,5 @@ struct TuningLayer<'a> {
     retries: Option<u64>,
     queue_size: Option<u64>,
     slow_start: Option<&'a RawDuration>,
+    relay: Option<RawRelay>,
 }

@@ -23,6 +23,8 @@ use crate::hello::{ServerHandshake, ServerWatcher};
 
 pub mod ending;
 #[cfg(target_os = "linux")]
+pub mod kernel;
+#[cfg(target_os = "linux")]
 mod splice;
 
 pub use ending::{Abort, Ending, Peer};
@@ -422,6 +424,30 @@ async fn drive(
             return (end, abort);
         }
     }
+}
+
+/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for and
+/// loaded (else, having said why once, splice-auto).
+#[allow(clippy::too_many_arguments)]
+pub async fn relay_as(
+    mode: crate::config::RelayMode,
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    idle: Duration,
+    counters: &RelayCounters<'_>,
+    watch: Option<Box<Watch<'_>>>,
+    hard_stop: &CancellationToken,
+) -> RelayStats {
+    #[cfg(target_os = "linux")]
+    if mode == crate::config::RelayMode::Kernel {
+        if let Ok(k) = kernel::get() {
+            // Boxed: inline, it would enlarge every connection's future, splice ones too.
+            let kernel = kernel::relay(k, client, server, idle, counters, watch, hard_stop);
+            return Box::pin(kernel).await;
+        }
+    }
+    let _ = mode;
+    relay(client, server, idle, counters, watch, hard_stop).await
 }
 
 #[cfg(test)]
