@@ -195,7 +195,9 @@ pub fn reload(server: &Arc<Server>) -> Result<(), String> {
         }
         Err(e) => {
             server.metrics().reload(false);
-            tracing::error!("reload failed, keeping the running configuration:\n{e}");
+            // One log line per event (journald): the diagnostics joined with "; ".
+            let reason = e.lines().collect::<Vec<_>>().join("; ");
+            tracing::error!(reason, "reload failed, keeping the running configuration");
             Err(e)
         }
     }
