@@ -157,3 +157,39 @@ fn version_and_help() {
     // No subcommand is a usage error (clap exits 2).
     assert_eq!(crossbar(&[]).status.code(), Some(2));
 }
+
+#[test]
+fn check_opens_the_files_the_config_names_and_names_their_lines() {
+    // conf/crossbar.yaml names /etc/crossbar/admin.token (line 14), a CA bundle
+    // (line 63) and a state file under /var/lib/crossbar (line 54), none of which
+    // exist on a build machine; --config-only skips them (previous test).
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/crossbar.yaml");
+    let path = conf.to_str().unwrap();
+    let out = crossbar(&["check", "-c", path]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{path}:14:15: admin.token_file: cannot read /etc/crossbar/admin.token: "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{path}:63:16: services.puppet.health.ca_file: cannot read /etc/crossbar/puppet-ca.pem as PEM certificates: ")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_without_c_reads_the_packaged_path() {
+    let out = crossbar(&["check"]);
+    let stderr = text(&out.stderr);
+    if Path::new("/etc/crossbar/crossbar.yaml").exists() {
+        return; // the package is installed here; tests/package/run.sh covers it
+    }
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("/etc/crossbar/crossbar.yaml: cannot read: "),
+        "{stderr}"
+    );
+}

@@ -10,6 +10,7 @@ mod error;
 mod files;
 mod health;
 mod position;
+mod problems;
 mod raw;
 mod shared;
 mod stick_rules;
