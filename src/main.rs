@@ -308,7 +308,10 @@ fn reload(config: Option<PathBuf>, mut admin: AdminArgs) -> ExitCode {
             Ok(cfg) => cfg,
             Err(e) => {
                 eprintln!("{e}");
-                eprintln!("reload refused: {} has errors; the running configuration stays", path.display());
+                eprintln!(
+                    "reload refused: {} has errors; the running configuration stays",
+                    path.display()
+                );
                 return ExitCode::FAILURE;
             }
         };

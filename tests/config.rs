@@ -408,7 +408,14 @@ fn error_messages_have_this_exact_text(#[case] fixture: &str, #[case] lines: &[&
         .map(|l| format!("{}:{l}", path.display()))
         .collect();
     assert_eq!(err, want.join("\n"));
-    for rust in ["struct", "Raw", "u64", "u32", "invalid type", "unknown field"] {
+    for rust in [
+        "struct",
+        "Raw",
+        "u64",
+        "u32",
+        "invalid type",
+        "unknown field",
+    ] {
         assert!(!err.contains(rust), "{rust} leaks into: {err}");
     }
 }

@@ -84,7 +84,10 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("crossbar.yaml");
     let notify = Notify::bind(dir.path());
-    let (a, b) = (Backend::echo("a", true).await, Backend::echo("b", true).await);
+    let (a, b) = (
+        Backend::echo("a", true).await,
+        Backend::echo("b", true).await,
+    );
     let (listen, admin) = (free_port(), free_port());
     std::fs::write(&file, config(listen, admin, &a)).unwrap();
     let _proc = Proc(
@@ -120,7 +123,11 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
             f = file.display()
         )
     );
-    assert_eq!(notify.pending(), Vec::<String>::new(), "nothing reached the server");
+    assert_eq!(
+        notify.pending(),
+        Vec::<String>::new(),
+        "nothing reached the server"
+    );
     assert_eq!(who(listen).await.0, "a", "the old config keeps serving");
 
     // A file that checks but can't be applied (its new listener's port is taken):

@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(
             m[0],
             format!(
-                "c.yaml:1:23: admin.token_file: {} is readable by every user (mode 644): chmod o-rwx it",
+                "c.yaml:1:22: admin.token_file: {} is readable by every user (mode 644): chmod o-rwx it",
                 token.display()
             )
         );

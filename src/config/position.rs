@@ -82,7 +82,8 @@ impl PositionIndex {
             .spots
             .iter()
             .filter(|(path, spots)| {
-                spots.len() > 1 && !std::iter::successors(parent(path), |p| parent(p)).any(duplicated)
+                spots.len() > 1
+                    && !std::iter::successors(parent(path), |p| parent(p)).any(duplicated)
             })
             .filter_map(|(path, spots)| {
                 let first = spots[0].key?;

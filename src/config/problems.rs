@@ -35,7 +35,8 @@ pub(super) fn before_parse(text: &str, file: &Path, index: &PositionIndex) -> Op
     (!d.is_empty()).then_some(ConfigError { diagnostics: d })
 }
 
-const TAB_MESSAGE: &str = "a tab character: YAML indents with spaces only; replace the tab with spaces";
+const TAB_MESSAGE: &str =
+    "a tab character: YAML indents with spaces only; replace the tab with spaces";
 
 /// Positions of tabs used as whitespace (outside quotes and comments).
 fn tabs(text: &str) -> Vec<Pos> {
@@ -203,7 +204,11 @@ fn unknown_key(key: &str, tail: &str) -> String {
 
 /// The `quoted` words of serde's "expected one of `a`, `b`".
 fn backquoted(s: &str) -> Vec<String> {
-    s.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    s.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
 }
 
 /// Levenshtein distance (keys are short: the quadratic table is tiny).
@@ -233,7 +238,11 @@ fn reword(message: &str) -> String {
     for prefix in ["invalid type: ", "invalid value: "] {
         if let Some(rest) = message.strip_prefix(prefix) {
             if let Some((found, expected)) = rest.split_once(", expected ") {
-                return format!("must be {}, not {}", expected_words(expected), found_words(found));
+                return format!(
+                    "must be {}, not {}",
+                    expected_words(expected),
+                    found_words(found)
+                );
             }
         }
     }
@@ -329,7 +338,9 @@ fn steps(path: &str) -> Vec<Step> {
             }
             rest = &rest[i..];
             while let Some(r) = rest.strip_prefix('[') {
-                let Some((n, tail)) = r.split_once(']') else { break };
+                let Some((n, tail)) = r.split_once(']') else {
+                    break;
+                };
                 if let Ok(n) = n.parse() {
                     out.push(Step::Index(n));
                 }

@@ -37,8 +37,8 @@ pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
     if let Some(err) = super::problems::before_parse(text, file, &index) {
         return Err(err);
     }
-    let raw: RawConfig = serde_yaml::from_str(text)
-        .map_err(|e| super::problems::collect(text, file, &e, &index))?;
+    let raw: RawConfig =
+        serde_yaml::from_str(text).map_err(|e| super::problems::collect(text, file, &e, &index))?;
     let mut checker = Checker {
         file,
         index,
