@@ -306,7 +306,10 @@ async fn serve(
     if let Some(kind) = stats.error {
         log.error = Some(format!("{kind}"));
     }
-    if stats.end == RelayEnd::ServerError && stats.server_to_client == 0 {
+    if let Some(abort) = stats.abort.filter(|a| !a.local) {
+        svc.metrics.reset(abort.by);
+    }
+    if stats.end == RelayEnd::BackendReset && stats.server_to_client == 0 {
         tracing::warn!(service = %svc.name(), backend = %backend.name, "backend reset the connection before answering");
     }
     svc.metrics

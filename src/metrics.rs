@@ -12,6 +12,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::relay::Peer;
 use crate::stick::{KeyKind, StickTable};
 
 /// Buckets for connect time: loopback is ~100 us, a WAN master tens of ms, a timeout seconds.
@@ -46,6 +47,7 @@ pub struct Metrics {
     listener_refused: IntCounterVec,
     routing_refused: IntCounterVec,
     queue_timeouts: IntCounterVec,
+    resets: IntCounterVec,
     config_reloads: IntCounterVec,
     health_checks: IntCounterVec,
     tables: Arc<TableCollector>,
@@ -196,6 +198,12 @@ impl Metrics {
                 "Connections that waited for a backend slot and gave up.",
                 &["service"],
             ),
+            resets: counter_vec(
+                &r,
+                "crossbar_connection_resets_total",
+                "Relayed connections a peer aborted (reset or error), by the side that aborted; crossbar reset the other side in turn.",
+                &["service", "side"],
+            ),
             config_reloads: counter_vec(
                 &r,
                 "crossbar_config_reloads_total",
@@ -259,6 +267,8 @@ impl Metrics {
             learned: keys.map(|k| self.stick_learned.with_label_values(&[service, k])),
             duration: self.connection_duration.with_label_values(&[service]),
             queue_timeouts: self.queue_timeouts.with_label_values(&[service]),
+            resets: [Peer::Client, Peer::Backend]
+                .map(|p| self.resets.with_label_values(&[service, p.as_str()])),
             hello_errors: self.hello_errors.clone(),
             routing_refused: self.routing_refused.clone(),
         }
@@ -363,6 +373,8 @@ pub struct ServiceMetrics {
     pub duration: Histogram,
     /// Queue give-ups.
     pub queue_timeouts: IntCounter,
+    /// Aborts passed on, by the side that aborted (client, backend).
+    resets: [IntCounter; 2],
     hello_errors: IntCounterVec,
     routing_refused: IntCounterVec,
 }
@@ -392,6 +404,15 @@ impl ServiceMetrics {
     /// Count a learned entry.
     pub fn learned(&self, kind: KeyKind) {
         self.learned[key_index(kind)].inc()
+    }
+
+    /// Count a relayed connection `side` aborted (and crossbar reset the other side).
+    pub fn reset(&self, side: Peer) {
+        let i = match side {
+            Peer::Client => 0,
+            Peer::Backend => 1,
+        };
+        self.resets[i].inc()
     }
 
     /// Count a hello error (rare path: label lookup here is fine).

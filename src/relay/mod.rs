@@ -1,5 +1,6 @@
 //! The byte pump: relays both directions until both are done, passing half-closes
-//! through, with an idle timeout and per-direction byte counts.
+//! and aborts through (see [`ending`]), with an idle timeout and per-direction byte
+//! counts.
 //!
 //! While the TLS handshake is under way, the server->client bytes are also shown to
 //! a [`ServerWatcher`] (after being forwarded, so inspection adds no latency); once it
@@ -8,7 +9,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -20,8 +21,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hello::{ServerHandshake, ServerWatcher};
 
+pub mod ending;
 #[cfg(target_os = "linux")]
 mod splice;
+
+pub use ending::{Abort, Ending, Peer};
 
 /// Per-direction copy buffer: large enough for a full TLS record (16 KiB + overhead)
 /// in one read.
@@ -36,10 +40,14 @@ pub enum RelayEnd {
     ServerClosed,
     /// No bytes either way for the idle timeout.
     IdleTimeout,
-    /// Reading from or writing to the client failed (reset, ...).
-    ClientError,
-    /// Reading from or writing to the server failed.
-    ServerError,
+    /// The client reset the connection (or it failed); the backend was reset in turn
+    /// after every byte the client had sent reached it.
+    ClientReset,
+    /// The backend reset the connection (or it failed); the client was reset in turn
+    /// after every byte the backend had sent reached it.
+    BackendReset,
+    /// crossbar itself could not go on (no pipe for splice...); both peers were reset.
+    LocalError,
     /// Cut by shutdown after the grace period.
     Shutdown,
 }
@@ -51,8 +59,9 @@ impl RelayEnd {
             RelayEnd::ClientClosed => "client_closed",
             RelayEnd::ServerClosed => "server_closed",
             RelayEnd::IdleTimeout => "idle_timeout",
-            RelayEnd::ClientError => "client_error",
-            RelayEnd::ServerError => "server_error",
+            RelayEnd::ClientReset => "client_reset",
+            RelayEnd::BackendReset => "backend_reset",
+            RelayEnd::LocalError => "local_error",
             RelayEnd::Shutdown => "shutdown",
         }
     }
@@ -67,8 +76,11 @@ pub struct RelayStats {
     pub server_to_client: u64,
     /// How it ended.
     pub end: RelayEnd,
-    /// The I/O error behind a `ClientError`/`ServerError` end.
+    /// The I/O error behind a `ClientReset`/`BackendReset`/`LocalError` end.
     pub error: Option<io::ErrorKind>,
+    /// The abort passed on, if a peer aborted (also when the relay then ended by
+    /// idle timeout or shutdown while still delivering the aborting peer's bytes).
+    pub abort: Option<Abort>,
 }
 
 /// Counters the relay adds to as bytes flow, borrowed from the backend's metric handles: no per-connection clone (and so no
@@ -113,9 +125,37 @@ impl Activity {
 enum Side {
     Read(io::Error),
     Write(io::Error),
+    /// Neither: crossbar's own resources (a pipe) failed.
+    Local(io::Error),
 }
 
-/// Relay `src` to `dst` until EOF, then shut down `dst`'s write side (half-close).
+/// Relay `src` to `dst` until EOF, then half-close `dst`, unless `aborted` says the
+/// other direction found an abort: then `dst` is to be reset, and a FIN ahead of
+/// the reset would let it take a truncated stream for a complete one (a reset's
+/// error is reported once per socket, so after the other direction's write saw it,
+/// this direction's read of the aborting peer ends in a plain EOF).
+async fn pump(
+    src: ReadHalf<'_>,
+    mut dst: WriteHalf<'_>,
+    counter: &IntCounter,
+    total: &AtomicU64,
+    activity: &Activity,
+    aborted: &AtomicBool,
+    watch: Option<Box<Watch<'_>>>,
+) -> Ending {
+    match move_bytes(src, &mut dst, counter, total, activity, watch).await {
+        Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
+        Ok(()) => match dst.shutdown().await {
+            Ok(()) => Ending::Fin,
+            Err(e) => Ending::DestinationAborted(e),
+        },
+        Err(Side::Read(e)) => Ending::SourceAborted(e),
+        Err(Side::Write(e)) => Ending::DestinationAborted(e),
+        Err(Side::Local(e)) => Ending::Local(e),
+    }
+}
+
+/// Move bytes `src` -> `dst` until `src` reaches EOF.
 ///
 /// Like HAProxy's `splice-auto`: bytes are first copied through a per-thread scratch
 /// buffer, which for the small messages of a TLS handshake and a Puppet request costs
@@ -125,9 +165,9 @@ enum Side {
 /// life, unless the handshake is still being watched (the watcher must see the bytes).
 /// No buffer is held per connection: bytes a slow destination doesn't take at once
 /// wait in a `backlog` allocated for that moment only.
-async fn pump(
+async fn move_bytes(
     mut src: ReadHalf<'_>,
-    mut dst: WriteHalf<'_>,
+    dst: &mut WriteHalf<'_>,
     counter: &IntCounter,
     total: &AtomicU64,
     activity: &Activity,
@@ -158,18 +198,18 @@ async fn pump(
                     activity,
                 ))
                 .await?;
-                break;
+                return Ok(());
             }
         }
         let moved =
-            std::future::poll_fn(|cx| copy_once(cx, &mut src, &mut dst, &mut backlog, &mut watch))
+            std::future::poll_fn(|cx| copy_once(cx, &mut src, dst, &mut backlog, &mut watch))
                 .await?;
         match moved {
             Copied::Eof => {
                 if let Some(w) = watch.take() {
                     (w.on_handshake)(w.watcher.info());
                 }
-                break;
+                return Ok(());
             }
             Copied::Bytes { written, full } => {
                 activity.touch();
@@ -178,7 +218,6 @@ async fn pump(
             }
         }
     }
-    dst.shutdown().await.map_err(Side::Write)
 }
 
 /// What one [`copy_once`] did.
@@ -263,7 +302,11 @@ fn splice_enabled() -> bool {
 }
 
 /// Relay `client` <-> `server` until both directions are closed, the connection is
-/// idle for `idle`, an error occurs on either side, or `hard_stop` fires.
+/// idle for `idle`, a peer aborts, or `hard_stop` fires.
+///
+/// A peer's abort is passed on as an abort ([`ending`]): the aborting peer's bytes
+/// still in flight are delivered first, then the other peer is reset (it is marked
+/// SO_LINGER 0 here and reset when the caller drops it).
 pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
@@ -277,52 +320,107 @@ pub async fn relay(
         last_ms: AtomicU64::new(0),
     };
     let (c2s_total, s2c_total) = (AtomicU64::new(0), AtomicU64::new(0));
-    let (cr, cw) = client.split();
-    let (sr, sw) = server.split();
-    let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, None);
-    let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, watch);
-    tokio::pin!(c2s, s2c);
-    let (mut c2s_done, mut s2c_done) = (false, false);
-    let mut first_close: Option<RelayEnd> = None;
-    let mut error = None;
-    let idle_timer = tokio::time::sleep(idle);
-    tokio::pin!(idle_timer);
-    let end = loop {
-        tokio::select! {
-            r = &mut c2s, if !c2s_done => {
-                c2s_done = true;
-                match r {
-                    Ok(()) => { first_close.get_or_insert(RelayEnd::ClientClosed); }
-                    Err(Side::Read(e)) => { error = Some(e.kind()); break RelayEnd::ClientError }
-                    Err(Side::Write(e)) => { error = Some(e.kind()); break RelayEnd::ServerError }
-                }
-            }
-            r = &mut s2c, if !s2c_done => {
-                s2c_done = true;
-                match r {
-                    Ok(()) => { first_close.get_or_insert(RelayEnd::ServerClosed); }
-                    Err(Side::Read(e)) => { error = Some(e.kind()); break RelayEnd::ServerError }
-                    Err(Side::Write(e)) => { error = Some(e.kind()); break RelayEnd::ClientError }
-                }
-            }
-            () = &mut idle_timer => {
-                let quiet = activity.idle_for();
-                if quiet >= idle {
-                    break RelayEnd::IdleTimeout;
-                }
-                idle_timer.as_mut().reset(tokio::time::Instant::now() + (idle - quiet));
-            }
-            () = hard_stop.cancelled() => break RelayEnd::Shutdown,
-        }
-        if c2s_done && s2c_done {
-            break first_close.unwrap_or(RelayEnd::ClientClosed);
-        }
+    let aborted = AtomicBool::new(false);
+    let (end, abort) = {
+        let (cr, cw) = client.split();
+        let (sr, sw) = server.split();
+        let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, &aborted, None);
+        let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, &aborted, watch);
+        tokio::pin!(c2s, s2c);
+        drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
     };
+    match abort {
+        Some(a) if a.local => {
+            ending::reset_on_close(client);
+            ending::reset_on_close(server);
+        }
+        Some(a) => {
+            let to = match a.by {
+                Peer::Client => &*server,
+                Peer::Backend => &*client,
+            };
+            // Delivered bytes wait for no acknowledgement once the relay was cut.
+            if end == RelayEnd::IdleTimeout || end == RelayEnd::Shutdown {
+                ending::reset_on_close(to);
+            } else {
+                ending::pass_on(to, idle, hard_stop).await;
+            }
+        }
+        None => {}
+    }
     RelayStats {
         client_to_server: c2s_total.load(Ordering::Relaxed),
         server_to_client: s2c_total.load(Ordering::Relaxed),
         end,
-        error,
+        error: abort.map(|a| a.error),
+        abort,
+    }
+}
+
+/// Poll both directions until both are done, the relay is idle for `idle`, or
+/// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
+/// direction from it runs on until it has delivered what the aborting peer sent.
+async fn drive(
+    mut c2s: Pin<&mut impl std::future::Future<Output = Ending>>,
+    mut s2c: Pin<&mut impl std::future::Future<Output = Ending>>,
+    idle: Duration,
+    activity: &Activity,
+    aborted: &AtomicBool,
+    hard_stop: &CancellationToken,
+) -> (RelayEnd, Option<Abort>) {
+    let (mut c2s_done, mut s2c_done) = (false, false);
+    let mut first_close: Option<RelayEnd> = None;
+    let mut abort: Option<Abort> = None;
+    let idle_timer = tokio::time::sleep(idle);
+    tokio::pin!(idle_timer);
+    loop {
+        let (source, ending) = tokio::select! {
+            r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
+            r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
+            () = &mut idle_timer => {
+                let quiet = activity.idle_for();
+                if quiet >= idle {
+                    return (RelayEnd::IdleTimeout, abort);
+                }
+                idle_timer.as_mut().reset(tokio::time::Instant::now() + (idle - quiet));
+                continue;
+            }
+            () = hard_stop.cancelled() => return (RelayEnd::Shutdown, abort),
+        };
+        match (Abort::of(source, &ending), abort) {
+            (Some(found), None) => {
+                aborted.store(true, Ordering::Relaxed);
+                abort = Some(found);
+                if found.local {
+                    return (RelayEnd::LocalError, abort);
+                }
+                // Nothing more goes to the peer that aborted.
+                match found.by {
+                    Peer::Client => s2c_done = true,
+                    Peer::Backend => c2s_done = true,
+                }
+            }
+            (Some(_), Some(_)) => {}
+            (None, _) => {
+                let closed = match source {
+                    Peer::Client => RelayEnd::ClientClosed,
+                    Peer::Backend => RelayEnd::ServerClosed,
+                };
+                first_close.get_or_insert(closed);
+            }
+        }
+        if c2s_done && s2c_done {
+            let end = match abort {
+                Some(Abort {
+                    by: Peer::Client, ..
+                }) => RelayEnd::ClientReset,
+                Some(Abort {
+                    by: Peer::Backend, ..
+                }) => RelayEnd::BackendReset,
+                None => first_close.unwrap_or(RelayEnd::ClientClosed),
+            };
+            return (end, abort);
+        }
     }
 }
 

@@ -138,10 +138,10 @@ pub(super) async fn pump(
 ) -> Result<(), Side> {
     loop {
         src.readable().await.map_err(Side::Read)?;
-        let mut lent = Lent::take().map_err(Side::Read)?;
+        let mut lent = Lent::take().map_err(Side::Local)?;
         let (pr, pw, size) = match &lent.pipe {
             Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
-            None => return Err(Side::Read(io::Error::other("pipe pool"))),
+            None => return Err(Side::Local(io::Error::other("pipe pool"))),
         };
         let n = match src.try_io(Interest::READABLE, || splice(src.as_raw_fd(), pw, size)) {
             Ok(0) => return Ok(()),
