@@ -9,9 +9,8 @@ use crossbar::admin::Action;
 use crossbar::cli::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
 use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
 
-/// Layer-4 TLS-passthrough load balancer for Puppet masters.
-#[derive(Parser)]
-#[command(version, about, long_about = None, after_help = "\
+/// Command lines shown by `--help` and in crossbar(1).
+const EXAMPLES: &str = "\
 Examples:
   crossbar demo                         # self-contained demo on loopback, exits when done
   crossbar check                        # /etc/crossbar/crossbar.yaml unless -c FILE
@@ -20,7 +19,11 @@ Examples:
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
   crossbar status                       # services and backends, from the admin API
   crossbar backend drain puppet/compile1 --token-file /etc/crossbar/admin.token
-  crossbar table show puppet --limit 20")]
+  crossbar table show puppet --limit 20";
+
+/// Layer-4 TLS-passthrough load balancer for Puppet masters.
+#[derive(Parser)]
+#[command(version, about, long_about = None, after_help = EXAMPLES)]
 struct Cli {
     /// Log line format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -337,7 +340,7 @@ fn generate(what: Generated, dir: Option<PathBuf>) -> ExitCode {
         Generated::Man => {
             let dir = dir.unwrap_or_else(|| PathBuf::from("."));
             return report(
-                clap_mangen::generate_to(cmd, &dir)
+                man_pages(cmd, &dir)
                     .with_context(|| format!("writing man pages into {}", dir.display())),
             );
         }
@@ -348,6 +351,53 @@ fn generate(what: Generated, dir: Option<PathBuf>) -> ExitCode {
     clap_complete::generate(shell, &mut cmd, "crossbar", &mut out);
     ExitCode::SUCCESS
 }
+
+/// crossbar(1) and crossbar-SUBCOMMAND(1) into `dir`. The main page gets EXAMPLES
+/// kept as lines (clap_mangen would reflow them), FILES and SEE ALSO.
+fn man_pages(cmd: clap::Command, dir: &std::path::Path) -> Result<()> {
+    clap_mangen::generate_to(cmd.clone(), dir)?;
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let man = clap_mangen::Man::new(cmd);
+    let mut page = Vec::new();
+    man.render_title(&mut page)?;
+    man.render_name_section(&mut page)?;
+    man.render_synopsis_section(&mut page)?;
+    man.render_description_section(&mut page)?;
+    man.render_options_section(&mut page)?;
+    man.render_subcommands_section(&mut page)?;
+    page.extend_from_slice(MAN_TAIL.replace('-', "\\-").as_bytes());
+    let examples = EXAMPLES
+        .trim_start_matches("Examples:\n")
+        .replace('-', "\\-");
+    let page = String::from_utf8_lossy(&page).replace("@EXAMPLES@", &examples);
+    std::fs::write(dir.join("crossbar.1"), page)?;
+    Ok(())
+}
+
+/// The end of crossbar(1), in roff; `@EXAMPLES@` is replaced by [`EXAMPLES`].
+const MAN_TAIL: &str = r#".SH EXAMPLES
+.nf
+@EXAMPLES@
+.fi
+.SH FILES
+.TP
+/etc/crossbar/crossbar.yaml
+The configuration (crossbar-run, crossbar-check and crossbar-reload read it without \fB-c\fR).
+.TP
+/var/lib/crossbar/
+Stick-table state files (stick.state_file).
+.TP
+/run/crossbar/
+The hitless-upgrade socket (run \fB--upgrade-socket\fR /run/crossbar/upgrade.sock).
+.SH SIGNALS
+SIGHUP reloads the configuration file (a bad file keeps the running one);
+SIGTERM and SIGINT stop accepting and drain established connections for up to
+timeouts.shutdown, a second one exits at once.
+.SH SEE ALSO
+/usr/share/doc/crossbar/ (configuration.md, operations.md, metrics.md),
+systemctl(1), journalctl(1)
+"#;
 
 fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
