@@ -184,6 +184,7 @@ impl Backend {
             ) {
                 Ok(_) => {
                     self.metrics.active.inc();
+                    self.metrics.live.note_active(cur + 1);
                     return Some(Lease {
                         backend: self.clone(),
                     });

@@ -122,6 +122,7 @@ pub async fn run(serve: bool) -> Result<()> {
         admin_stop.clone(),
     ));
 
+    println!("status page: http://{admin_addr}/  (open it in a browser)");
     println!(
         "crossbar demo: 9 TLS backends (3 per service), crossbar in front, config {}",
         path.display()
@@ -135,7 +136,7 @@ pub async fn run(serve: bool) -> Result<()> {
     print_tables(&server);
     print_metrics(&server);
     if serve {
-        println!("\nserving until Ctrl-C. Try:");
+        println!("\nserving until Ctrl-C. Status page: http://{admin_addr}/  Try:");
         println!("  openssl s_client -connect {shared} -servername puppet.{DOMAIN} </dev/null");
         println!("  curl -s http://{admin_addr}/metrics | grep crossbar_stick");
         println!("  crossbar status --admin http://{admin_addr}");

@@ -601,10 +601,12 @@ async fn check_loop(svc: Arc<Service>, b: Arc<Backend>, stop: CancellationToken)
             match result {
                 Ok(()) => {
                     b.metrics.check_ok.inc();
+                    b.metrics.live.note_check(None);
                     observe_and_log(&svc, &b, true, &format_args!("{kind} check passed"));
                 }
                 Err(e) => {
                     b.metrics.check_fail.inc();
+                    b.metrics.live.note_check(Some(&e));
                     tracing::debug!(service = %svc.name(), backend = %b.name, "{kind} check failed: {e}");
                     observe_and_log(&svc, &b, false, &format_args!("{kind} check: {e}"));
                 }

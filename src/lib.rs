@@ -13,7 +13,9 @@
 //! Around them: [`config`] (YAML -> validated model), [`server`] (builds services,
 //! owns listeners, reload and shutdown), [`conn`] (one connection's life),
 //! [`health`] (active checks and passive failure counting: rise/fall),
-//! [`metrics`], [`admin`] (the HTTP endpoint: /metrics, /healthz, /api), [`cli`]
+//! [`metrics`] and [`live`] (since-when, peaks, last check and reload for the
+//! status page), [`admin`] (the HTTP endpoint: the status page, /metrics,
+//! /healthz, /api), [`cli`]
 //! (the `crossbar status|table|backend|reload` clients of that API) and [`demo`]
 //! (a self-contained run with local TLS backends).
 #![deny(unsafe_code)]
@@ -27,6 +29,7 @@ pub mod demo;
 pub mod health;
 pub mod hello;
 pub mod listener;
+pub mod live;
 pub mod metrics;
 pub mod probe;
 pub mod proxy_protocol;

@@ -3,6 +3,7 @@
 //! Handles are resolved once when a service is built, so the data path only does
 //! atomic adds. Stick-table sizes are read from the tables at scrape time by a
 //! collector, so the data path never touches those gauges.
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use prometheus::core::{Collector, Desc};
@@ -12,6 +13,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::live::BackendLive;
 use crate::relay::Peer;
 use crate::stick::{KeyKind, StickTable};
 
@@ -51,6 +53,10 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     health_checks: IntCounterVec,
     tables: Arc<TableCollector>,
+    /// Process facts for the status page (start, last reload).
+    pub process: crate::live::ProcessLive,
+    /// Backend facts by (service, backend): kept across reloads like the counters.
+    live: Mutex<HashMap<(String, String), Arc<BackendLive>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -217,6 +223,8 @@ impl Metrics {
                 &["service", "backend", "result"],
             ),
             tables,
+            process: Default::default(),
+            live: Mutex::new(HashMap::new()),
             registry: r,
         });
         metrics.zero_fixed_labels();
@@ -302,13 +310,25 @@ impl Metrics {
                 .health_checks
                 .with_label_values(&[service, backend, "fail"]),
             state: self.backend_state.clone(),
+            live: self.backend_live(service, backend),
             service: service.to_string(),
             backend: backend.to_string(),
         }
     }
 
+    fn backend_live(&self, service: &str, backend: &str) -> Arc<BackendLive> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.entry((service.to_string(), backend.to_string()))
+            .or_default()
+            .clone()
+    }
+
     /// Remove the label sets of a backend that left the configuration.
     pub fn forget_backend(&self, service: &str, backend: &str) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(service.to_string(), backend.to_string()));
         let l = [service, backend];
         for v in [&self.connections, &self.connect_errors] {
             let _ = v.remove_label_values(&l); // ok: absent labels are fine
@@ -401,6 +421,12 @@ impl ServiceMetrics {
         }
     }
 
+    /// Stick lookups so far: (hits, misses), every key kind together.
+    pub fn lookup_totals(&self) -> (u64, u64) {
+        let sum = |v: &[IntCounter; 4]| v.iter().map(IntCounter::get).sum();
+        (sum(&self.lookup_hit), sum(&self.lookup_miss))
+    }
+
     /// Count a learned entry.
     pub fn learned(&self, kind: KeyKind) {
         self.learned[key_index(kind)].inc()
@@ -468,6 +494,8 @@ pub struct BackendMetrics {
     pub check_ok: IntCounter,
     /// Failed active checks.
     pub check_fail: IntCounter,
+    /// Since-when, peak and last check (see [`crate::live`]).
+    pub live: Arc<BackendLive>,
     state: IntGaugeVec,
     service: String,
     backend: String,
@@ -476,6 +504,7 @@ pub struct BackendMetrics {
 impl BackendMetrics {
     /// Set the state gauge: 1 for `state`, 0 for the others.
     pub fn set_state(&self, state: &str) {
+        self.live.note_state(state);
         for s in BACKEND_STATES {
             self.state
                 .with_label_values(&[&self.service, &self.backend, s])

@@ -187,6 +187,7 @@ pub fn reload(server: &Arc<Server>) -> Result<(), String> {
         .map_err(|e| e.to_string())
         .and_then(|cfg| server.reload(cfg).map_err(|e| e.to_string()));
     crate::system::sd_notify("READY=1");
+    server.metrics().process.note_reload(&result);
     match result {
         Ok(()) => {
             server.metrics().reload(true);

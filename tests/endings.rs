@@ -414,6 +414,98 @@ async fn reset_during_drain_is_still_a_reset() {
     assert_eq!(resets(&lb, "backend"), 1.0);
 }
 
+/// A reload while a connection is relayed doesn't change how it ends: the
+/// backend's reset still reaches the client as a reset, after its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_after_reload_is_still_a_reset() {
+    let ca = TestCa::new("endings CA").expect("CA");
+    let gate = Arc::new(Notify::new());
+    let script = Script::EchoThen(SMALL, BackendEnd::Reset);
+    let backend = TestBackend::start(Mode::Tcp, &ca, script, Some(gate.clone())).await;
+    let yaml = service_yaml(Mode::Tcp, backend.addr);
+    let lb = Crossbar::start(&yaml).await;
+    let upload = payload(SMALL * 2, 4);
+
+    let client = connect(Mode::Tcp, &ca, lb.addr("svc")).await;
+    let exchange = tokio::spawn({
+        let upload = upload.clone();
+        async move { upload_and_read(client, &upload).await }
+    });
+    wait_until("the connection is relayed", || lb.active("svc", "b") == 1).await;
+    // A new config (another idle timeout) for new connections; this one keeps its own.
+    lb.reload(&yaml.replace(
+        "    mode: tcp\n",
+        "    mode: tcp\n    timeouts: { idle: 10m }\n",
+    ));
+    gate.notify_one();
+
+    let seen = within("the exchange", exchange).await.expect("client task");
+    assert_eq!(seen, Observed::of(&upload[..SMALL], Seen::Reset));
+}
+
+/// The access log names the side that aborted: `end=backend_reset` when the
+/// backend reset, `end=client_reset` when the client did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_names_the_side_that_reset() {
+    let log = LogBuffer::default();
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(log.clone())
+        .try_init()
+        .expect("this test's process has no other subscriber (nextest)");
+    let ca = TestCa::new("endings CA").expect("CA");
+    let script = Script::EchoThen(SMALL, BackendEnd::Reset);
+    let resetting = TestBackend::start(Mode::Tcp, &ca, script, None).await;
+    let lb = Crossbar::start(&service_yaml(Mode::Tcp, resetting.addr)).await;
+    let client = connect(Mode::Tcp, &ca, lb.addr("svc")).await;
+    let seen = upload_and_read(client, &payload(SMALL * 2, 5)).await;
+    assert_eq!(seen.end, Seen::Reset);
+    wait_until("end=backend_reset logged", || {
+        log.contains("end=backend_reset")
+    })
+    .await;
+
+    let receiving = TestBackend::start(Mode::Tcp, &ca, Script::Receive, None).await;
+    let lb = Crossbar::start(&service_yaml(Mode::Tcp, receiving.addr)).await;
+    upload_then_reset(
+        connect(Mode::Tcp, &ca, lb.addr("svc")).await,
+        &payload(SMALL, 6),
+    )
+    .await;
+    assert_eq!(receiving.next_report().await.end, Seen::Reset);
+    wait_until("end=client_reset logged", || {
+        log.contains("end=client_reset")
+    })
+    .await;
+}
+
+/// Log output kept in memory for [`access_log_names_the_side_that_reset`].
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    fn contains(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.0.lock().expect("log")).contains(text)
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
+
 fn resets(lb: &Crossbar, side: &str) -> f64 {
     let text = lb.server.metrics().encode();
     let labels = [("service", "svc"), ("side", side)];

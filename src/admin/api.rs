@@ -2,10 +2,11 @@
 //! state changes and reload. Pure functions of the running [`Server`], so the HTTP
 //! layer in `mod.rs` only routes and authorizes.
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use serde_json::{json, Value};
 
-use crate::balance::AdminState;
+use crate::balance::{AdminState, Backend};
 use crate::config::{Balance, Mode};
 use crate::server::{Server, Service};
 
@@ -113,22 +114,7 @@ pub fn services(server: &Server) -> Value {
         .services()
         .iter()
         .map(|svc| {
-            let backends: Vec<Value> = svc
-                .pool
-                .backends
-                .iter()
-                .map(|b| {
-                    json!({
-                        "name": &*b.name,
-                        "address": b.config.address.to_string(),
-                        "state": b.state_name(),
-                        "available": b.is_available(),
-                        "active_connections": b.active(),
-                        "weight": b.config.weight,
-                        "backup": b.config.backup,
-                    })
-                })
-                .collect();
+            let backends: Vec<Value> = svc.pool.backends.iter().map(|b| backend_json(b)).collect();
             let listeners: Vec<String> = server
                 .local_addrs(svc.name())
                 .iter()
@@ -139,12 +125,99 @@ pub fn services(server: &Server) -> Value {
                 "mode": mode_name(svc.config.mode),
                 "balance": balance_name(svc.config.balance),
                 "listeners": listeners,
-                "stick_table": svc.table.as_ref().map(|t| stats(&t.stats())),
+                "stick_table": svc.table.as_ref().map(|t| table_json(svc, &t.stats())),
+                "queued": svc.pool.queued(),
+                "queue_size": svc.config.queue_size,
+                "handshakes": handshakes(&svc.pool.backends),
                 "backends": backends,
             })
         })
         .collect();
-    json!({ "services": list })
+    json!({ "crossbar": process_json(server), "services": list })
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn seconds_since(t: SystemTime) -> u64 {
+    SystemTime::now()
+        .duration_since(t)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Version, uptime, the config file and the last reload's outcome.
+fn process_json(server: &Server) -> Value {
+    let p = &server.metrics().process;
+    let reload = p.last_reload().map(|r| {
+        json!({
+            "at": rfc3339(r.at),
+            "seconds_ago": seconds_since(r.at),
+            "ok": r.error.is_none(),
+            "error": r.error,
+        })
+    });
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "started_at": rfc3339(p.started_at()),
+        "uptime_seconds": p.uptime().as_secs(),
+        "config": server.config().source.display().to_string(),
+        "last_reload": reload,
+    })
+}
+
+fn backend_json(b: &Backend) -> Value {
+    let (m, live) = (&b.metrics, &b.metrics.live);
+    let since = live.state_since();
+    let check = live.last_check().map(|c| {
+        json!({
+            "at": rfc3339(c.at),
+            "seconds_ago": seconds_since(c.at),
+            "result": if c.error.is_none() { "ok" } else { "fail" },
+            "error": c.error,
+        })
+    });
+    json!({
+        "name": &*b.name,
+        "address": b.config.address.to_string(),
+        "state": b.state_name(),
+        "state_since": rfc3339(since),
+        "state_seconds": seconds_since(since),
+        "available": b.is_available(),
+        "active_connections": b.active(),
+        "peak_connections": live.peak(),
+        "connections_total": m.connections.get(),
+        "weight": b.config.weight,
+        "backup": b.config.backup,
+        "bytes": {
+            "client_to_server": m.bytes_c2s.get(),
+            "server_to_client": m.bytes_s2c.get(),
+        },
+        "connect_errors": m.connect_errors.get(),
+        "check": crate::health::check_label(&b.config.health.check),
+        "check_failures": m.check_fail.get(),
+        "last_check": check,
+        "handshakes": { "resumed": m.resumed.get(), "full": m.full.get() },
+    })
+}
+
+/// Resumed and full TLS handshakes over a service's backends.
+fn handshakes(backends: &[Arc<Backend>]) -> Value {
+    let (resumed, full) = backends.iter().fold((0, 0), |(r, f), b| {
+        (r + b.metrics.resumed.get(), f + b.metrics.full.get())
+    });
+    json!({ "resumed": resumed, "full": full })
+}
+
+/// A stick table's counters plus the service's lookup hit ratio (`null` before
+/// the first lookup).
+fn table_json(svc: &Service, s: &crate::stick::TableStats) -> Value {
+    let mut v = stats(s);
+    let (hits, misses) = svc.metrics.lookup_totals();
+    let total = hits + misses;
+    v["lookups"] = json!({ "hit": hits, "miss": misses });
+    v["hit_ratio"] = json!((total > 0).then(|| hits as f64 / total as f64));
+    v
 }
 
 fn stats(s: &crate::stick::TableStats) -> Value {

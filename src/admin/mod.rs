@@ -1,4 +1,4 @@
-//! The admin HTTP endpoint: `/metrics`, `/healthz` and the `/api` to inspect
+//! The admin HTTP endpoint: the status page at `/`, `/metrics`, `/healthz` and the `/api` to inspect
 //! services, show and flush stick tables, drain/enable/disable backends and reload.
 //!
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
@@ -9,6 +9,7 @@
 //! `{"error": "..."}`.
 mod api;
 mod auth;
+pub mod page;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -180,6 +181,7 @@ fn error(status: StatusCode, msg: impl std::fmt::Display) -> Reply {
 /// The endpoints, with the methods each accepts.
 #[derive(Debug)]
 enum Route<'a> {
+    Page,
     Metrics,
     Healthz,
     Services,
@@ -192,6 +194,7 @@ impl Route<'_> {
     fn parse(path: &str) -> Option<Route<'_>> {
         let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         Some(match segs.as_slice() {
+            [] => Route::Page,
             ["metrics"] => Route::Metrics,
             ["healthz"] => Route::Healthz,
             ["api", "services"] => Route::Services,
@@ -280,6 +283,7 @@ fn denied_reply(d: auth::Denied) -> Reply {
 fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&str>) -> Reply {
     let server = &ctx.server;
     let result = match route {
+        Route::Page => return page::response(server, query),
         Route::Metrics => {
             return reply(
                 StatusCode::OK,
