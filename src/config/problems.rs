@@ -19,20 +19,44 @@ const MAX_PROBLEMS: usize = 50;
 /// Edit distance up to which an unknown key is taken for a typo of a known one.
 const TYPO_DISTANCE: usize = 2;
 
-/// Tabs and duplicate keys: problems found before deserialising.
-pub(super) fn before_parse(text: &str, file: &Path, index: &PositionIndex) -> Option<ConfigError> {
-    let mut d: Vec<Diagnostic> = tabs(text)
+/// Tabs used as whitespace, all of them: YAML forbids them in indentation and the
+/// parser would report only the first, as "found character that cannot start any token".
+pub(super) fn tabs_check(text: &str, file: &Path) -> Result<(), ConfigError> {
+    let d: Vec<Diagnostic> = tabs(text)
         .into_iter()
         .map(|pos| diag(file, Some(pos), None, TAB_MESSAGE.to_string()))
         .collect();
     if d.is_empty() {
-        for (path, first, dup) in index.duplicates() {
-            let key = path.rsplit('.').next().unwrap_or(&path).to_string();
-            let msg = format!("`{key}` is written twice; the first is at line {}", first.0);
-            d.push(diag(file, Some(dup), Some(path), msg));
-        }
+        Ok(())
+    } else {
+        Err(ConfigError { diagnostics: d })
     }
-    (!d.is_empty()).then_some(ConfigError { diagnostics: d })
+}
+
+/// Keys written twice in one mapping, each reported at the duplicate.
+pub(super) fn duplicates_check(file: &Path, index: &PositionIndex) -> Result<(), ConfigError> {
+    let mut d = Vec::new();
+    for (path, first, dup) in index.duplicates() {
+        let key = path.rsplit('.').next().unwrap_or(&path).to_string();
+        let msg = format!("`{key}` is written twice; the first is at line {}", first.0);
+        d.push(diag(file, Some(dup), Some(path), msg));
+    }
+    if d.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError { diagnostics: d })
+    }
+}
+
+/// A syntax error as the only diagnostic: the YAML parser cannot go on after one.
+/// A key written twice is left to [`duplicates_check`], which names both places.
+pub(super) fn syntax_check(text: &str, file: &Path) -> Result<(), ConfigError> {
+    match serde_yaml::from_str::<Value>(text) {
+        Err(e) if !e.to_string().contains("duplicate entry") => Err(ConfigError {
+            diagnostics: vec![syntax(&e, file)],
+        }),
+        _ => Ok(()),
+    }
 }
 
 const TAB_MESSAGE: &str =
@@ -185,9 +209,19 @@ fn join(parent: &str, key: &str) -> String {
     }
 }
 
+/// Longest unknown key quoted in full, and compared with the known ones.
+const MAX_SHOWN_KEY: usize = 64;
+
 /// "unknown key `x`", with the likely intended key or the keys allowed there.
 fn unknown_key(key: &str, tail: &str) -> String {
     let known = backquoted(tail);
+    if key.chars().count() > MAX_SHOWN_KEY {
+        let head: String = key.chars().take(MAX_SHOWN_KEY).collect();
+        return format!(
+            "unknown key `{head}...` ({} characters)",
+            key.chars().count()
+        );
+    }
     if known.is_empty() {
         return format!("unknown key `{key}`: nothing may be set here");
     }

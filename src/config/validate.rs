@@ -33,10 +33,12 @@ const MAX_WEIGHT: u64 = 256;
 
 /// Parse and validate a configuration file's text.
 pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+    super::problems::tabs_check(text, file)?;
+    // Plain YAML first: a malformed or hostile file (deep nesting, alias bombs)
+    // fails there, once, before the position index or the schema walk it.
+    super::problems::syntax_check(text, file)?;
     let index = PositionIndex::build(text);
-    if let Some(err) = super::problems::before_parse(text, file, &index) {
-        return Err(err);
-    }
+    super::problems::duplicates_check(file, &index)?;
     let raw: RawConfig =
         serde_yaml::from_str(text).map_err(|e| super::problems::collect(text, file, &e, &index))?;
     let mut checker = Checker {
