@@ -41,6 +41,56 @@ impl AdminState {
     }
 }
 
+/// The live state a backend keeps across a reload when its address is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CarriedState {
+    /// Whether it is up.
+    pub healthy: bool,
+    /// The operator's state.
+    pub admin: AdminState,
+    /// Recovered, held back for manual failback.
+    pub standby: bool,
+}
+
+/// Consecutive check results of one backend (the rise/fall streaks).
+///
+/// Lock-free: the data path reports connect outcomes concurrently with the active
+/// check task. Only the flip itself must happen once, and `Backend::set_healthy`
+/// (an atomic swap) guarantees that.
+#[derive(Debug, Default)]
+pub struct HealthStreak {
+    passes: AtomicU32,
+    failures: AtomicU32,
+}
+
+impl HealthStreak {
+    /// Count one result and return the new streak length of that kind.
+    pub fn record(&self, ok: bool) -> u32 {
+        let (grow, reset) = if ok {
+            (&self.passes, &self.failures)
+        } else {
+            (&self.failures, &self.passes)
+        };
+        reset.store(0, Ordering::Release);
+        let prev = grow
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_add(1))
+            })
+            .unwrap_or(u32::MAX);
+        prev.saturating_add(1)
+    }
+
+    /// Consecutive failures so far.
+    pub fn failures(&self) -> u32 {
+        self.failures.load(Ordering::Acquire)
+    }
+
+    /// End a failure streak (a connect proved the backend as well as its check would).
+    pub fn reset_failures(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+}
+
 /// One backend of a service with its live state.
 pub struct Backend {
     /// Name (unique in the service).
@@ -60,7 +110,7 @@ pub struct Backend {
     /// Metric handles.
     pub metrics: BackendMetrics,
     /// Consecutive check results (rise/fall), fed by active and passive checks.
-    pub health: crate::health::HealthStreak,
+    pub health: HealthStreak,
     slot_freed: Arc<Notify>,
 }
 
@@ -296,7 +346,7 @@ impl Pool {
         configs: &[BackendConfig],
         params: PoolParams,
         make: impl Fn(&BackendConfig) -> BackendMetrics,
-        carry: impl Fn(&BackendConfig) -> Option<(bool, AdminState, bool)>,
+        carry: impl Fn(&BackendConfig) -> Option<CarriedState>,
     ) -> Pool {
         let slot_freed = Arc::new(Notify::new());
         let epoch = Instant::now();
@@ -304,15 +354,19 @@ impl Pool {
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let (healthy, admin, standby) = carry(c).unwrap_or((
-                    true,
-                    if c.disabled {
+                let CarriedState {
+                    healthy,
+                    admin,
+                    standby,
+                } = carry(c).unwrap_or(CarriedState {
+                    healthy: true,
+                    admin: if c.disabled {
                         AdminState::Disabled
                     } else {
                         AdminState::Enabled
                     },
-                    false,
-                ));
+                    standby: false,
+                });
                 let b = Backend {
                     name: Arc::from(c.name.as_str()),
                     config: c.clone(),
@@ -547,6 +601,17 @@ impl Drop for QueueSlot<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streaks_reset_each_other_and_saturate() {
+        let s = HealthStreak::default();
+        assert_eq!(s.record(false), 1);
+        assert_eq!(s.record(false), 2);
+        assert_eq!(s.record(true), 1);
+        assert_eq!(s.failures(), 0);
+        s.passes.store(u32::MAX, Ordering::Release);
+        assert_eq!(s.record(true), u32::MAX);
+    }
     use crate::config::{BackendAddress, HealthConfig};
     use crate::metrics::Metrics;
 

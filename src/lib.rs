@@ -3,41 +3,57 @@
 //! One connection flows through the modules in this order:
 //!
 //! - [`listener`]: bind per-service addresses, accept, enforce connection limits.
+//! - [`conn`]: one connection's life as named steps, calling the modules below.
 //! - [`hello`]: read the client's ClientHello (bounded in bytes and time).
 //! - [`route`]: listener + SNI -> service.
-//! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session.
+//! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session
+//!   (the placement policy and what a handshake teaches the table).
 //! - [`balance`]: otherwise pick a backend with the service's algorithm.
-//! - [`relay`]: connect, replay the hello, watch the server's handshake to learn
-//!   stick entries, then pump bytes both ways untouched.
+//! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
+//! - [`relay`]: replay the hello, watch the server's handshake, then pump bytes both
+//!   ways untouched.
+//! - [`access_log`]: one line per connection at its end.
 //!
-//! Around them: [`config`] (YAML -> validated model), [`server`] (builds services,
-//! owns listeners, reload and shutdown), [`conn`] (one connection's life),
-//! [`health`] (active checks and passive failure counting: rise/fall),
-//! [`metrics`] and [`live`] (since-when, peaks, last check and reload for the
-//! status page), [`admin`] (the HTTP endpoint: the status page, /metrics,
-//! /healthz, /api), [`cli`]
-//! (the `crossbar status|table|backend|reload` clients of that API) and [`demo`]
-//! (a self-contained run with local TLS backends).
+//! The layers, each using only the ones below it:
+//!
+//! - commands: [`run`] (`crossbar run`: signals, upgrades, the admin endpoint),
+//!   [`demo`] (a self-contained run with local TLS backends), [`admin_client`] (the
+//!   `crossbar status|table|backend|reload` clients of the admin API);
+//! - [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz, /api) and
+//!   [`upgrade`] (hitless binary upgrades);
+//! - [`server`]: the running balancer: builds services, owns listeners, reload and
+//!   shutdown;
+//! - [`conn`], [`health`] (active checks and passive failure counting: rise/fall) and
+//!   [`ticket_keys`] (learning backends' ticket-key names), all working on
+//! - [`service`]: the runtime model (a service, a listen address's routing, what
+//!   connections share), built from [`config`] (YAML -> validated model) over
+//!   [`balance`], [`stick`], [`route`], [`metrics`] (with [`live`]: since-when,
+//!   peaks, last check and reload for the status page) and [`access_log`];
+//! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
+//!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
 #![deny(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
+pub mod admin_client;
 pub mod balance;
-pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod demo;
+pub mod dial;
 pub mod health;
 pub mod hello;
 pub mod listener;
 pub mod live;
 pub mod metrics;
-pub mod probe;
 pub mod proxy_protocol;
 pub mod relay;
 pub mod route;
 pub mod run;
 pub mod server;
+pub mod service;
 pub mod stick;
 pub mod system;
 pub mod testbed;
+pub mod ticket_keys;
 pub mod upgrade;

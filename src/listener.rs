@@ -100,6 +100,14 @@ fn is_exhaustion(e: &io::Error) -> bool {
 /// per connection.
 const OPTIONS_INHERITED: bool = cfg!(any(target_os = "linux", target_os = "android"));
 
+/// The options an accepted socket carries from its listener: TCP_NODELAY and this
+/// keepalive setting (`None`: keepalive off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InheritedOptions {
+    /// The keepalive setting the socket inherited.
+    pub keepalive: Option<Keepalive>,
+}
+
 /// Set on the listening socket what every accepted connection should start with:
 /// TCP_NODELAY and `keepalive` (or keepalive off). Returns what accepted sockets
 /// now inherit, or `None` where they inherit nothing (then each connection sets its
@@ -107,7 +115,7 @@ const OPTIONS_INHERITED: bool = cfg!(any(target_os = "linux", target_os = "andro
 pub fn set_inherited_options(
     listener: &TcpListener,
     keepalive: Option<Keepalive>,
-) -> Option<Option<Keepalive>> {
+) -> Option<InheritedOptions> {
     if !OPTIONS_INHERITED {
         return None;
     }
@@ -116,7 +124,7 @@ pub fn set_inherited_options(
         .set_nodelay(true)
         .and_then(|()| set_keepalive(&sock, keepalive))
     {
-        Ok(()) => Some(keepalive),
+        Ok(()) => Some(InheritedOptions { keepalive }),
         Err(e) => {
             tracing::debug!("listener socket options not set, setting them per connection: {e}");
             None
@@ -158,7 +166,7 @@ pub struct Accepted {
     pub permit: OwnedSemaphorePermit,
     /// What the socket inherited from the listener: TCP_NODELAY and this keepalive
     /// setting; `None` if nothing (the connection sets both itself).
-    pub inherited: Option<Option<Keepalive>>,
+    pub inherited: Option<InheritedOptions>,
 }
 
 /// Which options accepted sockets inherit from a listener, and whether that is
@@ -172,7 +180,7 @@ pub struct Accepted {
 /// it may wait on readiness it hasn't been told of yet, with connections queued.)
 struct Inheritance {
     /// What the listener carries now; `None` if it passes nothing on.
-    on_listener: Option<Option<Keepalive>>,
+    on_listener: Option<InheritedOptions>,
     /// Every connection still queued was created under `on_listener`.
     sure: bool,
 }
@@ -194,13 +202,13 @@ fn accept_now(listener: &TcpListener) -> io::Result<Option<(TcpStream, SocketAdd
 
 impl Inheritance {
     /// What the connection just accepted inherited, for [`Accepted::inherited`].
-    fn accepted(&self) -> Option<Option<Keepalive>> {
+    fn accepted(&self) -> Option<InheritedOptions> {
         self.on_listener.filter(|_| self.sure)
     }
 
     /// Make the listener pass on `wanted` from now on.
     fn want(&mut self, listener: &TcpListener, wanted: Option<Keepalive>) {
-        if self.on_listener != Some(wanted) {
+        if self.on_listener != Some(InheritedOptions { keepalive: wanted }) {
             self.on_listener = set_inherited_options(listener, wanted);
             self.sure = false;
         }

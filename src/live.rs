@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::metrics::BACKEND_STATES;
+/// Every state a backend can be in, as the `state` label of `crossbar_backend_state`.
+pub const BACKEND_STATES: [&str; 5] = ["up", "down", "drain", "disabled", "standby"];
 
 /// Longest check error kept for display; a TLS alert or an I/O error is < 200 bytes.
 const MAX_CHECK_ERROR: usize = 256;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
-use crossbar::cli::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
+use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
 use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// Command lines shown by `--help` and in crossbar(1).
@@ -287,12 +287,12 @@ fn client(args: AdminArgs, cmd: ClientCommand) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return report(Err(e).context("starting the runtime")),
     };
-    match rt.block_on(crossbar::cli::run(&opts, &cmd)) {
+    match rt.block_on(crossbar::admin_client::run(&opts, &cmd)) {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
         }
-        Err(crossbar::cli::CliError::Api { body, .. }) if opts.json => {
+        Err(crossbar::admin_client::CliError::Api { body, .. }) if opts.json => {
             eprint!("{body}");
             ExitCode::FAILURE
         }
@@ -323,7 +323,7 @@ fn reload(config: Option<PathBuf>, mut admin: AdminArgs) -> ExitCode {
             return ExitCode::FAILURE;
         };
         if admin.url == DEFAULT_ADMIN_URL {
-            admin.url = crossbar::cli::admin_url(a.listen);
+            admin.url = crossbar::admin_client::admin_url(a.listen);
         }
         if admin.token_file.is_none() {
             admin.token_file = a.token_file;

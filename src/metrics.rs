@@ -14,6 +14,7 @@ use prometheus::{
 };
 
 use crate::live::BackendLive;
+pub use crate::live::BACKEND_STATES;
 use crate::relay::Peer;
 use crate::stick::{KeyKind, StickTable};
 
@@ -377,9 +378,6 @@ pub const HELLO_ERROR_REASONS: [&str; 5] =
 pub const ROUTE_REFUSED_REASONS: [&str; 3] = ["no_backend", "queue_full", "queue_timeout"];
 /// The `reason` of `crossbar_route_refused_total{service="unrouted"}`: no service matched.
 pub const UNROUTED_REFUSED_REASON: &str = "no_route";
-
-/// Every state a backend can be in, as the `state` label of `crossbar_backend_state`.
-pub const BACKEND_STATES: [&str; 5] = ["up", "down", "drain", "disabled", "standby"];
 
 /// Per-service handles.
 #[derive(Clone)]

@@ -24,11 +24,6 @@ pub struct RunOptions {
     pub upgrade_socket: Option<PathBuf>,
 }
 
-/// Run until a termination signal; returns after a graceful drain.
-pub async fn run(config: Config) -> Result<()> {
-    run_with(config, RunOptions::default()).await
-}
-
 /// Take over from a predecessor at `path`, if one serves there.
 async fn take_over(path: Option<&PathBuf>) -> Result<Option<upgrade::Handover>> {
     let Some(path) = path.cloned() else {
@@ -145,7 +140,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         tokio::select! {
             _ = hup.recv() => {
                 // Logged and counted inside; on failure the running config stays.
-                let _outcome: Result<(), String> = reload(&server);
+                let _outcome: Result<(), String> = server.reload_file();
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -174,35 +169,6 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
 
 /// How long the admin endpoint's open requests get to finish at exit.
 const ADMIN_STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// Re-read the config file and apply it; on any error keep the running config.
-/// Logs and counts the outcome (SIGHUP and `POST /api/reload` both come here);
-/// the error is the reason, for the admin API to return. The admin endpoint itself
-/// (listen address, token) is not reloaded: that needs a restart.
-pub fn reload(server: &Arc<Server>) -> Result<(), String> {
-    let path = server.config().source;
-    tracing::info!(config = %path.display(), "reloading");
-    crate::system::sd_notify("RELOADING=1");
-    let result = Config::load(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|cfg| server.reload(cfg).map_err(|e| e.to_string()));
-    crate::system::sd_notify("READY=1");
-    server.metrics().process.note_reload(&result);
-    match result {
-        Ok(()) => {
-            server.metrics().reload(true);
-            tracing::info!("reload complete");
-            Ok(())
-        }
-        Err(e) => {
-            server.metrics().reload(false);
-            // One log line per event (journald): the diagnostics joined with "; ".
-            let reason = e.lines().collect::<Vec<_>>().join("; ");
-            tracing::error!(reason, "reload failed, keeping the running configuration");
-            Err(e)
-        }
-    }
-}
 
 /// The longest shutdown timeout among the services.
 fn shutdown_grace(config: &Config) -> std::time::Duration {

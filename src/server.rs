@@ -15,12 +15,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::balance::{AdminState, Pool, PoolParams};
-use crate::config::{Config, ListenConfig, Mode, OnNonTls, ServiceConfig, StickOn};
+use crate::access_log::LogLimiter;
+use crate::config::{Config, ListenConfig, ServiceConfig};
 use crate::listener::{self, BindError};
-use crate::metrics::{Metrics, ServiceMetrics};
-use crate::route::Routes;
-use crate::stick::{StickTable, TableParams};
+use crate::metrics::Metrics;
+use crate::service::{ListenerRoutes, Service, Shared};
 
 /// How often each stick table's sweeper removes expired entries.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -29,72 +28,6 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 const FIRST_PROBE_WAIT: Duration = Duration::from_secs(1);
 /// After the shutdown grace period, how long cut connections get to finish logging.
 const HARD_STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// One service at runtime.
-pub struct Service {
-    /// Its configuration.
-    pub config: ServiceConfig,
-    /// Its backends.
-    pub pool: Pool,
-    /// Its stick table, if stickiness is on.
-    pub table: Option<Arc<StickTable>>,
-    /// Metric handles.
-    pub metrics: ServiceMetrics,
-    /// Cancels this service's background tasks (sweeper, health checks, saver).
-    pub tasks: CancellationToken,
-}
-
-impl std::fmt::Debug for Service {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Service")
-            .field("name", &self.config.name)
-            .finish()
-    }
-}
-
-impl Service {
-    /// The service name.
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    /// Is this key kind enabled for the service?
-    pub fn sticks_on(&self, key: StickOn) -> bool {
-        self.config
-            .stick
-            .as_ref()
-            .is_some_and(|s| s.on.contains(&key))
-    }
-}
-
-/// Routing and hello policy of one listen address (swapped whole on reload).
-#[derive(Debug)]
-pub struct ListenerRoutes {
-    /// SNI -> service.
-    pub routes: Routes<Service>,
-    /// No inspection at all: a single `mode: tcp` service.
-    pub tcp: bool,
-    /// Longest client_hello timeout among the address's services.
-    pub hello_timeout: Duration,
-    /// Largest max_hello_size among the address's services.
-    pub max_hello: usize,
-    /// Where non-TLS bytes go when a service allows it: the single service, or the
-    /// default service of a shared address, if it has `on_non_tls: forward`.
-    pub non_tls: Option<Arc<Service>>,
-    /// The keepalive the listening socket passes on to accepted connections (the
-    /// first service's; connections of a service with another setting set their own).
-    pub keepalive: Option<crate::config::Keepalive>,
-}
-
-/// State every connection task can reach.
-pub struct Shared {
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Fires when established connections must be cut (end of shutdown grace).
-    pub hard_stop: CancellationToken,
-    /// Limits repetitive error log lines.
-    pub log_limiter: crate::conn::LogLimiter,
-}
 
 struct ListenerHandle {
     routes: Arc<ArcSwap<ListenerRoutes>>,
@@ -171,7 +104,7 @@ impl Server {
             shared: Arc::new(Shared {
                 metrics,
                 hard_stop: CancellationToken::new(),
-                log_limiter: crate::conn::LogLimiter::new(),
+                log_limiter: LogLimiter::new(),
             }),
             tracker: TaskTracker::new(),
             accepting: CancellationToken::new(),
@@ -255,7 +188,37 @@ impl Server {
         self.apply(config).map(drop)
     }
 
-    /// Apply a configuration; returns the first-round signals of the new probes.
+    /// Re-read the config file and apply it; on any error keep the running config.
+    /// Logs and counts the outcome (SIGHUP and `POST /api/reload` both come here);
+    /// the error is the reason, for the admin API to return. The admin endpoint itself
+    /// (listen address, token) is not reloaded: that needs a restart.
+    pub fn reload_file(&self) -> Result<(), String> {
+        let path = self.config().source;
+        tracing::info!(config = %path.display(), "reloading");
+        crate::system::sd_notify("RELOADING=1");
+        let result = Config::load(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| self.reload(cfg).map_err(|e| e.to_string()));
+        crate::system::sd_notify("READY=1");
+        self.metrics().process.note_reload(&result);
+        match result {
+            Ok(()) => {
+                self.metrics().reload(true);
+                tracing::info!("reload complete");
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics().reload(false);
+                // One log line per event (journald): the diagnostics joined with "; ".
+                let reason = e.lines().collect::<Vec<_>>().join("; ");
+                tracing::error!(reason, "reload failed, keeping the running configuration");
+                Err(e)
+            }
+        }
+    }
+
+    /// Apply a configuration; returns the first-round signals of the new ticket-key
+    /// learners.
     fn apply(
         &self,
         config: Config,
@@ -264,7 +227,10 @@ impl Server {
         let services: Vec<Arc<Service>> = config
             .services
             .iter()
-            .map(|sc| self.build_service(sc, st.services.iter().find(|s| s.name() == sc.name)))
+            .map(|sc| {
+                let old = st.services.iter().find(|s| s.name() == sc.name);
+                Service::build(sc, old, &self.shared.metrics)
+            })
             .collect();
 
         // Group listen addresses.
@@ -297,7 +263,7 @@ impl Server {
 
         let mut listeners = HashMap::new();
         for (key, l, svcs) in by_addr {
-            let routes = Arc::new(build_routes(svcs));
+            let routes = Arc::new(ListenerRoutes::build(svcs));
             if let Some(h) = st.listeners.remove(&key) {
                 h.routes.store(routes);
                 listeners.insert(key, h);
@@ -343,7 +309,7 @@ impl Server {
         let mut probes = Vec::new();
         for svc in &services {
             self.spawn_service_tasks(svc);
-            probes.extend(crate::probe::spawn(svc));
+            probes.extend(crate::ticket_keys::spawn(svc));
             spawn_saver(svc);
         }
         self.shared.metrics.set_tables(
@@ -356,54 +322,6 @@ impl Server {
         st.services = services;
         st.config = config;
         Ok(probes)
-    }
-
-    fn build_service(&self, sc: &ServiceConfig, old: Option<&Arc<Service>>) -> Arc<Service> {
-        let metrics = self.shared.metrics.clone();
-        let pool = Pool::new(
-            &sc.backends,
-            PoolParams {
-                algo: sc.balance,
-                slow_start: sc.slow_start,
-                queue_size: sc.queue_size,
-                queue_timeout: sc.timeouts.queue,
-            },
-            |b| metrics.backend(&sc.name, &b.name),
-            |b| {
-                let prev = old?.pool.get(&b.name)?;
-                (prev.config.address == b.address).then(|| {
-                    (
-                        prev.is_healthy(),
-                        carry_admin(prev.admin_state(), b.disabled),
-                        prev.is_standby(),
-                    )
-                })
-            },
-        );
-        let table = sc.stick.as_ref().map(|st| {
-            let reuse = old.and_then(|o| o.table.clone()).filter(|_| {
-                old.and_then(|o| o.config.stick.as_ref())
-                    .is_some_and(|prev| prev.size == st.size && prev.expire == st.expire)
-            });
-            reuse.unwrap_or_else(|| {
-                let t = StickTable::new(table_params(st));
-                if let Some(path) = &st.state_file {
-                    match t.load(path) {
-                        Ok(n) => tracing::info!(service = %sc.name, entries = n, "stick table loaded from {}", path.display()),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => tracing::warn!(service = %sc.name, "ignoring stick table file {}: {e}", path.display()),
-                    }
-                }
-                Arc::new(t)
-            })
-        });
-        Arc::new(Service {
-            config: sc.clone(),
-            pool,
-            table,
-            metrics: self.shared.metrics.service(&sc.name),
-            tasks: CancellationToken::new(),
-        })
     }
 
     fn spawn_accept(&self, sock: tokio::net::TcpListener, l: &ListenConfig, h: &ListenerHandle) {
@@ -557,66 +475,4 @@ fn spawn_saver(svc: &Arc<Service>) {
             }
         }
     });
-}
-
-/// The admin state to keep for a backend across a reload: the operator's drain or
-/// disable sticks unless the config now says `disabled`.
-fn carry_admin(prev: AdminState, disabled_now: bool) -> AdminState {
-    if disabled_now {
-        AdminState::Disabled
-    } else {
-        prev
-    }
-}
-
-fn table_params(st: &crate::config::StickConfig) -> TableParams {
-    TableParams {
-        size: st.size,
-        expire: st.expire,
-        source_expire: if st.on.contains(&StickOn::Source) {
-            st.source_expire
-        } else {
-            crate::conn::RESUME_HINT_TTL.min(st.expire)
-        },
-    }
-}
-
-fn build_routes(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
-    let hello_timeout = svcs
-        .iter()
-        .map(|s| s.config.timeouts.client_hello)
-        .max()
-        .unwrap_or_default();
-    let max_hello = svcs
-        .iter()
-        .map(|s| s.config.max_hello_size)
-        .max()
-        .unwrap_or_default();
-    let keepalive = svcs.first().and_then(|s| s.config.keepalive);
-    if let [only] = svcs.as_slice() {
-        return ListenerRoutes {
-            keepalive,
-            tcp: only.config.mode == Mode::Tcp,
-            non_tls: (only.config.on_non_tls == OnNonTls::Forward).then(|| only.clone()),
-            routes: Routes::single(only.clone()),
-            hello_timeout,
-            max_hello,
-        };
-    }
-    let non_tls = svcs
-        .iter()
-        .find(|s| s.config.default && s.config.on_non_tls == OnNonTls::Forward)
-        .cloned();
-    ListenerRoutes {
-        routes: Routes::shared(
-            svcs.into_iter()
-                .map(|s| (s.config.server_names.clone(), s.config.default, s))
-                .collect(),
-        ),
-        tcp: false,
-        hello_timeout,
-        max_hello,
-        non_tls,
-        keepalive,
-    }
 }

@@ -565,7 +565,7 @@ fn server_ccs_marks_only_completed_tls12_handshakes() {
         ("openssl3_tls13_resumed.server.bin", true, false),
     ] {
         let flight = read(name);
-        let mut w = ServerWatcher::new(&ClientHelloInfo::default(), 64 * 1024);
+        let mut w = ServerWatcher::new(64 * 1024);
         let mut done_at = None;
         for (i, b) in flight.iter().enumerate() {
             if w.feed(std::slice::from_ref(b)) {

@@ -420,7 +420,7 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
     let ca = TestCa::new("health CA").unwrap();
     let tls = tls_backend(&ca, "b1", any_port()).await;
     let hello = CheckKind::TlsHello;
-    health::probe(&hello, &target(tls.addr, NAME), TIMEOUT)
+    health::run_check(&hello, &target(tls.addr, NAME), TIMEOUT)
         .await
         .unwrap();
     // A TLS 1.2-only server answers the same modern hello.
@@ -436,12 +436,12 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
     )
     .await
     .unwrap();
-    health::probe(&hello, &target(tls12.addr, NAME), TIMEOUT)
+    health::run_check(&hello, &target(tls12.addr, NAME), TIMEOUT)
         .await
         .unwrap();
 
     let ssh = ssh_like().await;
-    let err = health::probe(&hello, &target(ssh, NAME), TIMEOUT)
+    let err = health::run_check(&hello, &target(ssh, NAME), TIMEOUT)
         .await
         .unwrap_err();
     assert!(
@@ -449,14 +449,14 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
         "{err}"
     );
     // The same port passes a tcp check: tls-hello is the stronger one.
-    health::probe(&CheckKind::Tcp, &target(ssh, NAME), TIMEOUT)
+    health::run_check(&CheckKind::Tcp, &target(ssh, NAME), TIMEOUT)
         .await
         .unwrap();
 
     // Accepts (the kernel completes the handshake) but never answers.
     let silent = TcpListener::bind(any_port()).await.unwrap();
     let t = Instant::now();
-    let err = health::probe(&hello, &target(silent.local_addr().unwrap(), NAME), TIMEOUT)
+    let err = health::run_check(&hello, &target(silent.local_addr().unwrap(), NAME), TIMEOUT)
         .await
         .unwrap_err();
     let took = t.elapsed();
@@ -469,7 +469,7 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
         let l = TcpListener::bind(any_port()).await.unwrap();
         l.local_addr().unwrap()
     };
-    let err = health::probe(&hello, &target(closed, NAME), TIMEOUT)
+    let err = health::run_check(&hello, &target(closed, NAME), TIMEOUT)
         .await
         .unwrap_err();
     assert!(matches!(err, CheckError::Connect(_)), "{err}");
@@ -494,7 +494,7 @@ async fn https_check_reads_the_puppet_status_page() {
     let timeout = Duration::from_secs(2);
     let probe = |h: HttpsCheck| {
         let t = t.clone();
-        async move { health::probe(&CheckKind::Https(h), &t, timeout).await }
+        async move { health::run_check(&CheckKind::Https(h), &t, timeout).await }
     };
     // No ca_file: no verification.
     probe(https(Some("running"))).await.unwrap();
@@ -530,7 +530,7 @@ async fn https_check_reads_the_puppet_status_page() {
     // The same check fails against a certificate from another CA.
     let other = TestCa::new("other CA").unwrap();
     let impostor = tls_backend(&other, "x", any_port()).await;
-    let err = health::probe(
+    let err = health::run_check(
         &CheckKind::Https(verified.clone()),
         &target(impostor.addr, NAME),
         timeout,
@@ -539,7 +539,7 @@ async fn https_check_reads_the_puppet_status_page() {
     .unwrap_err();
     assert!(matches!(err, CheckError::Tls(_)), "{err}");
     // ... and against the right CA but the wrong name.
-    let err = health::probe(
+    let err = health::run_check(
         &CheckKind::Https(verified),
         &target(b.addr, "other.test"),
         timeout,

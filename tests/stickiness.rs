@@ -10,8 +10,9 @@
 //! backend that answered is the one of its full handshake.
 //!
 //! Run with `--nocapture` to see the figures table (the test output is the record).
-#[path = "common/tls.rs"]
-mod tls;
+mod common;
+
+use common::tls;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -118,10 +118,9 @@ pub fn reframe(record: &[u8], sizes: &[usize]) -> Option<Vec<u8>> {
 /// and whole to another: no panic, both learn exactly the same, and once a watcher
 /// says done it stays done.
 pub fn server_watcher(data: &[u8], cuts: &[usize], limit: usize) {
-    let client = ClientHelloInfo::default();
-    let mut whole = ServerWatcher::new(&client, limit);
+    let mut whole = ServerWatcher::new(limit);
     let whole_done = whole.feed(data);
-    let mut chunked = ServerWatcher::new(&client, limit);
+    let mut chunked = ServerWatcher::new(limit);
     let mut start = 0usize;
     let mut done = false;
     for end in prefix_ends(data.len(), cuts) {

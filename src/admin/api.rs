@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 
 use crate::balance::{AdminState, Backend};
 use crate::config::{Balance, Mode};
-use crate::server::{Server, Service};
+use crate::server::Server;
+use crate::service::Service;
 
 /// Entries `GET /api/tables/{service}` returns without `?limit=`.
 pub const DEFAULT_TABLE_LIMIT: usize = 1000;
@@ -330,7 +331,7 @@ pub fn set_backend(
 
 /// `POST /api/reload`: the same path as SIGHUP.
 pub fn reload(server: &Arc<Server>) -> Result<Value, ApiError> {
-    crate::run::reload(server).map_err(ApiError::ReloadFailed)?;
+    server.reload_file().map_err(ApiError::ReloadFailed)?;
     Ok(json!({ "reloaded": true }))
 }
 

@@ -1,7 +1,7 @@
 //! Health blocks: merging defaults -> service -> backend and the `https` check's rules.
 use super::address::server_name;
+use super::checker::{join, Checker};
 use super::raw::{RawCheck, RawHealth};
-use super::validate::{join, Checker};
 use super::*;
 
 /// Largest rise/fall: 1000 checks at the default 2s interval is over half an hour.

@@ -6,6 +6,7 @@
 //! be Some": defaults are merged here.
 
 mod address;
+mod checker;
 mod error;
 mod files;
 mod health;

@@ -2,7 +2,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use super::validate::{join, Checker};
+use super::checker::{join, Checker};
 use super::*;
 
 impl Checker<'_> {

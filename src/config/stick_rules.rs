@@ -1,6 +1,6 @@
 //! `stick:` blocks: defaults and limits of a service's stick table.
+use super::checker::{join, Checker};
 use super::raw::{Nullable, RawStick, RawStickOn};
-use super::validate::{join, Checker};
 use super::*;
 
 /// Default stick table size: one entry per agent of a large Puppet site.

@@ -2,8 +2,7 @@
 //! backends and `openssl s_client` runs (as child processes that are always killed),
 //! crossbar started from a YAML string, and small metric/polling helpers.
 //!
-//! Included with `#[path = "common/tls.rs"] mod tls;` (tests/common/mod.rs belongs to
-//! another suite).
+//! Part of the one test-helper module: `mod common;` then `common::tls`.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -21,7 +20,7 @@ use crossbar::server::Server;
 use crossbar::testbed::TestCa;
 
 /// The SNI every stickiness client sends (the backend certificates carry it).
-pub const SNI: &str = "puppet.example.com";
+pub use super::SNI;
 /// Longest one `openssl s_client` run may take (a loopback handshake takes ~10 ms).
 const S_CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Longest an `openssl s_server` may take to print its `ACCEPT` line.
@@ -192,16 +191,7 @@ pub fn backends_yaml(backends: &[(String, SocketAddr)]) -> String {
 /// The value of one Prometheus sample whose labels include every `labels` pair;
 /// 0 when it is absent (a counter never incremented is not exported).
 pub fn metric(server: &Server, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = server.metrics().encode();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    super::metric_value(&server.metrics().encode(), name, labels)
 }
 
 /// Poll `cond` every 20 ms until it holds or `limit` passes (for effects that have

@@ -24,7 +24,7 @@ use crate::balance::Backend;
 use crate::config::{BackendAddress, ProxyProtocol, StickOn};
 use crate::health::AcceptAnyCert;
 use crate::hello::{parse_client_hello, HelloParse};
-use crate::server::Service;
+use crate::service::Service;
 use crate::stick::KeyKind;
 
 /// How long one probe handshake may take.
@@ -80,7 +80,7 @@ pub fn spawn(svc: &Arc<Service>) -> Option<tokio::sync::oneshot::Receiver<()>> {
                 .backends
                 .iter()
                 .filter(|b| b.is_healthy())
-                .map(|b| probe_into_table(&svc, b));
+                .map(|b| learn_key_name(&svc, b));
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = futures_join_all(round) => {}
@@ -114,13 +114,13 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futs: impl Iterat
     .await
 }
 
-async fn probe_into_table(svc: &Service, b: &Backend) {
+async fn learn_key_name(svc: &Service, b: &Backend) {
     let Some(table) = &svc.table else { return };
     let Some(stick) = &svc.config.stick else {
         return;
     };
     let name = server_name(svc, b);
-    match probe(
+    match ask_key_name(
         b.config.proxy_protocol,
         &b.config.address,
         name,
@@ -153,7 +153,7 @@ fn server_name(svc: &Service, b: &Backend) -> ServerName<'static> {
 
 /// Ask the backend at `addr` for tickets; `Some(prefix)` when every ticket received
 /// starts with the same `prefix_len` bytes (its ticket-key name).
-pub async fn probe(
+pub async fn ask_key_name(
     proxy: Option<ProxyProtocol>,
     addr: &BackendAddress,
     name: ServerName<'static>,
@@ -196,7 +196,7 @@ async fn handshake(
     name: ServerName<'static>,
     connect_timeout: Duration,
 ) -> Result<(), ProbeError> {
-    let tcp = crate::conn::connect_own(addr, connect_timeout, proxy)
+    let tcp = crate::dial::connect_own(addr, connect_timeout, proxy)
         .await
         .map_err(ProbeError::Connect)?;
     let connect = TlsConnector::from(cfg.clone()).connect(name, tcp);
@@ -363,15 +363,15 @@ mod probe_tests {
             .unwrap();
         let name = || ServerName::try_from("localhost").unwrap();
         let t = Duration::from_secs(2);
-        let pa1 = probe(None, &addr(a.addr), name(), t, 16)
+        let pa1 = ask_key_name(None, &addr(a.addr), name(), t, 16)
             .await
             .unwrap()
             .expect("prefix of a");
-        let pa2 = probe(None, &addr(a.addr), name(), t, 16)
+        let pa2 = ask_key_name(None, &addr(a.addr), name(), t, 16)
             .await
             .unwrap()
             .expect("prefix of a again");
-        let pb = probe(None, &addr(b.addr), name(), t, 16)
+        let pb = ask_key_name(None, &addr(b.addr), name(), t, 16)
             .await
             .unwrap()
             .expect("prefix of b");
@@ -395,7 +395,7 @@ mod probe_tests {
         )
         .await
         .unwrap();
-        let p = probe(
+        let p = ask_key_name(
             None,
             &addr(a.addr),
             ServerName::try_from("localhost").unwrap(),
@@ -423,7 +423,7 @@ mod probe_tests {
         )
         .await
         .unwrap();
-        let r = probe(
+        let r = ask_key_name(
             None,
             &addr(a.addr),
             ServerName::try_from("localhost").unwrap(),
@@ -499,15 +499,15 @@ mod openssl_tests {
         };
         let name = || ServerName::try_from("localhost").unwrap();
         let t = Duration::from_secs(2);
-        let pa = probe(None, &addr(a), name(), t, 16)
+        let pa = ask_key_name(None, &addr(a), name(), t, 16)
             .await
             .unwrap()
             .expect("openssl tickets carry a key name");
-        let pa2 = probe(None, &addr(a), name(), t, 16)
+        let pa2 = ask_key_name(None, &addr(a), name(), t, 16)
             .await
             .unwrap()
             .expect("again");
-        let pb = probe(None, &addr(b), name(), t, 16)
+        let pb = ask_key_name(None, &addr(b), name(), t, 16)
             .await
             .unwrap()
             .expect("second server");

@@ -1,423 +1,20 @@
-//! Stick tables: which backend holds a TLS session, keyed by hashed session state.
-//!
-//! # Layout
-//!
-//! A table is a [`DashMap`] from a 64-bit keyed SipHash-1-3 of the key (kind tag +
-//! raw bytes) to a 16-byte `Entry`: kind, backend as a `u16` index into a small
-//! per-table name interner, `learned` and `last_used` as `u32` seconds of a coarse
-//! table clock, and two flag bits (referenced, shared prefix). Because keys are
-//! already uniform keyed hashes, the map hashes them with a pass-through hasher.
-//!
-//! # Eviction (CLOCK / second chance)
-//!
-//! Next to the map sits a FIFO of `(hash, generation)` records behind a `Mutex`,
-//! one live record per entry in insertion order. A lookup hit sets the entry's
-//! *referenced* bit (the "used after the record was queued" test, exact even within
-//! one second of the coarse clock). When the table is full, `learn` pops the front:
-//! a stale record (entry gone, or re-inserted with another generation) is dropped; a
-//! referenced entry has its bit cleared and is re-queued at the back (at most
-//! `MAX_SECOND_CHANCES` times per insert); otherwise the entry is evicted. Work per
-//! insert is bounded by that constant plus the stale records met, and stale records
-//! are bounded by compaction (`QUEUE_SLACK_DIVISOR`).
-//!
-//! # Concurrency
-//!
-//! `lookup` takes only a dashmap shard read lock (refreshing uses atomics in the
-//! entry) and reads backend names through an `ArcSwap` snapshot, so concurrent
-//! lookups never wait for each other or for a global lock. Inserting a *new* key
-//! (and evicting) happens under the queue mutex, which is what guarantees the table
-//! never holds more than `size` entries. Lock order is always queue, then shard.
-//!
-//! # Memory
-//!
-//! A map slot is 24 bytes plus one control byte; hashbrown keeps its tables between
-//! 44% and 87% full (power-of-two growth), so the map costs ~28-55 bytes per entry,
-//! and the queue 12 bytes per record: ~40-70 bytes per entry depending on where
-//! `size` falls. Measured by the `memory_per_entry` test: ~65 bytes per entry at
-//! 1M entries on 8 shards (an unlucky spot: every shard just past a doubling).
+//! The concurrent table: hashed keys to entries, lookups on a shard read lock,
+//! inserts and evictions under the queue lock, expiry by the sweeper.
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::fs::{self, File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use siphasher::sip::SipHasher13;
 
-/// Referenced entries one insert re-queues before it evicts the next one anyway: bounds
-/// the work of an insert into a full table whose oldest entries are all in use.
-const MAX_SECOND_CHANCES: usize = 8;
-/// Stale records (of entries forgotten, expired or removed) the queue may hold on top of
-/// `size` before `learn` compacts it: `size / 2`, so a compaction (O(queue)) happens at
-/// most once per `size / 2` removals and the queue stays under 1.5 × `size` records.
-const QUEUE_SLACK_DIVISOR: usize = 2;
-/// Stale records above which `sweep` compacts the queue (`size / 4`): the sweeper task
-/// does the O(queue) pass in the background, normally before `learn` has to.
-const SWEEP_COMPACT_DIVISOR: usize = 4;
-/// Smallest stale-record slack, so tiny tables don't compact on every insert.
-const MIN_QUEUE_SLACK: usize = 64;
-/// First capacity of the queue; it then doubles, capped at its compaction limit.
-const MIN_QUEUE_CAPACITY: usize = 16;
-/// The table clock starts at this many seconds (~2.1 years), not 0, so an entry loaded
-/// with N seconds of idle time just after start gets `last_used = now - N` >= 0.
-const CLOCK_START: u32 = 1 << 26;
-/// Longest idle lifetime honoured (one year, below `CLOCK_START`); longer `expire`
-/// settings are clamped to it.
-const MAX_TTL_SECS: u32 = 365 * 24 * 3600;
-/// Backend index of a shared prefix (no backend); also caps the interner at 65535 names.
-const NO_BACKEND: u16 = u16::MAX;
-/// Entry flag: used since its queue record was (re)queued (second chance).
-const REFERENCED: u8 = 1;
-/// Entry flag: a ticket prefix seen on two backends (shared ticket keys).
-const SHARED: u8 = 2;
-
-/// First bytes of a saved table.
-const STATE_MAGIC: [u8; 8] = *b"XBSTICK\0";
-/// Version of the saved-table format; files of other versions are rejected.
-const STATE_VERSION: u32 = 1;
-/// Fixed SipHash key of the file checksum: it detects corruption and truncation, it
-/// authenticates nothing (whoever can write the file can recompute it).
-const CHECKSUM_KEY: (u64, u64) = (0x6372_6f73_7362_6172, 0x7374_6963_6b5f_7631);
-/// Bytes of one saved entry: hash u64, kind u8, flags u8, backend u16, age u32, idle u32.
-const SAVED_ENTRY_BYTES: usize = 20;
-/// Bytes of the trailing checksum.
-const CHECKSUM_BYTES: usize = 8;
-
-/// The kind of a stick key (also the `key` label of the lookup metrics, via `label()`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KeyKind {
-    /// TLS <= 1.2 session ID assigned by the server.
-    SessionId,
-    /// Hash of a whole session ticket (TLS 1.2 NewSessionTicket).
-    Ticket,
-    /// The key-name prefix of tickets / PSK identities: names the issuing backend.
-    TicketPrefix,
-    /// A TLS 1.3 PSK identity the server accepted.
-    Psk,
-    /// The client's (masked) source address.
-    Source,
-}
-
-impl KeyKind {
-    /// Short name used in the API and logs.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            KeyKind::SessionId => "session_id",
-            KeyKind::Ticket => "ticket",
-            KeyKind::TicketPrefix => "ticket_prefix",
-            KeyKind::Psk => "psk",
-            KeyKind::Source => "source",
-        }
-    }
-
-    /// Stable one-byte code: mixed into key hashes and written to saved tables, so it
-    /// must never change for an existing kind.
-    fn code(self) -> u8 {
-        match self {
-            KeyKind::SessionId => 1,
-            KeyKind::Ticket => 2,
-            KeyKind::TicketPrefix => 3,
-            KeyKind::Psk => 4,
-            KeyKind::Source => 5,
-        }
-    }
-
-    fn from_code(code: u8) -> Option<KeyKind> {
-        Some(match code {
-            1 => KeyKind::SessionId,
-            2 => KeyKind::Ticket,
-            3 => KeyKind::TicketPrefix,
-            4 => KeyKind::Psk,
-            5 => KeyKind::Source,
-            _ => return None,
-        })
-    }
-}
-
-/// A hashed stick key: fixed size whatever the client sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StickKey {
-    /// The key's kind.
-    pub kind: KeyKind,
-    /// Keyed hash of the kind and the raw key bytes.
-    pub hash: u64,
-}
-
-/// Settings of one table.
-#[derive(Debug, Clone)]
-pub struct TableParams {
-    /// Maximum number of entries.
-    pub size: usize,
-    /// Idle lifetime of session/ticket/psk/prefix entries.
-    pub expire: Duration,
-    /// Idle lifetime of source entries.
-    pub source_expire: Duration,
-}
-
-/// One entry as shown by the admin API.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryView {
-    /// The key kind.
-    pub kind: KeyKind,
-    /// The key hash as 16 hex digits.
-    pub hash_hex: String,
-    /// Backend name; `None` for a prefix seen on several backends (shared ticket keys).
-    pub backend: Option<Arc<str>>,
-    /// Seconds since the entry was learned.
-    pub age: Duration,
-    /// Time until it expires unless used.
-    pub expires_in: Duration,
-}
-
-/// Counters of one table (read by the metrics collector at scrape time).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TableStats {
-    /// Entries now.
-    pub entries: usize,
-    /// Capacity (`size`).
-    pub capacity: usize,
-    /// Entries removed because they expired, since start.
-    pub expired: u64,
-    /// Entries removed to make room, since start.
-    pub evicted: u64,
-}
-
-/// Why a saved table was rejected; `load` returns it inside an `io::Error` of kind
-/// `InvalidData` (get it back with `io::Error::get_ref` + `downcast_ref`).
-#[derive(Debug, thiserror::Error)]
-pub enum StateFileError {
-    /// The file does not start with the stick-table magic.
-    #[error("not a crossbar stick table file")]
-    BadMagic,
-    /// Written by a crossbar with another file format.
-    #[error(
-        "stick table file has format version {found}, this build reads version {STATE_VERSION}"
-    )]
-    UnsupportedVersion {
-        /// The version in the file.
-        found: u32,
-    },
-    /// The file ends before its header or entries do.
-    #[error("stick table file is truncated")]
-    Truncated,
-    /// The checksum does not match: corrupt or truncated.
-    #[error("stick table file checksum mismatch (corrupt or truncated)")]
-    ChecksumMismatch,
-    /// Bytes left between the last entry and the checksum.
-    #[error("stick table file has {0} unexpected bytes after its entries")]
-    TrailingBytes(usize),
-    /// A backend name that is not UTF-8.
-    #[error("stick table file backend name #{0} is not UTF-8")]
-    BadName(usize),
-    /// An entry with an unknown kind, flags or backend index.
-    #[error("stick table file entry #{index}: {reason}")]
-    BadEntry {
-        /// Position of the entry in the file.
-        index: usize,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-}
-
-/// One table entry (16 bytes; the map slot with its key is 24).
-struct Entry {
-    /// Table-clock second the key was learned for its current backend.
-    learned: u32,
-    /// Table-clock second of the last hit or learn.
-    last_used: AtomicU32,
-    /// Insertion generation: tells this entry's queue record from stale ones.
-    gen: u32,
-    /// Index into the backend interner, or `NO_BACKEND` when shared.
-    backend: u16,
-    /// `KeyKind::code`.
-    kind: u8,
-    /// `REFERENCED` | `SHARED`.
-    flags: AtomicU8,
-}
-
-impl Entry {
-    fn new(kind: u8, backend: u16, gen: u32, learned: u32, last_used: u32, flags: u8) -> Entry {
-        Entry {
-            learned,
-            last_used: AtomicU32::new(last_used),
-            gen,
-            backend,
-            kind,
-            flags: AtomicU8::new(flags),
-        }
-    }
-
-    fn idle(&self, now: u32) -> u32 {
-        now.saturating_sub(self.last_used.load(Relaxed))
-    }
-
-    fn is_shared(&self) -> bool {
-        self.flags.load(Relaxed) & SHARED != 0
-    }
-
-    /// Marks a use; writes only what changes, so hot entries don't bounce cache lines.
-    fn touch(&self, now: u32) {
-        if self.last_used.load(Relaxed) < now {
-            self.last_used.store(now, Relaxed);
-        }
-        if self.flags.load(Relaxed) & REFERENCED == 0 {
-            self.flags.fetch_or(REFERENCED, Relaxed);
-        }
-    }
-
-    /// Clears the referenced bit, returning whether it was set.
-    fn take_referenced(&self) -> bool {
-        self.flags.load(Relaxed) & REFERENCED != 0
-            && self.flags.fetch_and(!REFERENCED, Relaxed) & REFERENCED != 0
-    }
-}
-
-/// A queue record: the entry's hash (as two u32 so the record is 12 bytes) and generation.
-#[derive(Clone, Copy)]
-struct QueueRecord {
-    hash: [u32; 2],
-    gen: u32,
-}
-
-impl QueueRecord {
-    fn new(hash: u64, gen: u32) -> QueueRecord {
-        // Truncating casts on purpose: the two halves of the hash.
-        QueueRecord {
-            hash: [hash as u32, (hash >> 32) as u32],
-            gen,
-        }
-    }
-
-    fn hash(&self) -> u64 {
-        u64::from(self.hash[0]) | (u64::from(self.hash[1]) << 32)
-    }
-}
-
-/// The eviction queue and the generation counter (both only change under its mutex).
-struct Fifo {
-    records: VecDeque<QueueRecord>,
-    next_gen: u32,
-}
-
-impl Fifo {
-    fn next_gen(&mut self) -> u32 {
-        self.next_gen = self.next_gen.wrapping_add(1);
-        self.next_gen
-    }
-
-    /// Appends, growing by doubling but never past `limit` records of capacity.
-    fn push(&mut self, record: QueueRecord, limit: usize) {
-        let cap = self.records.capacity();
-        if self.records.len() == cap {
-            let grow = cap
-                .max(MIN_QUEUE_CAPACITY)
-                .min(limit.saturating_sub(cap))
-                .max(1);
-            self.records.reserve_exact(grow);
-        }
-        self.records.push_back(record);
-    }
-}
-
-/// Hasher for keys that already are keyed SipHash outputs: hashing them again would only
-/// cost time.
-#[derive(Default, Clone, Copy)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not reached for u64 keys; a plain fold keeps it correct anyway.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-/// Backend names by index: append-only, read lock-free through an `ArcSwap` snapshot.
-/// Names are few (one per backend ever seen), so lookups by name scan the list.
-struct Backends {
-    names: ArcSwap<Vec<Arc<str>>>,
-    grow: Mutex<()>,
-}
-
-impl Backends {
-    fn new() -> Backends {
-        Backends {
-            names: ArcSwap::from_pointee(Vec::new()),
-            grow: Mutex::new(()),
-        }
-    }
-
-    fn find(&self, name: &str) -> Option<u16> {
-        let names = self.names.load();
-        let index = names.iter().position(|n| &**n == name)?;
-        u16::try_from(index).ok()
-    }
-
-    /// The index of `name`, adding it if new; `None` once 65535 names exist.
-    fn intern(&self, name: &str) -> Option<u16> {
-        if let Some(index) = self.find(name) {
-            return Some(index);
-        }
-        let _writer = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(index) = self.find(name) {
-            return Some(index);
-        }
-        let current = self.names.load_full();
-        let index = u16::try_from(current.len())
-            .ok()
-            .filter(|&i| i < NO_BACKEND)?;
-        let mut next = Vec::with_capacity(current.len() + 1);
-        next.extend(current.iter().cloned());
-        next.push(Arc::from(name));
-        self.names.store(Arc::new(next));
-        Some(index)
-    }
-
-    fn name(&self, index: u16) -> Option<Arc<str>> {
-        self.names.load().get(usize::from(index)).cloned()
-    }
-
-    /// Lend the name at `index` to `f` without cloning its `Arc`.
-    fn with_name<R>(&self, index: u16, f: impl FnOnce(&str) -> R) -> Option<R> {
-        self.names.load().get(usize::from(index)).map(|n| f(n))
-    }
-}
-
-/// One entry as written to / read from a saved table.
-struct SavedEntry {
-    hash: u64,
-    kind: u8,
-    flags: u8,
-    backend: u16,
-    /// Seconds since learned.
-    age: u32,
-    /// Seconds since last used.
-    idle: u32,
-}
-
-/// A decoded saved table.
-struct StateFile {
-    hash_key: (u64, u64),
-    names: Vec<String>,
-    entries: Vec<SavedEntry>,
-}
+use super::entry::*;
+use super::{EntryView, KeyKind, StickKey, TableParams, TableStats};
 
 /// Result of looking an entry up.
-enum Found {
+pub(super) enum Found {
     Hit(u16),
     Expired(u32),
     Miss,
@@ -430,20 +27,20 @@ enum Found {
 /// once more than its lifetime has passed since its last use, so up to ~2 s late, never
 /// early; at most 65535 distinct backend names per table (more are not learned).
 pub struct StickTable {
-    params: TableParams,
-    ttl: u32,
-    source_ttl: u32,
-    hash_key: [AtomicU64; 2],
-    map: DashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
-    queue: Mutex<Fifo>,
+    pub(super) params: TableParams,
+    pub(super) ttl: u32,
+    pub(super) source_ttl: u32,
+    pub(super) hash_key: [AtomicU64; 2],
+    pub(super) map: DashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
+    pub(super) queue: Mutex<Fifo>,
     /// Entries in the map; raised before an insert and lowered after a removal, so it
     /// never reads below the real number and the `size` check is conservative.
-    count: AtomicUsize,
-    backends: Backends,
-    epoch: Instant,
-    clock_offset: AtomicU32,
-    expired: AtomicU64,
-    evicted: AtomicU64,
+    pub(super) count: AtomicUsize,
+    pub(super) backends: Backends,
+    pub(super) epoch: Instant,
+    pub(super) clock_offset: AtomicU32,
+    pub(super) expired: AtomicU64,
+    pub(super) evicted: AtomicU64,
 }
 
 impl std::fmt::Debug for StickTable {
@@ -498,17 +95,18 @@ impl StickTable {
         }
     }
 
-    /// The backend an unexpired entry points at (refreshing it), if any.
+    /// The backend an unexpired entry for `raw` bytes of `kind` points at (refreshing
+    /// it), lent to `f`: one call from what the client sent to where it goes.
     ///
     /// Hot path: takes one dashmap shard read lock, never a table-wide lock. An expired
     /// entry is a miss and is removed; a shared prefix is a miss (and is not refreshed).
-    pub fn lookup(&self, key: &StickKey) -> Option<Arc<str>> {
-        self.find(key).and_then(|b| self.backends.name(b))
+    pub fn lookup<R>(&self, kind: KeyKind, raw: &[u8], f: impl FnOnce(&str) -> R) -> Option<R> {
+        self.lookup_with(&self.key(kind, raw), f)
     }
 
-    /// Like [`StickTable::lookup`], but lends the backend name to `f` instead of
-    /// cloning it: no shared reference count is touched, so concurrent hits on the
-    /// same backend don't contend for one cache line. The data path uses this.
+    /// [`StickTable::lookup`] for a key already hashed. The name is lent to `f`, not
+    /// cloned: no shared reference count is touched, so concurrent hits on the same
+    /// backend don't contend for one cache line.
     pub fn lookup_with<R>(&self, key: &StickKey, f: impl FnOnce(&str) -> R) -> Option<R> {
         self.find(key).and_then(|b| self.backends.with_name(b, f))
     }
@@ -565,8 +163,9 @@ impl StickTable {
         }
     }
 
+    #[cfg(test)]
     /// Remove one entry.
-    pub fn forget(&self, key: &StickKey) {
+    pub(super) fn forget(&self, key: &StickKey) {
         let kind = key.kind.code();
         if self
             .map
@@ -683,53 +282,6 @@ impl StickTable {
             .collect()
     }
 
-    /// Save the table atomically (temp file + rename).
-    ///
-    /// Writes `<path>.tmp` in the same directory (mode 0600 on Unix: the file holds the
-    /// table's hash key), fsyncs it, renames it over `path` and fsyncs the directory.
-    /// Each entry keeps its remaining lifetime (idle seconds are stored). Returns the
-    /// number of entries saved. The format is versioned binary: magic, version, hash
-    /// key, backend names, entries, SipHash checksum.
-    pub fn save(&self, path: &Path) -> io::Result<usize> {
-        let now = self.now();
-        let entries: Vec<SavedEntry> = self
-            .map
-            .iter()
-            .filter(|item| item.idle(now) <= self.ttl_of(item.kind))
-            .map(|item| SavedEntry {
-                hash: *item.key(),
-                kind: item.kind,
-                flags: item.flags.load(Relaxed) & SHARED,
-                backend: item.backend,
-                age: now.saturating_sub(item.learned),
-                idle: item.idle(now),
-            })
-            .collect();
-        // Names after entries: the interner only grows, so every index above is in it.
-        let names = self.backends.names.load_full();
-        let hash_key = (
-            self.hash_key[0].load(Relaxed),
-            self.hash_key[1].load(Relaxed),
-        );
-        let bytes = encode_state(hash_key, &names, &entries);
-        write_atomically(path, &bytes)?;
-        Ok(entries.len())
-    }
-
-    /// Load a saved table, keeping remaining lifetimes; returns entries loaded.
-    ///
-    /// Replaces the table's contents and adopts the saved hash key (hashes can't be
-    /// recomputed without the raw keys), so call it at startup before traffic. Keeps the
-    /// `size` most recently used unexpired entries. A missing file is the `NotFound`
-    /// error of the read; a corrupt, truncated or other-version file is `InvalidData`
-    /// (wrapping a [`StateFileError`]) and leaves the table unchanged.
-    pub fn load(&self, path: &Path) -> io::Result<usize> {
-        let bytes = fs::read(path)?;
-        let file =
-            decode_state(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        Ok(self.install(file))
-    }
-
     /// Move the test clock forward (expiry tests without sleeping).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn advance_clock(&self, by: Duration) {
@@ -739,7 +291,7 @@ impl StickTable {
 
     /// The coarse table clock, in seconds. In unit tests it moves only with
     /// `advance_clock`, so expiry tests are deterministic.
-    fn now(&self) -> u32 {
+    pub(super) fn now(&self) -> u32 {
         let elapsed = if cfg!(test) {
             0
         } else {
@@ -750,7 +302,7 @@ impl StickTable {
             .saturating_add(self.clock_offset.load(Relaxed))
     }
 
-    fn ttl_of(&self, kind: u8) -> u32 {
+    pub(super) fn ttl_of(&self, kind: u8) -> u32 {
         if kind == KeyKind::Source.code() {
             self.source_ttl
         } else {
@@ -758,17 +310,17 @@ impl StickTable {
         }
     }
 
-    fn lock_queue(&self) -> MutexGuard<'_, Fifo> {
+    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Fifo> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Most records the queue may hold before `learn` compacts it.
-    fn queue_limit(&self) -> usize {
+    pub(super) fn queue_limit(&self) -> usize {
         let slack = (self.params.size / QUEUE_SLACK_DIVISOR).max(MIN_QUEUE_SLACK);
         self.params.size.saturating_add(slack)
     }
 
-    fn upsert(&self, key: StickKey, backend: u16, prefix: bool) {
+    pub(super) fn upsert(&self, key: StickKey, backend: u16, prefix: bool) {
         if self.params.size == 0 {
             return;
         }
@@ -800,7 +352,13 @@ impl StickTable {
     }
 
     /// Updates the entry of `key` in place if there is one; false if there is none.
-    fn update_existing(&self, key: StickKey, backend: u16, prefix: bool, now: u32) -> bool {
+    pub(super) fn update_existing(
+        &self,
+        key: StickKey,
+        backend: u16,
+        prefix: bool,
+        now: u32,
+    ) -> bool {
         let Some(mut e) = self.map.get_mut(&key.hash) else {
             return false;
         };
@@ -830,7 +388,7 @@ impl StickTable {
     }
 
     /// Removes one entry to make room; false if the queue ran empty.
-    fn evict_one(&self, queue: &mut Fifo, now: u32) -> bool {
+    pub(super) fn evict_one(&self, queue: &mut Fifo, now: u32) -> bool {
         let mut chances = 0;
         while let Some(record) = queue.records.pop_front() {
             let hash = record.hash();
@@ -867,7 +425,7 @@ impl StickTable {
     }
 
     /// Drops stale records (O(queue), shard read locks only) and trims spare capacity.
-    fn compact(&self, queue: &mut Fifo) {
+    pub(super) fn compact(&self, queue: &mut Fifo) {
         queue
             .records
             .retain(|r| self.map.get(&r.hash()).is_some_and(|e| e.gen == r.gen));
@@ -882,7 +440,7 @@ impl StickTable {
     }
 
     /// Removes the entries matching `doomed`, one shard at a time; returns how many.
-    fn remove_where(&self, doomed: impl Fn(&Entry) -> bool) -> usize {
+    pub(super) fn remove_where(&self, doomed: impl Fn(&Entry) -> bool) -> usize {
         let mut removed = 0;
         self.map.retain(|_, e| {
             let remove = doomed(e);
@@ -892,265 +450,27 @@ impl StickTable {
         self.count.fetch_sub(removed, Relaxed);
         removed
     }
-
-    /// Replaces the contents with a decoded file's (see `load`).
-    fn install(&self, file: StateFile) -> usize {
-        let mut live: Vec<&SavedEntry> = file
-            .entries
-            .iter()
-            .filter(|e| e.idle <= self.ttl_of(e.kind))
-            .collect();
-        live.sort_by_key(|e| e.idle);
-        live.truncate(self.params.size);
-        let backends: Vec<Option<u16>> =
-            file.names.iter().map(|n| self.backends.intern(n)).collect();
-
-        let mut queue = self.lock_queue();
-        self.remove_where(|_| true);
-        queue.records = VecDeque::new();
-        self.hash_key[0].store(file.hash_key.0, Relaxed);
-        self.hash_key[1].store(file.hash_key.1, Relaxed);
-        let now = self.now();
-        let limit = self.queue_limit();
-        let mut loaded = 0;
-        // Oldest first, so the queue front holds the least recently used.
-        for saved in live.into_iter().rev() {
-            let backend = if saved.backend == NO_BACKEND {
-                NO_BACKEND
-            } else {
-                match backends.get(usize::from(saved.backend)).copied().flatten() {
-                    Some(index) => index,
-                    None => continue, // interner full
-                }
-            };
-            let gen = queue.next_gen();
-            let (learned, last_used) = (
-                now.saturating_sub(saved.age),
-                now.saturating_sub(saved.idle),
-            );
-            let entry = Entry::new(saved.kind, backend, gen, learned, last_used, saved.flags);
-            self.count.fetch_add(1, Relaxed);
-            if self.map.insert(saved.hash, entry).is_some() {
-                self.count.fetch_sub(1, Relaxed); // duplicate hash in the file
-            } else {
-                loaded += 1;
-            }
-            queue.push(QueueRecord::new(saved.hash, gen), limit);
-        }
-        loaded
-    }
 }
 
 /// A lifetime in whole table-clock seconds: rounded up, clamped to `MAX_TTL_SECS`.
-fn ttl_secs(ttl: Duration) -> u32 {
+pub(super) fn ttl_secs(ttl: Duration) -> u32 {
     let secs = ttl
         .as_secs()
         .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     u32::try_from(secs).unwrap_or(u32::MAX).min(MAX_TTL_SECS)
 }
 
-fn secs(s: u32) -> Duration {
+pub(super) fn secs(s: u32) -> Duration {
     Duration::from_secs(u64::from(s))
-}
-
-fn checksum(bytes: &[u8]) -> u64 {
-    let mut hasher = SipHasher13::new_with_keys(CHECKSUM_KEY.0, CHECKSUM_KEY.1);
-    hasher.write(bytes);
-    hasher.finish()
-}
-
-/// Serialises a table: all integers little-endian.
-///
-/// ```text
-/// magic [8] | version u32 | hash key u64 u64
-/// name count u32 | per name: length u16, UTF-8 bytes
-/// entry count u64 | per entry: hash u64, kind u8, flags u8, backend u16, age u32, idle u32
-/// checksum u64 (SipHash-1-3 of everything before it)
-/// ```
-/// `backend` indexes the file's own name list (`0xffff` for a shared prefix), so the
-/// file stores backends by name, independent of any table's interner.
-fn encode_state(hash_key: (u64, u64), names: &[Arc<str>], entries: &[SavedEntry]) -> Vec<u8> {
-    let names_len: usize = names.iter().map(|n| 2 + n.len()).sum();
-    let mut out = Vec::with_capacity(48 + names_len + entries.len() * SAVED_ENTRY_BYTES);
-    out.extend_from_slice(&STATE_MAGIC);
-    out.extend_from_slice(&STATE_VERSION.to_le_bytes());
-    out.extend_from_slice(&hash_key.0.to_le_bytes());
-    out.extend_from_slice(&hash_key.1.to_le_bytes());
-    out.extend_from_slice(&(names.len() as u32).to_le_bytes());
-    for name in names {
-        // Backend names come from the config and are short; cut defensively at u16::MAX.
-        let bytes = &name.as_bytes()[..name.len().min(usize::from(u16::MAX))];
-        out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
-        out.extend_from_slice(bytes);
-    }
-    out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-    for e in entries {
-        out.extend_from_slice(&e.hash.to_le_bytes());
-        out.push(e.kind);
-        out.push(e.flags);
-        out.extend_from_slice(&e.backend.to_le_bytes());
-        out.extend_from_slice(&e.age.to_le_bytes());
-        out.extend_from_slice(&e.idle.to_le_bytes());
-    }
-    let sum = checksum(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
-    out
-}
-
-/// Reads little-endian fields, failing with `Truncated` at the end of the input.
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], StateFileError> {
-        let (head, rest) = self
-            .bytes
-            .split_at_checked(N)
-            .ok_or(StateFileError::Truncated)?;
-        self.bytes = rest;
-        <[u8; N]>::try_from(head).map_err(|_| StateFileError::Truncated)
-    }
-
-    fn slice(&mut self, n: usize) -> Result<&'a [u8], StateFileError> {
-        let (head, rest) = self
-            .bytes
-            .split_at_checked(n)
-            .ok_or(StateFileError::Truncated)?;
-        self.bytes = rest;
-        Ok(head)
-    }
-
-    fn u16(&mut self) -> Result<u16, StateFileError> {
-        self.take().map(u16::from_le_bytes)
-    }
-
-    fn u32(&mut self) -> Result<u32, StateFileError> {
-        self.take().map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self) -> Result<u64, StateFileError> {
-        self.take().map(u64::from_le_bytes)
-    }
-}
-
-/// Parses and validates a saved table (see `encode_state`) without touching any table.
-fn decode_state(bytes: &[u8]) -> Result<StateFile, StateFileError> {
-    let mut header = Reader { bytes };
-    if header.take::<8>()? != STATE_MAGIC {
-        return Err(StateFileError::BadMagic);
-    }
-    let version = header.u32()?;
-    if version != STATE_VERSION {
-        return Err(StateFileError::UnsupportedVersion { found: version });
-    }
-    let body_len = bytes
-        .len()
-        .checked_sub(CHECKSUM_BYTES)
-        .ok_or(StateFileError::Truncated)?;
-    let (body, sum) = bytes.split_at(body_len);
-    let stored = Reader { bytes: sum }.u64()?;
-    if stored != checksum(body) {
-        return Err(StateFileError::ChecksumMismatch);
-    }
-    let mut r = Reader {
-        bytes: body.get(12..).ok_or(StateFileError::Truncated)?,
-    };
-    let hash_key = (r.u64()?, r.u64()?);
-    let name_count = r.u32()? as usize;
-    let mut names = Vec::with_capacity(name_count.min(r.bytes.len() / 2));
-    for index in 0..name_count {
-        let len = usize::from(r.u16()?);
-        let name =
-            std::str::from_utf8(r.slice(len)?).map_err(|_| StateFileError::BadName(index))?;
-        names.push(name.to_owned());
-    }
-    let entry_count = usize::try_from(r.u64()?).map_err(|_| StateFileError::Truncated)?;
-    match entry_count.checked_mul(SAVED_ENTRY_BYTES) {
-        Some(n) if n <= r.bytes.len() => {}
-        _ => return Err(StateFileError::Truncated),
-    }
-    let mut entries = Vec::with_capacity(entry_count);
-    for index in 0..entry_count {
-        let entry = SavedEntry {
-            hash: r.u64()?,
-            kind: r.take::<1>()?[0],
-            flags: r.take::<1>()?[0],
-            backend: r.u16()?,
-            age: r.u32()?,
-            idle: r.u32()?,
-        };
-        let bad = |reason| StateFileError::BadEntry { index, reason };
-        if KeyKind::from_code(entry.kind).is_none() {
-            return Err(bad("unknown key kind"));
-        }
-        if entry.flags & !SHARED != 0 {
-            return Err(bad("unknown flags"));
-        }
-        let shared = entry.flags & SHARED != 0;
-        if shared != (entry.backend == NO_BACKEND) {
-            return Err(bad("shared flag and backend disagree"));
-        }
-        if !shared && usize::from(entry.backend) >= names.len() {
-            return Err(bad("backend index out of range"));
-        }
-        entries.push(entry);
-    }
-    if !r.bytes.is_empty() {
-        return Err(StateFileError::TrailingBytes(r.bytes.len()));
-    }
-    Ok(StateFile {
-        hash_key,
-        names,
-        entries,
-    })
-}
-
-/// `<path>.tmp`, in the same directory so the rename is atomic.
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
-    PathBuf::from(name)
-}
-
-/// Writes `bytes` to `path` via a fsynced temp file and a rename, then fsyncs the directory.
-fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = tmp_path(path);
-    let result = (|| {
-        let mut file = create_private(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)?;
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        if let Err(e) = fs::remove_file(&tmp) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(path = %tmp.display(), error = %e, "could not remove temporary stick table file");
-            }
-        }
-    }
-    result
-}
-
-/// Creates (truncating) a file readable only by its owner: it holds the hash key.
-fn create_private(path: &Path) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::state_file::*;
     use super::*;
     use rstest::rstest;
+    use std::sync::Arc;
+    use std::{fs, io};
 
     const EXPIRE: Duration = Duration::from_secs(60);
     const SOURCE_EXPIRE: Duration = Duration::from_secs(10);
@@ -1167,8 +487,13 @@ mod tests {
         t.key(KeyKind::SessionId, &i.to_be_bytes())
     }
 
+    /// The backend name of an entry, cloned.
+    fn lookup_name(t: &StickTable, key: &StickKey) -> Option<Arc<str>> {
+        t.lookup_with(key, |b| Arc::<str>::from(b))
+    }
+
     fn hit(t: &StickTable, key: &StickKey) -> Option<String> {
-        t.lookup(key).map(|b| b.to_string())
+        lookup_name(t, key).map(|b| b.to_string())
     }
 
     fn queue_len(t: &StickTable) -> usize {
@@ -1314,7 +639,7 @@ mod tests {
         t.advance_clock(Duration::from_secs(1));
         let touched: Vec<u32> = (0..32).step_by(4).collect();
         for &i in &touched {
-            assert!(t.lookup(&sid(&t, i)).is_some());
+            assert!(lookup_name(&t, &sid(&t, i)).is_some());
         }
         for i in 64..96 {
             t.learn(sid(&t, i), "b2");
@@ -1337,7 +662,7 @@ mod tests {
         }
         for i in 40..96 {
             assert!(
-                t.lookup(&sid(&t, i)).is_some(),
+                lookup_name(&t, &sid(&t, i)).is_some(),
                 "recent entry {i} was evicted"
             );
         }
@@ -1350,12 +675,12 @@ mod tests {
             t.learn(sid(&t, i), "b1");
         }
         for i in 0..32 {
-            assert!(t.lookup(&sid(&t, i)).is_some());
+            assert!(lookup_name(&t, &sid(&t, i)).is_some());
         }
         t.learn(sid(&t, 100), "b1");
         assert_eq!(t.stats().entries, 32);
         assert_eq!(t.stats().evicted, 1);
-        assert!(t.lookup(&sid(&t, 100)).is_some());
+        assert!(lookup_name(&t, &sid(&t, 100)).is_some());
     }
 
     #[test]
@@ -1376,7 +701,7 @@ mod tests {
                             );
                             t.learn(key, if w == 0 { "b1" } else { "b2" });
                             if i % 3 == 0 {
-                                t.lookup(&key);
+                                lookup_name(t, &key);
                             }
                         }
                     })
@@ -1504,7 +829,7 @@ mod tests {
             t.learn(sid(&t, i), &format!("b{i}"));
             t.advance_clock(Duration::from_secs(10));
         }
-        assert!(t.lookup(&sid(&t, 1)).is_some());
+        assert!(lookup_name(&t, &sid(&t, 1)).is_some());
         let names: Vec<String> = t
             .entries(3)
             .iter()
@@ -1587,7 +912,7 @@ mod tests {
         let b = table(4);
         assert_eq!(b.load(&path).unwrap(), 4);
         for i in 0..10 {
-            assert_eq!(b.lookup(&sid(&b, i)).is_some(), i >= 6, "entry {i}");
+            assert_eq!(lookup_name(&b, &sid(&b, i)).is_some(), i >= 6, "entry {i}");
         }
     }
 
@@ -1685,7 +1010,7 @@ mod tests {
                 for _ in 0..threads {
                     s.spawn(|| {
                         for i in 0..LOOKUPS {
-                            assert!(t.lookup(&keys[(i % KEYS) as usize]).is_some());
+                            assert!(lookup_name(&t, &keys[(i % KEYS) as usize]).is_some());
                         }
                     });
                 }

@@ -1,0 +1,113 @@
+//! The access log: one line per connection on target `crossbar::access`, written
+//! once at its end, and the limiter that keeps error floods from filling a disk.
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The fields of one access-log line, filled in as the connection progresses.
+#[derive(Default)]
+pub struct AccessLog {
+    /// The SNI the client sent.
+    pub sni: Option<String>,
+    /// The service it was routed to.
+    pub service: Option<Arc<str>>,
+    /// The stick key kind that decided (or was last looked up).
+    pub stick: Option<&'static str>,
+    /// Whether that lookup hit.
+    pub stick_hit: bool,
+    /// The backend connected to (or last tried).
+    pub backend: Option<Arc<str>>,
+    /// `full` or `resumed`, once the server's handshake showed it.
+    pub handshake: Option<&'static str>,
+    /// Bytes client -> server, the replayed hello included.
+    pub c2s: u64,
+    /// Bytes server -> client.
+    pub s2c: u64,
+    /// How the connection ended (the termination reason).
+    pub end: String,
+    /// The error, if it ended in one.
+    pub error: Option<String>,
+}
+
+impl AccessLog {
+    /// Write the line for the connection from `peer` on `listener`, begun at `started`.
+    pub fn write(&self, peer: SocketAddr, listener: &str, started: Instant) {
+        tracing::info!(
+            target: "crossbar::access",
+            client = %peer,
+            listener = %listener,
+            sni = self.sni.as_deref().unwrap_or("-"),
+            service = self.service.as_deref().unwrap_or("-"),
+            stick = self.stick.unwrap_or("-"),
+            stick_result = if self.stick.is_none() { "-" } else if self.stick_hit { "hit" } else { "miss" },
+            backend = self.backend.as_deref().unwrap_or("-"),
+            handshake = self.handshake.unwrap_or("-"),
+            bytes_in = self.c2s,
+            bytes_out = self.s2c,
+            duration_ms = started.elapsed().as_millis() as u64,
+            end = %self.end,
+            error = self.error.as_deref().unwrap_or(""),
+        );
+    }
+}
+
+/// Bounds error log lines (garbage floods must not fill a disk): at most
+/// `LOG_PER_SECOND` per second, then one line saying how many were suppressed.
+pub struct LogLimiter {
+    window: AtomicU64,
+    count: AtomicU64,
+    suppressed: AtomicU64,
+    epoch: Instant,
+}
+
+/// Error access-log lines allowed per second before suppression.
+const LOG_PER_SECOND: u64 = 50;
+
+impl LogLimiter {
+    /// A fresh limiter.
+    pub fn new() -> LogLimiter {
+        LogLimiter {
+            window: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// May one more error line be logged now?
+    pub fn allow(&self) -> bool {
+        let now = self.epoch.elapsed().as_secs();
+        if self.window.swap(now, Ordering::AcqRel) != now {
+            self.count.store(0, Ordering::Release);
+            let n = self.suppressed.swap(0, Ordering::AcqRel);
+            if n > 0 {
+                tracing::warn!(target: "crossbar::access", suppressed = n, "error log lines suppressed in the last second(s)");
+            }
+        }
+        if self.count.fetch_add(1, Ordering::AcqRel) < LOG_PER_SECOND {
+            true
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limiter_caps_a_burst() {
+        let l = LogLimiter::new();
+        let allowed = (0..1000).filter(|_| l.allow()).count() as u64;
+        assert!(allowed <= LOG_PER_SECOND * 2, "allowed {allowed}");
+    }
+}

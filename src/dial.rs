@@ -1,0 +1,59 @@
+//! Dialing a backend: the one way crossbar opens a TCP connection to a backend, for
+//! client connections, health checks and the ticket-key learner alike.
+use std::io;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::config::BackendAddress;
+
+/// Connect to a backend address within `timeout`; host names are resolved now, so
+/// DNS changes are picked up, and each resolved address is tried in turn.
+pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<TcpStream> {
+    let attempt = async {
+        let stream = match addr.as_socket_addr() {
+            Some(sa) => TcpStream::connect(sa).await?,
+            None => {
+                let mut last = io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} resolves to no address", addr.host),
+                );
+                let mut found = None;
+                for sa in tokio::net::lookup_host((addr.host.as_str(), addr.port)).await? {
+                    match TcpStream::connect(sa).await {
+                        Ok(s) => {
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                found.ok_or(last)?
+            }
+        };
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    };
+    tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no answer within {timeout:?}"),
+        )
+    })?
+}
+
+/// Connect for a connection of crossbar's own (health checks, the ticket-key
+/// probe): [`connect_to`], then a PROXY `LOCAL` header if the backend expects PROXY
+/// protocol, so it doesn't reject the connection.
+pub async fn connect_own(
+    addr: &BackendAddress,
+    timeout: Duration,
+    proxy: Option<crate::config::ProxyProtocol>,
+) -> io::Result<TcpStream> {
+    let mut tcp = connect_to(addr, timeout).await?;
+    if let Some(v) = proxy {
+        tcp.write_all(&crate::proxy_protocol::local(v)).await?;
+    }
+    Ok(tcp)
+}

@@ -1,0 +1,254 @@
+//! The client's side: finding and parsing a ClientHello in the first bytes of a
+//! connection (across TCP reads and TLS records), bounded in size.
+use tls_parser::{parse_tls_message_handshake, TlsMessage, TlsMessageHandshake};
+
+use super::wire::*;
+
+/// What the client offered in its ClientHello (only what routing and stickiness need).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientHelloInfo {
+    /// server_name (SNI) host name, lower-cased, trailing dot removed.
+    pub sni: Option<String>,
+    /// legacy_session_id (0..=32 bytes; empty when none).
+    pub session_id: Vec<u8>,
+    /// Non-empty SessionTicket extension contents (RFC 5077); `None` if absent or empty.
+    pub ticket: Option<Vec<u8>>,
+    /// pre_shared_key identities (TLS 1.3), in offered order.
+    pub psk_identities: Vec<Vec<u8>>,
+    /// supported_versions (TLS 1.3 and later clients), e.g. 0x0304, 0x0303.
+    pub supported_versions: Vec<u16>,
+    /// Number of bytes of the stream that make up the record(s) holding the hello.
+    pub consumed: usize,
+}
+
+/// Why bytes from a client are not an acceptable ClientHello (the metric `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HelloError {
+    /// The first bytes are not a TLS handshake record.
+    #[error("not a TLS handshake")]
+    NotTls,
+    /// The hello (or a record length it claims) exceeds the limit.
+    #[error("ClientHello larger than the limit")]
+    TooLarge,
+    /// A TLS handshake record that does not hold a well-formed ClientHello.
+    #[error("malformed ClientHello")]
+    Malformed,
+    /// The client closed before the hello was complete.
+    #[error("connection closed before the ClientHello was complete")]
+    Truncated,
+    /// The client did not finish its hello within the client_hello timeout.
+    #[error("timed out waiting for the ClientHello")]
+    Timeout,
+}
+
+impl HelloError {
+    /// The metric label / access-log reason for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HelloError::NotTls => "not_tls",
+            HelloError::TooLarge => "too_large",
+            HelloError::Malformed => "malformed",
+            HelloError::Truncated => "truncated",
+            HelloError::Timeout => "timeout",
+        }
+    }
+}
+
+/// Outcome of looking at the bytes received so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelloParse {
+    /// More bytes are needed.
+    NeedMore,
+    /// The bytes can't be a ClientHello within the limit.
+    Invalid(HelloError),
+    /// A complete ClientHello.
+    Found(ClientHelloInfo),
+}
+
+/// Inspect the first bytes a client sent. Pure: call again with more bytes on `NeedMore`.
+///
+/// `buf` is everything received so far; `max` bounds the bytes of stream the hello may
+/// take (record headers included): a hello that claims more is `TooLarge` at once,
+/// without waiting for its bytes.
+///
+/// - `NotTls` as soon as the first byte is not 0x16 (handshake) or the second not 0x03,
+///   so plain HTTP or an SSH banner is refused after one or two bytes.
+/// - The hello may span several handshake records; their payloads are joined until the
+///   handshake message is complete. Any other record type in between, a record longer
+///   than [`MAX_RECORD_LEN`] or empty, or a first message that is not a ClientHello is
+///   `Malformed`.
+/// - `Found` only once every record carrying the hello is complete; `consumed` is the
+///   end of the last of them. Bytes after it (early data) are not looked at.
+/// - SNI: a host_name that is not UTF-8 or is empty is `Malformed` (RFC 6066 says
+///   ASCII; a backend would refuse it too, and routing it to a default service would
+///   hide a broken or hostile client).
+/// - Extensions are parsed by tls-parser; where it gives up on one (it is strict about
+///   some we don't need), a manual walk of the extension list reads the five we need,
+///   so an odd extension from a real client does not cost us the connection.
+pub fn parse_client_hello(buf: &[u8], max: usize) -> HelloParse {
+    match client_hello_bytes(buf, max) {
+        Ok(Some((message, consumed))) => match parse_hello_message(&message) {
+            Some(mut info) => {
+                info.consumed = consumed;
+                HelloParse::Found(info)
+            }
+            None => HelloParse::Invalid(HelloError::Malformed),
+        },
+        Ok(None) => HelloParse::NeedMore,
+        Err(e) => HelloParse::Invalid(e),
+    }
+}
+
+/// Join handshake records until the first handshake message is complete.
+///
+/// Returns the message (header included) and the stream bytes its records take,
+/// `Ok(None)` when more bytes are needed.
+pub(super) fn client_hello_bytes(
+    buf: &[u8],
+    max: usize,
+) -> Result<Option<(Vec<u8>, usize)>, HelloError> {
+    match buf.first() {
+        None => return Ok(None),
+        Some(&CONTENT_HANDSHAKE) => {}
+        Some(_) => return Err(HelloError::NotTls),
+    }
+    match buf.get(1) {
+        None => return Ok(None),
+        Some(&RECORD_VERSION_MAJOR) => {}
+        Some(_) => return Err(HelloError::NotTls),
+    }
+    let mut joined: Vec<u8> = Vec::new();
+    let mut pos = 0usize;
+    loop {
+        // A later record must also be a handshake record of TLS.
+        match buf.get(pos) {
+            None => return Ok(None),
+            Some(&CONTENT_HANDSHAKE) => {}
+            Some(_) => return Err(HelloError::Malformed),
+        }
+        match buf.get(pos + 1) {
+            None => return Ok(None),
+            Some(&RECORD_VERSION_MAJOR) => {}
+            Some(_) => return Err(HelloError::Malformed),
+        }
+        let Some(len) = read_u16(buf, pos + 3) else {
+            return Ok(None);
+        };
+        let len = usize::from(len);
+        if len == 0 || len > MAX_RECORD_LEN {
+            // RFC 8446 5.1: zero-length handshake fragments are not allowed.
+            return Err(HelloError::Malformed);
+        }
+        let body_start = pos + RECORD_HEADER_LEN;
+        let record_end = body_start + len;
+        if record_end > max {
+            return Err(HelloError::TooLarge);
+        }
+        // Look at what we have of this record: the handshake header may already be there.
+        let available = buf
+            .get(body_start..record_end.min(buf.len()))
+            .unwrap_or(&[]);
+        // Only the 4-byte handshake header is needed from it: copying all of `joined`
+        // per record made a hello of many tiny records cost time cubic in their number
+        // over conn.rs's re-parses (tests/fuzz_props.rs, many_tiny_records_...).
+        let mut head = [0u8; HANDSHAKE_HEADER_LEN];
+        let mut head_len = 0;
+        for (slot, &b) in head.iter_mut().zip(joined.iter().chain(available)) {
+            *slot = b;
+            head_len += 1;
+        }
+        let view = &head[..head_len];
+        if let Some(&msg_type) = view.first() {
+            if msg_type != HS_CLIENT_HELLO {
+                return Err(HelloError::Malformed);
+            }
+        }
+        if let Some(msg_len) = read_u24(view, 1) {
+            let total = HANDSHAKE_HEADER_LEN + msg_len;
+            if total > max {
+                return Err(HelloError::TooLarge);
+            }
+        }
+        if buf.len() < record_end {
+            return Ok(None);
+        }
+        joined.extend_from_slice(available);
+        if let Some(msg_len) = read_u24(&joined, 1) {
+            let total = HANDSHAKE_HEADER_LEN + msg_len;
+            if joined.len() >= total {
+                joined.truncate(total);
+                return Ok(Some((joined, record_end)));
+            }
+            // The records still missing need at least one more header each.
+            if record_end + RECORD_HEADER_LEN + (total - joined.len()) > max {
+                return Err(HelloError::TooLarge);
+            }
+        }
+        pos = record_end;
+    }
+}
+
+/// Parse one complete ClientHello handshake message (header included) with tls-parser.
+pub(super) fn parse_hello_message(message: &[u8]) -> Option<ClientHelloInfo> {
+    let (_, parsed) = parse_tls_message_handshake(message).ok()?;
+    let TlsMessage::Handshake(TlsMessageHandshake::ClientHello(hello)) = parsed else {
+        return None;
+    };
+    // tls-parser drops trailing bytes and turns an overlong extensions block into "no
+    // extensions": check that the parts it found add up to the whole message.
+    let session_id = hello.session_id.unwrap_or(&[]);
+    let ext_len = hello.ext.map_or(0, |e| 2 + e.len());
+    let body_len = 2
+        + 32
+        + 1
+        + session_id.len()
+        + 2
+        + 2 * hello.ciphers.len()
+        + 1
+        + hello.comp.len()
+        + ext_len;
+    if HANDSHAKE_HEADER_LEN + body_len != message.len() {
+        return None;
+    }
+    let ext = read_extensions(hello.ext.unwrap_or(&[]), Side::Client)?;
+    let sni = match ext.sni {
+        None => None,
+        Some(name) => Some(normalize_host_name(name)?),
+    };
+    let psk_identities = match ext.psk {
+        None => Vec::new(),
+        Some(psk) => parse_psk_identities(psk)?,
+    };
+    Some(ClientHelloInfo {
+        sni,
+        session_id: session_id.to_vec(),
+        ticket: ext.ticket.filter(|t| !t.is_empty()).map(<[u8]>::to_vec),
+        psk_identities,
+        supported_versions: ext.versions,
+        consumed: 0,
+    })
+}
+
+/// A SNI host name as routing compares it: lower-case, no trailing dot.
+/// `None` (→ Malformed) if it is empty or not UTF-8.
+pub(super) fn normalize_host_name(name: &[u8]) -> Option<String> {
+    let name = std::str::from_utf8(name).ok()?;
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() {
+        return None;
+    }
+    Some(name.to_ascii_lowercase())
+}
+
+/// The identities of a ClientHello pre_shared_key extension (RFC 8446 4.2.11):
+/// `identities<7..2^16-1>` of `{ opaque identity<1..2^16-1>; uint32 age; }`, then binders.
+pub(super) fn parse_psk_identities(ext: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut r = Reader::new(ext);
+    let mut list = Reader::new(r.vec16()?);
+    let mut identities = Vec::new();
+    while !list.is_empty() {
+        identities.push(list.vec16()?.to_vec());
+        list.take(4)?; // obfuscated_ticket_age
+    }
+    Some(identities)
+}

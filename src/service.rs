@@ -1,0 +1,227 @@
+//! The runtime model: a service as built from its config (backends, stick table,
+//! metrics), the routing of a listen address, and what every connection task shares.
+//!
+//! Everything here is immutable once built; a reload builds new values and swaps
+//! them in, so a connection keeps the `Arc<Service>` it was accepted under.
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::access_log::LogLimiter;
+use crate::balance::{AdminState, CarriedState, Pool, PoolParams};
+use crate::config::{Keepalive, Mode, OnNonTls, ServiceConfig, StickConfig, StickOn};
+use crate::metrics::{Metrics, ServiceMetrics};
+use crate::route::Routes;
+use crate::stick::{
+    BackendIndex, KeyKind, StickMetrics, StickTable, Sticking, TableParams, RESUME_HINT_TTL,
+};
+
+/// One service at runtime.
+pub struct Service {
+    /// Its configuration.
+    pub config: ServiceConfig,
+    /// Its backends.
+    pub pool: Pool,
+    /// Its stick table, if stickiness is on.
+    pub table: Option<Arc<StickTable>>,
+    /// Metric handles.
+    pub metrics: ServiceMetrics,
+    /// Cancels this service's background tasks (sweeper, health checks, saver).
+    pub tasks: CancellationToken,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("name", &self.config.name)
+            .finish()
+    }
+}
+
+impl Service {
+    /// The service name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The service's stickiness (table, rules, pool, counters), if it has a table.
+    pub fn sticking(&self) -> Option<Sticking<'_>> {
+        Some(Sticking {
+            table: self.table.as_deref()?,
+            config: self.config.stick.as_ref()?,
+            backends: &self.pool,
+            metrics: &self.metrics,
+        })
+    }
+
+    /// Build a service from its config. `old`, the same-named service of the running
+    /// config, hands over its backends' live state (when their address is unchanged)
+    /// and its stick table (when size and expiry are unchanged).
+    pub fn build(
+        sc: &ServiceConfig,
+        old: Option<&Arc<Service>>,
+        metrics: &Arc<Metrics>,
+    ) -> Arc<Service> {
+        let pool = Pool::new(
+            &sc.backends,
+            PoolParams {
+                algo: sc.balance,
+                slow_start: sc.slow_start,
+                queue_size: sc.queue_size,
+                queue_timeout: sc.timeouts.queue,
+            },
+            |b| metrics.backend(&sc.name, &b.name),
+            |b| {
+                let prev = old?.pool.get(&b.name)?;
+                (prev.config.address == b.address).then(|| CarriedState {
+                    healthy: prev.is_healthy(),
+                    admin: carry_admin(prev.admin_state(), b.disabled),
+                    standby: prev.is_standby(),
+                })
+            },
+        );
+        let table = sc.stick.as_ref().map(|st| {
+            let reuse = old.and_then(|o| o.table.clone()).filter(|_| {
+                old.and_then(|o| o.config.stick.as_ref())
+                    .is_some_and(|prev| prev.size == st.size && prev.expire == st.expire)
+            });
+            reuse.unwrap_or_else(|| {
+                let t = StickTable::new(table_params(st));
+                if let Some(path) = &st.state_file {
+                    match t.load(path) {
+                        Ok(n) => tracing::info!(service = %sc.name, entries = n, "stick table loaded from {}", path.display()),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => tracing::warn!(service = %sc.name, "ignoring stick table file {}: {e}", path.display()),
+                    }
+                }
+                Arc::new(t)
+            })
+        });
+        Arc::new(Service {
+            config: sc.clone(),
+            pool,
+            table,
+            metrics: metrics.service(&sc.name),
+            tasks: CancellationToken::new(),
+        })
+    }
+
+    /// Is this key kind enabled for the service?
+    pub fn sticks_on(&self, key: StickOn) -> bool {
+        self.config
+            .stick
+            .as_ref()
+            .is_some_and(|s| s.on.contains(&key))
+    }
+}
+
+/// Routing and hello policy of one listen address (swapped whole on reload).
+#[derive(Debug)]
+pub struct ListenerRoutes {
+    /// SNI -> service.
+    pub routes: Routes<Service>,
+    /// No inspection at all: a single `mode: tcp` service.
+    pub tcp: bool,
+    /// Longest client_hello timeout among the address's services.
+    pub hello_timeout: Duration,
+    /// Largest max_hello_size among the address's services.
+    pub max_hello: usize,
+    /// Where non-TLS bytes go when a service allows it: the single service, or the
+    /// default service of a shared address, if it has `on_non_tls: forward`.
+    pub non_tls: Option<Arc<Service>>,
+    /// The keepalive the listening socket passes on to accepted connections (the
+    /// first service's; connections of a service with another setting set their own).
+    pub keepalive: Option<Keepalive>,
+}
+
+/// State every connection task can reach.
+pub struct Shared {
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Fires when established connections must be cut (end of shutdown grace).
+    pub hard_stop: CancellationToken,
+    /// Limits repetitive error log lines.
+    pub log_limiter: LogLimiter,
+}
+
+impl StickMetrics for ServiceMetrics {
+    fn lookup(&self, kind: KeyKind, hit: bool) {
+        ServiceMetrics::lookup(self, kind, hit);
+    }
+
+    fn learned(&self, kind: KeyKind) {
+        ServiceMetrics::learned(self, kind);
+    }
+}
+
+impl BackendIndex for Pool {
+    fn position(&self, name: &str) -> Option<usize> {
+        Pool::position(self, name)
+    }
+}
+
+/// The admin state to keep for a backend across a reload: the operator's drain or
+/// disable sticks unless the config now says `disabled`.
+fn carry_admin(prev: AdminState, disabled_now: bool) -> AdminState {
+    if disabled_now {
+        AdminState::Disabled
+    } else {
+        prev
+    }
+}
+
+fn table_params(st: &StickConfig) -> TableParams {
+    TableParams {
+        size: st.size,
+        expire: st.expire,
+        source_expire: if st.on.contains(&StickOn::Source) {
+            st.source_expire
+        } else {
+            RESUME_HINT_TTL.min(st.expire)
+        },
+    }
+}
+
+impl ListenerRoutes {
+    /// The routing of one listen address shared by `svcs` (in config order).
+    pub fn build(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
+        let hello_timeout = svcs
+            .iter()
+            .map(|s| s.config.timeouts.client_hello)
+            .max()
+            .unwrap_or_default();
+        let max_hello = svcs
+            .iter()
+            .map(|s| s.config.max_hello_size)
+            .max()
+            .unwrap_or_default();
+        let keepalive = svcs.first().and_then(|s| s.config.keepalive);
+        if let [only] = svcs.as_slice() {
+            return ListenerRoutes {
+                keepalive,
+                tcp: only.config.mode == Mode::Tcp,
+                non_tls: (only.config.on_non_tls == OnNonTls::Forward).then(|| only.clone()),
+                routes: Routes::single(only.clone()),
+                hello_timeout,
+                max_hello,
+            };
+        }
+        let non_tls = svcs
+            .iter()
+            .find(|s| s.config.default && s.config.on_non_tls == OnNonTls::Forward)
+            .cloned();
+        ListenerRoutes {
+            routes: Routes::shared(
+                svcs.into_iter()
+                    .map(|s| (s.config.server_names.clone(), s.config.default, s))
+                    .collect(),
+            ),
+            tcp: false,
+            hello_timeout,
+            max_hello,
+            non_tls,
+            keepalive,
+        }
+    }
+}
