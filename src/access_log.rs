@@ -18,6 +18,10 @@ pub struct AccessLog {
     pub stick_hit: bool,
     /// The backend connected to (or last tried).
     pub backend: Option<Arc<str>>,
+    /// Backends the ClientHello was offered to (more than one while confirming).
+    pub tried: usize,
+    /// How placement confirmation ended, if it ran.
+    pub confirm: Option<&'static str>,
     /// `full` or `resumed`, once the server's handshake showed it.
     pub handshake: Option<&'static str>,
     /// Bytes client -> server, the replayed hello included.
@@ -42,6 +46,8 @@ impl AccessLog {
             stick = self.stick.unwrap_or("-"),
             stick_result = if self.stick.is_none() { "-" } else if self.stick_hit { "hit" } else { "miss" },
             backend = self.backend.as_deref().unwrap_or("-"),
+            tried = self.tried,
+            confirm = self.confirm.unwrap_or("-"),
             handshake = self.handshake.unwrap_or("-"),
             bytes_in = self.c2s,
             bytes_out = self.s2c,

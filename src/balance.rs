@@ -530,6 +530,23 @@ impl Pool {
         }
     }
 
+    /// Choose a backend not in `tried` with the service's algorithm and reserve a slot
+    /// if one is free now; `None` when every candidate is tried, down or full. Never
+    /// queues: for optional extra connections (placement confirmation).
+    pub fn try_pick(&self, client: IpAddr, tried: &[usize]) -> Option<Lease> {
+        for _ in 0..MAX_PICK_RACES {
+            match self.pick(client, tried) {
+                Pick::Backend(i) => {
+                    if let Some(lease) = self.backends[i].try_reserve() {
+                        return Some(lease);
+                    }
+                }
+                Pick::Full | Pick::Nothing => return None,
+            }
+        }
+        None
+    }
+
     /// Choose a backend not in `tried` and reserve a slot, waiting in the bounded
     /// queue up to the queue timeout when every candidate is full.
     pub async fn acquire(&self, client: IpAddr, tried: &[usize]) -> Result<Lease, PickError> {

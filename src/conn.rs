@@ -32,7 +32,7 @@ const HELLO_READ_CHUNK: usize = 4096;
 
 /// Why a connection ended before or instead of a relay; knows the side at fault.
 #[derive(Debug, thiserror::Error)]
-enum ConnError {
+pub(crate) enum ConnError {
     #[error("client hello: {0}")]
     Hello(HelloError),
     #[error("no service for server name {0:?}")]
@@ -127,10 +127,26 @@ async fn serve(
         set_keepalive(stream, keepalive);
     }
     let client_ip = peer.ip().to_canonical();
-    let sticky = place(&svc, hello.as_ref(), client_ip, log);
-    let (mut server, lease) =
+    let (sticky, certain) = place(&svc, hello.as_ref(), client_ip, log);
+    let (server, lease, tried) =
         connect_and_replay(stream, peer, &svc, hello.as_ref(), &buf, sticky, log).await?;
+    let (mut server, lease, pending) = match hello.as_ref() {
+        Some(h) => {
+            let search = crate::confirm::Search {
+                svc: &svc,
+                shared,
+                client: stream,
+                peer,
+                hello: h,
+                hello_bytes: &buf,
+                tried,
+            };
+            confirm_placement(search, certain, server, lease, log).await
+        }
+        None => (server, lease, Vec::new()),
+    };
     let backend = lease.backend().clone();
+    log.backend = Some(backend.name.clone());
     if keepalive.is_some() {
         set_keepalive(&server, keepalive);
     }
@@ -142,7 +158,7 @@ async fn serve(
     backend.metrics.bytes_c2s.inc_by(replayed);
     // The hello buffer is not needed for the rest of a possibly hours-long connection.
     drop(buf);
-    let watched = (hello.as_ref(), client_ip);
+    let watched = (hello.as_ref(), client_ip, pending.as_slice());
     let (stats, handshake) = relay_watched(
         stream,
         &mut server,
@@ -151,8 +167,9 @@ async fn serve(
         watched,
         &shared.hard_stop,
     )
-    .await;
+    .await?;
     record_relay(log, &stats, handshake, replayed, &svc, &backend);
+    log.s2c += pending.len() as u64;
     svc.metrics
         .duration
         .observe(started.elapsed().as_secs_f64());
@@ -210,17 +227,50 @@ fn hello_failed(
 }
 
 /// Step 3: the backend the stick table says holds this client's session, if any
-/// (the placement policy itself is [`crate::stick::Sticking::place`]).
+/// (the placement policy itself is [`crate::stick::Sticking::place`]), and whether
+/// that placement is certain (else [`crate::confirm`] may check it).
 fn place(
     svc: &Service,
     hello: Option<&ClientHelloInfo>,
     ip: IpAddr,
     log: &mut AccessLog,
-) -> Option<usize> {
-    let placement = svc.sticking()?.place(hello, ip)?;
+) -> (Option<usize>, bool) {
+    let Some(placement) = svc.sticking().and_then(|s| s.place(hello, ip)) else {
+        return (None, false);
+    };
     log.stick = Some(placement.kind.as_str());
     log.stick_hit = placement.backend.is_some();
-    placement.backend
+    (placement.backend, placement.certain())
+}
+
+/// Step 4b: confirm the placement of an offered session if that is wanted
+/// ([`crate::confirm`]): returns the backend to relay to and the answer bytes
+/// already read from it.
+async fn confirm_placement(
+    search: crate::confirm::Search<'_>,
+    certain: bool,
+    server: TcpStream,
+    lease: Lease,
+    log: &mut AccessLog,
+) -> (TcpStream, Lease, Vec<u8>) {
+    use crate::confirm::{Outcome, Wanted};
+    let svc = search.svc;
+    match crate::confirm::wanted(svc, search.hello, search.hello_bytes.len(), certain) {
+        Wanted::No => (server, lease, Vec::new()),
+        Wanted::NotEligible => {
+            svc.metrics.confirm(Outcome::NotEligible.as_str());
+            log.confirm = Some(Outcome::NotEligible.as_str());
+            (server, lease, Vec::new())
+        }
+        Wanted::Yes => {
+            // Boxed: only connections that confirm pay for the search's state.
+            let c = Box::pin(search.run(server, lease)).await;
+            svc.metrics.confirm(c.outcome.as_str());
+            log.confirm = Some(c.outcome.as_str());
+            log.tried = c.tried;
+            (c.server, c.lease, c.pending)
+        }
+    }
 }
 
 /// Step 4: reserve a backend and connect (retrying elsewhere on failure), then send
@@ -239,7 +289,7 @@ async fn connect_and_replay(
     buf: &[u8],
     mut preferred: Option<usize>,
     log: &mut AccessLog,
-) -> Result<(TcpStream, Lease), ConnError> {
+) -> Result<(TcpStream, Lease, Vec<usize>), ConnError> {
     let tls = hello.is_some();
     let ip = peer.ip().to_canonical();
     let mut tried: Vec<usize> = Vec::new();
@@ -252,12 +302,13 @@ async fn connect_and_replay(
         log.backend = Some(backend.name.clone());
         let sni = hello.and_then(|h| h.sni.as_deref());
         let sent = send_prelude(&mut server, stream, peer, &backend, sni, buf).await;
+        log.tried = 1;
         if !tls {
             sent?;
-            return Ok((server, lease));
+            return Ok((server, lease, tried));
         }
         match answered(&server, stream, sent, svc.config.timeouts.idle).await? {
-            BackendAnswer::Bytes => return Ok((server, lease)),
+            BackendAnswer::Bytes => return Ok((server, lease, tried)),
             BackendAnswer::Idle => return Err(ConnError::NoAnswer),
             BackendAnswer::Closed(e) => {
                 backend.metrics.connect_errors.inc();
@@ -289,18 +340,20 @@ async fn answered(
 }
 
 /// Steps 5-6: relay both ways until both sides closed; in tls mode the server's
-/// handshake is watched on the way and stick entries are learned from it. Returns
-/// the relay's outcome and the handshake kind (`full`/`resumed`) if it showed.
+/// handshake is watched on the way and stick entries are learned from it. Answer
+/// bytes read while confirming the placement (`pending`) reach the client, and the
+/// watcher, first. Returns the relay's outcome and the handshake kind
+/// (`full`/`resumed`) if it showed.
 async fn relay_watched(
     stream: &mut TcpStream,
     server: &mut TcpStream,
     svc: &Service,
     backend: &Backend,
-    (hello, ip): (Option<&ClientHelloInfo>, IpAddr),
+    (hello, ip, pending): (Option<&ClientHelloInfo>, IpAddr, &[u8]),
     hard_stop: &tokio_util::sync::CancellationToken,
-) -> (RelayStats, Option<&'static str>) {
+) -> Result<(RelayStats, Option<&'static str>), ConnError> {
     let mut handshake = None;
-    let watch = hello.map(|h| {
+    let mut watch = hello.map(|h| {
         let seen = &mut handshake;
         Box::new(Watch {
             watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
@@ -312,13 +365,27 @@ async fn relay_watched(
             }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
         })
     });
+    if !pending.is_empty() {
+        stream
+            .write_all(pending)
+            .await
+            .map_err(|_| ConnError::ClientGone)?;
+        backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
+        if let Some(w) = watch.as_mut() {
+            if w.watcher.feed(pending) {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
+            }
+        }
+    }
     let counters = RelayCounters {
         c2s: &backend.metrics.bytes_c2s,
         s2c: &backend.metrics.bytes_s2c,
     };
     let idle = svc.config.timeouts.idle;
     let stats = relay::relay(stream, server, idle, &counters, watch, hard_stop).await;
-    (stats, handshake)
+    Ok((stats, handshake))
 }
 
 /// Count a server handshake as full or resumed; its access-log word.
@@ -419,7 +486,7 @@ async fn connect(
 
 /// Write what goes to a backend before the relay: the PROXY header (if the backend
 /// wants one) and the bytes read while looking at the hello.
-async fn send_prelude(
+pub(crate) async fn send_prelude(
     server: &mut TcpStream,
     client: &TcpStream,
     peer: SocketAddr,

@@ -38,6 +38,7 @@ pub mod admin;
 pub mod admin_client;
 pub mod balance;
 pub mod config;
+pub mod confirm;
 pub mod conn;
 pub mod demo;
 pub mod dial;

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub registry: Registry,
     stick_lookups: IntCounterVec,
     stick_learned: IntCounterVec,
+    stick_confirm: IntCounterVec,
+    stick_confirm_extra: IntCounterVec,
     tls_handshakes: IntCounterVec,
     connections: IntCounterVec,
     active: IntGaugeVec,
@@ -118,6 +120,21 @@ impl Metrics {
                 "crossbar_stick_learned_total",
                 "Stick entries learned from the server's handshake, by key kind.",
                 &["service", "key"],
+            ),
+            stick_confirm: counter_vec(
+                &r,
+                "crossbar_stick_confirm_total",
+                "Placement confirmations of offered sessions, by result (first, \
+                 retried_resumed, none_resumed, budget_empty, not_eligible, hello_retry, \
+                 ended).",
+                &["service", "result"],
+            ),
+            stick_confirm_extra: counter_vec(
+                &r,
+                "crossbar_stick_confirm_extra_handshakes_total",
+                "ClientHellos offered to a backend beyond the first while confirming a \
+                 placement (each costs that backend a handshake).",
+                &["service", "backend"],
             ),
             tls_handshakes: counter_vec(
                 &r,
@@ -280,6 +297,8 @@ impl Metrics {
                 .map(|p| self.resets.with_label_values(&[service, p.as_str()])),
             hello_errors: self.hello_errors.clone(),
             routing_refused: self.routing_refused.clone(),
+            confirm: self.stick_confirm.clone(),
+            confirm_extra: self.stick_confirm_extra.clone(),
         }
     }
 
@@ -331,7 +350,11 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(service.to_string(), backend.to_string()));
         let l = [service, backend];
-        for v in [&self.connections, &self.connect_errors] {
+        for v in [
+            &self.connections,
+            &self.connect_errors,
+            &self.stick_confirm_extra,
+        ] {
             let _ = v.remove_label_values(&l); // ok: absent labels are fine
         }
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
@@ -395,6 +418,8 @@ pub struct ServiceMetrics {
     resets: [IntCounter; 2],
     hello_errors: IntCounterVec,
     routing_refused: IntCounterVec,
+    confirm: IntCounterVec,
+    confirm_extra: IntCounterVec,
 }
 
 /// Index of a key kind in the 4-element label arrays (prefix lookups count as the
@@ -443,6 +468,19 @@ impl ServiceMetrics {
     pub fn hello_error(&self, reason: &str) {
         self.hello_errors
             .with_label_values(&[&self.name, reason])
+            .inc()
+    }
+
+    /// Count the outcome of one placement confirmation (once per connection that
+    /// offered a session of uncertain placement).
+    pub fn confirm(&self, result: &str) {
+        self.confirm.with_label_values(&[&self.name, result]).inc()
+    }
+
+    /// Count a ClientHello offered to `backend` beyond the first backend.
+    pub fn confirm_extra(&self, backend: &str) {
+        self.confirm_extra
+            .with_label_values(&[&self.name, backend])
             .inc()
     }
 

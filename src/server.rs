@@ -105,6 +105,7 @@ impl Server {
                 metrics,
                 hard_stop: CancellationToken::new(),
                 log_limiter: LogLimiter::new(),
+                confirm_budget: crate::confirm::Budget::new(config.confirm_budget),
             }),
             tracker: TaskTracker::new(),
             accepting: CancellationToken::new(),
@@ -320,6 +321,7 @@ impl Server {
         );
         st.listeners = listeners;
         st.services = services;
+        self.shared.confirm_budget.set_rate(config.confirm_budget);
         st.config = config;
         Ok(probes)
     }

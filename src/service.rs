@@ -143,6 +143,8 @@ pub struct Shared {
     pub hard_stop: CancellationToken,
     /// Limits repetitive error log lines.
     pub log_limiter: LogLimiter,
+    /// Extra backend handshakes placement confirmation may still spend.
+    pub confirm_budget: crate::confirm::Budget,
 }
 
 impl StickMetrics for ServiceMetrics {

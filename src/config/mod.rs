@@ -46,6 +46,9 @@ pub struct Config {
     pub source: PathBuf,
     /// Worker threads of the runtime; `None` means one per core.
     pub workers: Option<usize>,
+    /// `confirm_budget`: extra backend handshakes per second that placement
+    /// confirmation may cost, all services together (default 100; 0 = none).
+    pub confirm_budget: u32,
     /// The admin HTTP endpoint, if enabled.
     pub admin: Option<AdminConfig>,
     /// Services in file order.
@@ -255,6 +258,12 @@ pub struct StickConfig {
     /// How often crossbar asks each backend for session tickets to learn its
     /// ticket-key name (`tls` mode with `ticket` or `psk`); `None` (`0s`) disables.
     pub probe_interval: Option<Duration>,
+    /// Confirm an uncertain placement of a resumption by offering the ClientHello to
+    /// further backends until one resumes it (`tls` mode; default on).
+    pub confirm: bool,
+    /// Most backends one ClientHello is offered to, the first included (default:
+    /// every primary backend, at most 4).
+    pub confirm_tries: usize,
 }
 
 /// `proxy_protocol:` version sent to a backend.

@@ -20,6 +20,7 @@ pub(super) struct RawConfig {
     pub admin: Option<Nullable<RawAdmin>>,
     pub defaults: Option<RawDefaults>,
     pub services: Option<RawServices>,
+    pub confirm_budget: Option<u64>,
 }
 
 /// A key that was written, possibly as an explicit `null`.
@@ -239,6 +240,8 @@ pub(super) struct RawStick {
     pub state_file: Option<PathBuf>,
     pub save_interval: Option<RawDuration>,
     pub probe_interval: Option<RawDuration>,
+    pub confirm: Option<bool>,
+    pub confirm_tries: Option<u64>,
 }
 
 /// `proxy_protocol:`

@@ -19,6 +19,12 @@ const DEFAULT_PREFIX_V4: u64 = 32;
 const DEFAULT_PREFIX_V6: u64 = 64;
 /// Default ticket key-name prefix: OpenSSL's 16-byte key name.
 const DEFAULT_TICKET_PREFIX: u64 = 16;
+/// Default most backends one ClientHello is offered to while confirming: more tries
+/// cost more extra handshakes per miss, and a pool larger than this has its answer
+/// from the hint or the balance order within the first few anyway.
+const DEFAULT_CONFIRM_TRIES_CAP: usize = 4;
+/// Largest `confirm_tries`.
+const MAX_CONFIRM_TRIES: u64 = 16;
 /// Largest ticket prefix worth comparing.
 const MAX_TICKET_PREFIX: u64 = 64;
 
@@ -27,6 +33,7 @@ impl Checker<'_> {
         &mut self,
         raw: Option<&Nullable<RawStick>>,
         mode: Mode,
+        primaries: usize,
         p: &str,
     ) -> Option<StickConfig> {
         let raw = match raw? {
@@ -91,6 +98,21 @@ impl Checker<'_> {
             DEFAULT_PROBE_INTERVAL,
             false,
         );
+        let confirm = raw.confirm.unwrap_or(mode == Mode::Tls);
+        if confirm && mode == Mode::Tcp {
+            self.err(
+                &join(p, "confirm"),
+                "`mode: tcp` reads no TLS handshake: there is nothing to confirm",
+            );
+        }
+        let default_tries = primaries.clamp(1, DEFAULT_CONFIRM_TRIES_CAP) as u64;
+        let tries = self.int(
+            raw.confirm_tries,
+            &join(p, "confirm_tries"),
+            default_tries,
+            1,
+            MAX_CONFIRM_TRIES,
+        );
         Some(StickConfig {
             on: self.stick_on(raw.on.as_deref(), mode, &join(p, "on")),
             size: size as usize,
@@ -102,6 +124,8 @@ impl Checker<'_> {
             state_file: raw.state_file.clone(),
             save_interval: save,
             probe_interval: (!probe.is_zero() && mode == Mode::Tls).then_some(probe),
+            confirm: confirm && mode == Mode::Tls,
+            confirm_tries: tries as usize,
         })
     }
 

@@ -60,7 +60,11 @@ impl fmt::Display for Summary<'_> {
             }
         };
         writeln!(f, "{}: {} service(s)", c.source.display(), c.services.len())?;
-        writeln!(f, "workers: {workers}; admin: {admin}")?;
+        writeln!(
+            f,
+            "workers: {workers}; admin: {admin}; confirm budget: {}/s",
+            c.confirm_budget
+        )?;
         for s in &c.services {
             writeln!(f)?;
             service(f, s)?;
@@ -117,8 +121,13 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
                 .state_file
                 .as_ref()
                 .map_or(String::new(), |f| format!(", saved to {}", f.display()));
+            let confirm = if t.confirm {
+                format!(", confirm up to {} backends", t.confirm_tries)
+            } else {
+                String::new()
+            };
             format!(
-                "{}; {} entries, expire {}{file}",
+                "{}; {} entries, expire {}{file}{confirm}",
                 on.join(", "),
                 t.size,
                 dur(t.expire)

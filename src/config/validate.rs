@@ -15,6 +15,12 @@ use super::position::PositionIndex;
 use super::raw::*;
 use super::*;
 
+/// Default `confirm_budget`: extra backend handshakes per second for confirming
+/// placements. A resumption costs at most `confirm_tries - 1` of them, once per
+/// session; 100/s is ~0.1-0.3 of a core spread over the backends.
+const DEFAULT_CONFIRM_BUDGET: u64 = 100;
+/// Largest `confirm_budget`; more extra handshakes per second than this is a typo.
+const MAX_CONFIRM_BUDGET: u64 = 1_000_000;
 /// Largest `workers`; more threads than this is a typo, not a machine.
 const MAX_WORKERS: u64 = 1024;
 /// Smallest `max_hello_size`: below this even a minimal ClientHello with SNI may not fit.
@@ -82,6 +88,13 @@ impl Checker<'_> {
         let workers = raw
             .workers
             .map(|w| self.int(Some(w), "workers", 1, 1, MAX_WORKERS) as usize);
+        let confirm_budget = self.int(
+            raw.confirm_budget,
+            "confirm_budget",
+            DEFAULT_CONFIRM_BUDGET,
+            0,
+            MAX_CONFIRM_BUDGET,
+        ) as u32;
         let admin = self.admin(raw.admin.as_ref());
         let empty = RawDefaults::default();
         let defaults = raw.defaults.as_ref().unwrap_or(&empty);
@@ -90,6 +103,7 @@ impl Checker<'_> {
         Config {
             source: self.file.to_path_buf(),
             workers,
+            confirm_budget,
             admin,
             services,
         }
@@ -346,7 +360,15 @@ impl Checker<'_> {
             default: raw.default.unwrap_or(false),
             balance,
             failback,
-            stick: self.stick(raw.stick.as_ref(), mode, &join(&p, "stick")),
+            stick: self.stick(
+                raw.stick.as_ref(),
+                mode,
+                raw.backends
+                    .iter()
+                    .filter(|b| b.backup != Some(true))
+                    .count(),
+                &join(&p, "stick"),
+            ),
             backends: self.backends(&raw.backends, &tuning.health, &p),
             timeouts: tuning.timeouts,
             keepalive: tuning.keepalive,

@@ -17,6 +17,8 @@ pub struct ClientHelloInfo {
     pub psk_identities: Vec<Vec<u8>>,
     /// supported_versions (TLS 1.3 and later clients), e.g. 0x0304, 0x0303.
     pub supported_versions: Vec<u16>,
+    /// The client announces TLS 1.3 early data (0-RTT) after its hello.
+    pub early_data: bool,
     /// Number of bytes of the stream that make up the record(s) holding the hello.
     pub consumed: usize,
 }
@@ -225,6 +227,7 @@ pub(super) fn parse_hello_message(message: &[u8]) -> Option<ClientHelloInfo> {
         ticket: ext.ticket.filter(|t| !t.is_empty()).map(<[u8]>::to_vec),
         psk_identities,
         supported_versions: ext.versions,
+        early_data: ext.early_data,
         consumed: 0,
     })
 }

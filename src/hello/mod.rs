@@ -612,6 +612,19 @@ mod tests {
     }
 
     #[test]
+    fn early_data_is_seen_by_both_extension_readers() {
+        let mut ext = sni_ext(HOST.as_bytes());
+        ext.extend_from_slice(&[0, 42, 0, 0]);
+        assert!(found(&synthetic_hello(&ext)).early_data);
+        // Behind an extension tls-parser refuses, the manual walk finds it too.
+        let mut odd = vec![0, 49, 0, 1, 0];
+        odd.extend_from_slice(&ext);
+        assert!(found(&synthetic_hello(&odd)).early_data);
+        assert!(!found(&synthetic_hello(&sni_ext(HOST.as_bytes()))).early_data);
+        assert!(!check_hello(&fixture("openssl3_tls13_psk")).early_data);
+    }
+
+    #[test]
     fn extension_tls_parser_rejects_falls_back_to_manual_walk() {
         // post_handshake_auth (49) must be empty; tls-parser stops at a non-empty one.
         let mut ext = vec![0, 49, 0, 1, 0];

@@ -34,6 +34,7 @@ pub(super) const EXT_SERVER_NAME: u16 = 0;
 pub(super) const EXT_ALPN: u16 = 16;
 pub(super) const EXT_SESSION_TICKET: u16 = 35;
 pub(super) const EXT_PRE_SHARED_KEY: u16 = 41;
+pub(super) const EXT_EARLY_DATA: u16 = 42;
 pub(super) const EXT_SUPPORTED_VERSIONS: u16 = 43;
 /// server_name NameType host_name (RFC 6066 3).
 pub(super) const SNI_HOST_NAME: u8 = 0;
@@ -63,6 +64,8 @@ pub(super) struct Extensions<'a> {
     pub(super) psk: Option<&'a [u8]>,
     /// supported_versions (client: the offered list; server: the selected one).
     pub(super) versions: Vec<u16>,
+    /// early_data is present.
+    pub(super) early_data: bool,
 }
 
 /// Read the extensions we need: tls-parser first, a manual walk if it gave up early.
@@ -93,6 +96,7 @@ pub(super) fn from_tls_parser<'a>(list: &[TlsExtension<'a>]) -> Extensions<'a> {
             TlsExtension::SessionTicket(t) => out.ticket = Some(t),
             TlsExtension::PreSharedKey(p) => out.psk = Some(p),
             TlsExtension::SupportedVersions(v) => out.versions = v.iter().map(|v| v.0).collect(),
+            TlsExtension::EarlyData(_) => out.early_data = true,
             _ => {}
         }
     }
@@ -121,6 +125,7 @@ pub(super) fn walk_extensions(ext: &[u8], side: Side) -> Option<Extensions<'_>> 
             }
             EXT_SESSION_TICKET => out.ticket = Some(data),
             EXT_PRE_SHARED_KEY => out.psk = Some(data),
+            EXT_EARLY_DATA => out.early_data = true,
             EXT_SUPPORTED_VERSIONS => {
                 out.versions.clear();
                 let mut list = match side {

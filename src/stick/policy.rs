@@ -41,6 +41,14 @@ pub struct Placement {
     pub backend: Option<usize>,
 }
 
+impl Placement {
+    /// An exact session entry or a (non-shared) key-name prefix hit: the session's
+    /// holder is known. A source entry or the resume hint is only a guess.
+    pub fn certain(&self) -> bool {
+        self.backend.is_some() && self.kind != KeyKind::Source
+    }
+}
+
 /// One service's stickiness: its table and rules, its pool and its counters.
 pub struct Sticking<'a> {
     /// The service's table.
@@ -139,15 +147,25 @@ impl Sticking<'_> {
         if !tls13 && hs.resumed == Some(false) && !hs.server_ccs {
             return;
         }
-        // TLS <= 1.2: the server assigned (or, resuming, confirmed) this session ID.
-        if !tls13 && !hs.session_id.is_empty() && self.sticks_on(StickOn::SessionId) {
+        // TLS <= 1.2: the server assigned (or, resuming, confirmed) this session ID. On a
+        // ticket resumption it merely echoes the ID the client chose (RFC 5077 3.4):
+        // learning that let one valid ticket and random IDs add an entry per cheap
+        // abbreviated handshake.
+        let ticket_resumption = h.ticket.is_some() && hs.resumed == Some(true);
+        if !tls13
+            && !ticket_resumption
+            && !hs.session_id.is_empty()
+            && self.sticks_on(StickOn::SessionId)
+        {
             self.learn(KeyKind::SessionId, &hs.session_id, backend);
         }
         if self.sticks_on(StickOn::Ticket) {
             self.learn_tickets(h, hs, tls13, backend);
         }
-        // TLS 1.3: the PSK identity the ServerHello says it accepted.
-        if let (true, Some(i)) = (tls13, hs.psk_selected) {
+        // TLS 1.3: the PSK identity the ServerHello says it accepted. After a
+        // HelloRetryRequest its index points into the client's second hello, which we
+        // don't parse: learn nothing then (a client could offer `[forged, real]` first).
+        if let (true, false, Some(i)) = (tls13, hs.hello_retry, hs.psk_selected) {
             if let Some(id) = h.psk_identities.get(usize::from(i)) {
                 if self.sticks_on(StickOn::Psk) {
                     self.learn(KeyKind::Psk, id, backend);
@@ -264,6 +282,109 @@ fn mask(octets: &[u8], bits: u8) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::hello::{HelloParse, ServerWatcher};
+    use crate::stick::TableParams;
+
+    /// Counts nothing, places on a pool of one backend `b1`.
+    struct One;
+    impl StickMetrics for One {
+        fn lookup(&self, _: KeyKind, _: bool) {}
+        fn learned(&self, _: KeyKind) {}
+    }
+    impl BackendIndex for One {
+        fn position(&self, name: &str) -> Option<usize> {
+            (name == "b1").then_some(0)
+        }
+    }
+
+    /// The `stick` settings of a service sticking on every TLS key.
+    fn stick_config() -> StickConfig {
+        let yaml =
+            "admin: { enabled: false }\nservices:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    \
+                    stick: { on: [session_id, ticket, psk] }\n    \
+                    backends:\n      - { name: b1, address: \"127.0.0.1:9\" }\n";
+        let c = crate::config::Config::from_str_at(yaml, std::path::Path::new("t.yaml")).unwrap();
+        c.services[0].stick.clone().unwrap()
+    }
+
+    fn table() -> StickTable {
+        StickTable::new(TableParams {
+            size: 100,
+            expire: Duration::from_secs(60),
+            source_expire: Duration::from_secs(60),
+        })
+    }
+
+    /// A captured ClientHello and what the watcher saw in the server's real answer.
+    fn captured(name: &str) -> (ClientHelloInfo, ServerHandshake) {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/server_flights/"
+        );
+        let hello = std::fs::read(format!("{dir}{name}.hello.bin")).unwrap();
+        let server = std::fs::read(format!("{dir}{name}.server.bin")).unwrap();
+        let HelloParse::Found(h) = hello::parse_client_hello(&hello, 64 * 1024) else {
+            panic!("{name}: no hello");
+        };
+        let mut w = ServerWatcher::new(64 * 1024);
+        w.feed(&server);
+        (h, w.info().clone())
+    }
+
+    /// After a HelloRetryRequest the ServerHello's `selected_identity` indexes the
+    /// client's second hello: applied to the first hello's list it named whatever the
+    /// client put first there (a forged identity, learned with its prefix).
+    #[test]
+    fn no_psk_is_learned_after_a_hello_retry() {
+        let (config, table) = (stick_config(), table());
+        let s = Sticking {
+            table: &table,
+            config: &config,
+            backends: &One,
+            metrics: &One,
+        };
+        let (mut h, mut hs) = captured("openssl3_tls13_resumed");
+        assert_eq!(hs.psk_selected, Some(0));
+        let real = h.psk_identities[0].clone();
+        let forged = vec![0x5a; real.len()];
+        // First hello `[forged, real]`, HRR, second hello `[real]`, selected_identity 0.
+        h.psk_identities = vec![forged.clone(), real.clone()];
+        hs.hello_retry = true;
+        s.learn_handshake(&h, &hs, IpAddr::from([127, 0, 0, 1]), "b1");
+        for id in [&forged, &real] {
+            assert_eq!(s.hit(KeyKind::Psk, id), None);
+            assert_eq!(s.hit(KeyKind::TicketPrefix, s.prefix(id).unwrap()), None);
+        }
+    }
+
+    /// On a TLS 1.2 ticket resumption the server echoes the session ID the client
+    /// chose: learning it let one valid ticket and random IDs add an entry per
+    /// abbreviated handshake.
+    #[test]
+    fn no_session_id_is_learned_from_a_ticket_resumption() {
+        let (config, table) = (stick_config(), table());
+        let s = Sticking {
+            table: &table,
+            config: &config,
+            backends: &One,
+            metrics: &One,
+        };
+        let (h, hs) = captured("openssl3_tls12_resumed");
+        assert!(h.ticket.is_some());
+        assert_eq!(hs.resumed, Some(true));
+        assert_eq!(
+            hs.session_id, h.session_id,
+            "the server echoes the client's ID"
+        );
+        s.learn_handshake(&h, &hs, IpAddr::from([127, 0, 0, 1]), "b1");
+        assert_eq!(s.hit(KeyKind::SessionId, &hs.session_id), None);
+        // The accepted ticket itself is still learned.
+        assert_eq!(
+            s.hit(KeyKind::Ticket, h.ticket.as_deref().unwrap()),
+            Some(0)
+        );
+    }
 
     #[test]
     fn mask_keeps_prefix_bits() {

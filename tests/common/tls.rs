@@ -112,6 +112,9 @@ pub enum Sess<'a> {
     Out(&'a Path),
     /// `-sess_in FILE`: offer the saved session.
     In(&'a Path),
+    /// `-sess_in FILE -sess_out FILE`: offer the saved session, save the new one
+    /// (single-use tickets: stateful TLS 1.3 servers accept each ticket once).
+    InOut(&'a Path),
 }
 
 /// Run `openssl s_client` once: handshake, send `GET /who`, read the answer until
@@ -123,9 +126,10 @@ pub fn s_client(
     sess: Sess,
     names: &[String],
 ) -> Result<SClientRun> {
-    let (flag, file) = match sess {
-        Sess::Out(f) => ("-sess_out", f),
-        Sess::In(f) => ("-sess_in", f),
+    let (flag, file, out) = match sess {
+        Sess::Out(f) => ("-sess_out", f, None),
+        Sess::In(f) => ("-sess_in", f, None),
+        Sess::InOut(f) => ("-sess_in", f, Some(f)),
     };
     let mut child = Command::new("openssl")
         .args([
@@ -137,6 +141,11 @@ pub fn s_client(
         ])
         .args(["-ign_eof", flag])
         .arg(file)
+        .args(
+            out.map(|f| [Path::new("-sess_out"), f])
+                .into_iter()
+                .flatten(),
+        )
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -1,0 +1,52 @@
+// Test backends for crossbar: several HTTPS servers in one JVM, each on its own
+// loopback port with its own certificate (PKCS#12) and the JDK's default session
+// settings. Answers every request with the backend's name. Prints "LISTEN name port"
+// per server, then "READY"; exits when stdin closes (the test ends it that way).
+//
+// Usage: java JdkServers.java name=keystore.p12 ...   (keystore password: "changeit")
+import com.sun.net.httpserver.HttpsConfigurator;
+import com.sun.net.httpserver.HttpsServer;
+import java.io.FileInputStream;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.nio.charset.StandardCharsets;
+import java.security.KeyStore;
+import java.util.concurrent.Executors;
+import javax.net.ssl.KeyManagerFactory;
+import javax.net.ssl.SSLContext;
+
+public class JdkServers {
+    public static void main(String[] args) throws Exception {
+        char[] pass = "changeit".toCharArray();
+        for (String arg : args) {
+            String name = arg.substring(0, arg.indexOf('='));
+            String file = arg.substring(arg.indexOf('=') + 1);
+            KeyStore ks = KeyStore.getInstance("PKCS12");
+            try (FileInputStream in = new FileInputStream(file)) {
+                ks.load(in, pass);
+            }
+            KeyManagerFactory kmf = KeyManagerFactory.getInstance("SunX509");
+            kmf.init(ks, pass);
+            SSLContext ctx = SSLContext.getInstance("TLS");
+            ctx.init(kmf.getKeyManagers(), null, null);
+            HttpsServer s = HttpsServer.create(new InetSocketAddress("127.0.0.1", 0), 128);
+            s.setHttpsConfigurator(new HttpsConfigurator(ctx));
+            byte[] body = (name + "\n").getBytes(StandardCharsets.UTF_8);
+            s.createContext("/", ex -> {
+                ex.getResponseHeaders().add("Connection", "close");
+                ex.sendResponseHeaders(200, body.length);
+                try (OutputStream out = ex.getResponseBody()) {
+                    out.write(body);
+                }
+            });
+            s.setExecutor(Executors.newFixedThreadPool(8));
+            s.start();
+            System.out.println("LISTEN " + name + " " + s.getAddress().getPort());
+        }
+        System.out.println("READY");
+        System.out.flush();
+        while (System.in.read() >= 0) {
+        }
+        System.exit(0);
+    }
+}
