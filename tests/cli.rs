@@ -160,8 +160,8 @@ fn version_and_help() {
 
 #[test]
 fn check_opens_the_files_the_config_names_and_names_their_lines() {
-    // conf/crossbar.yaml names /etc/crossbar/admin.token (line 14), a CA bundle
-    // (line 63) and a state file under /var/lib/crossbar (line 54), none of which
+    // conf/crossbar.yaml names /etc/crossbar/admin.token (line 15), a CA bundle
+    // (line 66) and a state file under /var/lib/crossbar (line 55), none of which
     // exist on a build machine; --config-only skips them (previous test).
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/crossbar.yaml");
     let path = conf.to_str().unwrap();
@@ -170,12 +170,12 @@ fn check_opens_the_files_the_config_names_and_names_their_lines() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!(
-            "{path}:14:15: admin.token_file: cannot read /etc/crossbar/admin.token: "
+            "{path}:15:15: admin.token_file: cannot read /etc/crossbar/admin.token: "
         )),
         "{stderr}"
     );
     assert!(
-        stderr.contains(&format!("{path}:63:16: services.puppet.health.ca_file: cannot read /etc/crossbar/puppet-ca.pem as PEM certificates: ")),
+        stderr.contains(&format!("{path}:66:16: services.puppet.health.ca_file: cannot read /etc/crossbar/puppet-ca.pem as PEM certificates: ")),
         "{stderr}"
     );
 }

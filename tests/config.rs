@@ -388,7 +388,7 @@ services:
     "9:38: services.puppet.stick.size: must be a whole number (0 or more), not the text \"big\"",
     "9:45: services.puppet.stick.color: unknown key `color`; allowed here: on, size, expire, \
      source_expire, source_prefix_v4, source_prefix_v6, ticket_prefix, state_file, \
-     save_interval, probe_interval",
+     save_interval, probe_interval, confirm, confirm_tries",
     "11:54: services.puppet.backends[0].backup: must be true or false, not the text \"maybe\"",
     "14:9: services.puppet.backends[1].weight: must be a whole number (0 or more), not a list",
     "15:9: services.puppet.backends[2]: `address` is missing",
