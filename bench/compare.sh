@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: direct connection vs crossbar vs HAProxy (mode tcp), all on
-# loopback, same backends, same clients, interleaved rounds, medians.
+# Side-by-side benchmark: direct connection vs crossbar (splice relay) vs
+# crossbar-kernel (`relay: kernel`, BPF sockmap; needs root) vs HAProxy (mode tcp),
+# all on loopback, same backends, same clients, interleaved rounds, medians.
 #
 #   bench/compare.sh            # full run (3 rounds of 5 s per figure), < 10 minutes
 #   bench/compare.sh --quick    # 1 round of 2 s, 2,000 idle connections, < 2 minutes
-#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy
+#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy --no-kernel
 #
 # Writes bench/results/latest.json and prints a markdown table (docs/performance.md
 # explains every figure). Every process started here is killed by PID on exit.
 set -euo pipefail
 
-ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1
+ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1 USE_KERNEL=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) ROUNDS=1 SECS=2 IDLE_N=2000 LAT_N=5000 ;;
@@ -19,6 +20,7 @@ while [ $# -gt 0 ]; do
         --idle) IDLE_N=$2; shift ;;
         --concurrency) CONC=$2; shift ;;
         --no-haproxy) USE_HAPROXY=0 ;;
+        --no-kernel) USE_KERNEL=0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -61,7 +63,8 @@ if [ "$USE_HAPROXY" = 1 ] && ! command -v haproxy >/dev/null; then
     fi
 fi
 TARGETS="direct crossbar"
-[ "$USE_HAPROXY" = 1 ] && TARGETS="direct crossbar haproxy"
+[ "$USE_KERNEL" = 1 ] && TARGETS="$TARGETS crossbar-kernel"
+[ "$USE_HAPROXY" = 1 ] && TARGETS="$TARGETS haproxy"
 HAPROXY_VERSION=$([ "$USE_HAPROXY" = 1 ] && haproxy -v | head -1 | awk '{print $3}' || echo none)
 
 # File descriptors: each idle connection costs the proxy two (client + backend).
@@ -141,27 +144,31 @@ done
 declare -A PORT
 for svc in sink echo t12sid t12tk t13; do
     PORT[crossbar_$svc]=$("$LG" freeport)
+    PORT[crossbar-kernel_$svc]=$("$LG" freeport)
     PORT[haproxy_$svc]=$("$LG" freeport)
 done
 ADMIN_PORT=$("$LG" freeport)
 
-{
-    echo "admin: { listen: \"127.0.0.1:$ADMIN_PORT\" }"
+# crossbar_yaml TARGET ADMIN RELAY: the config of one crossbar target.
+crossbar_yaml() {
+    local t=$1
+    echo "admin: $2"
     echo "defaults:"
     echo "  health: { check: none }"
     echo "  max_connections: $MAXCONN"
+    echo "  relay: $3"
     echo "services:"
     for svc in sink echo; do
         addr=$SINK
         [ $svc = echo ] && addr=$ECHO
         echo "  $svc:"
-        echo "    listen: [\"127.0.0.1:${PORT[crossbar_$svc]}\"]"
+        echo "    listen: [\"127.0.0.1:${PORT[${t}_$svc]}\"]"
         echo "    mode: tcp"
         echo "    backends: [{ name: ${svc}0, address: \"$addr\" }]"
     done
     for set in t12sid t12tk t13; do
         echo "  $set:"
-        echo "    listen: [\"127.0.0.1:${PORT[crossbar_$set]}\"]"
+        echo "    listen: [\"127.0.0.1:${PORT[${t}_$set]}\"]"
         echo "    mode: tls"
         echo "    stick: {}"
         echo "    backends:"
@@ -171,7 +178,9 @@ ADMIN_PORT=$("$LG" freeport)
             i=$((i + 1))
         done
     done
-} >"$WORK/crossbar.yaml"
+}
+crossbar_yaml crossbar "{ listen: \"127.0.0.1:$ADMIN_PORT\" }" splice-auto >"$WORK/crossbar.yaml"
+crossbar_yaml crossbar-kernel "{ enabled: false }" kernel >"$WORK/crossbar-kernel.yaml"
 
 {
     haproxy_head "$MAXCONN" "$MAXPIPES"
@@ -197,6 +206,14 @@ log "starting crossbar"
 }
 RUST_LOG=warn start crossbar "$XB" run -c "$WORK/crossbar.yaml"
 PID_OF[crossbar]=$LAST_PID
+if [ "$USE_KERNEL" = 1 ]; then
+    "$XB" check -c "$WORK/crossbar-kernel.yaml" | tee "$WORK/crossbar-kernel.check" | grep '^relay:' >&2
+    if ! grep -q '^relay: kernel relay loads' "$WORK/crossbar-kernel.check"; then
+        log "WARNING: the kernel relay does not load here: crossbar-kernel is splice"
+    fi
+    RUST_LOG=warn start crossbar-kernel "$XB" run -c "$WORK/crossbar-kernel.yaml"
+    PID_OF[crossbar-kernel]=$LAST_PID
+fi
 if [ "$USE_HAPROXY" = 1 ]; then
     log "starting haproxy $HAPROXY_VERSION"
     haproxy -c -q -f "$WORK/haproxy.cfg"

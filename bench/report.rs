@@ -30,7 +30,7 @@ pub struct ReportArgs {
     metrics: Option<PathBuf>,
 }
 
-const TARGETS: [&str; 3] = ["direct", "crossbar", "haproxy"];
+const TARGETS: [&str; 4] = ["direct", "crossbar", "crossbar-kernel", "haproxy"];
 
 /// All lines of one (target, metric).
 #[derive(Default)]
@@ -275,22 +275,30 @@ fn print_table(rows: &[Row], a: &ReportArgs) {
         "\n{} round(s) of {} s per figure; medians over rounds; HAProxy {}\n",
         a.rounds, a.seconds, a.haproxy_version
     );
-    println!("| figure | direct | crossbar | HAProxy | crossbar/HAProxy | crossbar/direct |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| figure | direct | crossbar | crossbar-kernel | HAProxy | crossbar/HAProxy \
+         | crossbar/direct | kernel/direct | kernel/crossbar |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
-        let (d, c, h) = (
-            r.values.get("direct").copied(),
-            r.values.get("crossbar").copied(),
-            r.values.get("haproxy").copied(),
+        let v = |t: &str| r.values.get(t).copied();
+        let (d, c, k, h) = (
+            v("direct"),
+            v("crossbar"),
+            v("crossbar-kernel"),
+            v("haproxy"),
         );
         println!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             fmt(d),
             fmt(c),
+            fmt(k),
             fmt(h),
             ratio(c, h),
-            ratio(c, d)
+            ratio(c, d),
+            ratio(k, d),
+            ratio(k, c)
         );
     }
 }

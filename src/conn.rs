@@ -384,7 +384,16 @@ async fn relay_watched(
         s2c: &backend.metrics.bytes_s2c,
     };
     let idle = svc.config.timeouts.idle;
-    let stats = relay::relay(stream, server, idle, &counters, watch, hard_stop).await;
+    let stats = relay::relay_as(
+        svc.config.relay,
+        stream,
+        server,
+        idle,
+        &counters,
+        watch,
+        hard_stop,
+    )
+    .await;
     Ok((stats, handshake))
 }
 

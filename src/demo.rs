@@ -161,26 +161,15 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
         "1. puppetca (balance: first, ca2/ca3 are backups): three agents request certificates"
     );
     let cfg = testbed::client_config(ca, Versions::Both, true)?;
+    let (ca_addr, ca_host) = (addr("puppetca")?, format!("puppetca.{DOMAIN}"));
     for i in 1..=3 {
-        let r = testbed::get(
-            addr("puppetca")?,
-            &format!("puppetca.{DOMAIN}"),
-            cfg.clone(),
-            "/",
-        )
-        .await?;
+        let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
         println!("   agent{i} -> {}", r.backend);
     }
     site.backends["puppetca"][0].stop();
     println!("   ca1 stopped (its port now refuses connections)");
     for i in 4..=5 {
-        let r = testbed::get(
-            addr("puppetca")?,
-            &format!("puppetca.{DOMAIN}"),
-            cfg.clone(),
-            "/",
-        )
-        .await?;
+        let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
         println!(
             "   agent{i} -> {} (connect to ca1 refused, retried on the backup)",
             r.backend

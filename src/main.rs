@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
 use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
-use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
+use crossbar::config::{Config, RelayMode, DEFAULT_CONFIG_PATH};
 
 /// Command lines shown by `--help` and in crossbar(1).
 const EXAMPLES: &str = "\
@@ -209,6 +209,10 @@ fn main() -> ExitCode {
         } {
             Ok(cfg) => {
                 print!("{}", cfg.summary());
+                #[cfg(target_os = "linux")]
+                if cfg.services.iter().any(|s| s.relay == RelayMode::Kernel) {
+                    println!("{}", crossbar::relay::kernel::status());
+                }
                 println!("{}: OK", config.display());
                 ExitCode::SUCCESS
             }

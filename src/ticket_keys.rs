@@ -340,41 +340,33 @@ mod probe_tests {
     use super::*;
     use crate::testbed::{BackendTls, TestCa, TlsBackend, Versions};
 
-    fn addr(a: std::net::SocketAddr) -> BackendAddress {
-        BackendAddress {
-            host: a.ip().to_string(),
-            port: a.port(),
-        }
+    /// A rustls test backend for `localhost` with the given versions and tickets.
+    async fn backend(ca: &TestCa, name: &str, versions: Versions, tickets: bool) -> TlsBackend {
+        let tls = BackendTls { versions, tickets };
+        let any = "127.0.0.1:0".parse().unwrap();
+        TlsBackend::start(ca, name, &["localhost"], tls, any)
+            .await
+            .unwrap()
+    }
+
+    /// One probe of `b`: the key-name prefix (16 bytes) of the tickets it issues.
+    async fn ask(b: &TlsBackend) -> Result<Option<Vec<u8>>, ProbeError> {
+        let addr = BackendAddress {
+            host: b.addr.ip().to_string(),
+            port: b.addr.port(),
+        };
+        let name = ServerName::try_from("localhost").unwrap();
+        ask_key_name(None, &addr, name, Duration::from_secs(2), 16).await
     }
 
     #[tokio::test]
     async fn learns_a_stable_key_name_per_backend_and_distinct_across_backends() {
         let ca = TestCa::new("probe test").unwrap();
-        let tls = BackendTls {
-            versions: Versions::Both,
-            tickets: true,
-        };
-        let any = "127.0.0.1:0".parse().unwrap();
-        let a = TlsBackend::start(&ca, "a", &["localhost"], tls, any)
-            .await
-            .unwrap();
-        let b = TlsBackend::start(&ca, "b", &["localhost"], tls, any)
-            .await
-            .unwrap();
-        let name = || ServerName::try_from("localhost").unwrap();
-        let t = Duration::from_secs(2);
-        let pa1 = ask_key_name(None, &addr(a.addr), name(), t, 16)
-            .await
-            .unwrap()
-            .expect("prefix of a");
-        let pa2 = ask_key_name(None, &addr(a.addr), name(), t, 16)
-            .await
-            .unwrap()
-            .expect("prefix of a again");
-        let pb = ask_key_name(None, &addr(b.addr), name(), t, 16)
-            .await
-            .unwrap()
-            .expect("prefix of b");
+        let a = backend(&ca, "a", Versions::Both, true).await;
+        let b = backend(&ca, "b", Versions::Both, true).await;
+        let pa1 = ask(&a).await.unwrap().expect("prefix of a");
+        let pa2 = ask(&a).await.unwrap().expect("prefix of a again");
+        let pb = ask(&b).await.unwrap().expect("prefix of b");
         assert_eq!(pa1, pa2, "same backend, same key name");
         assert_ne!(pa1, pb, "independent backends, different key names");
     }
@@ -382,55 +374,15 @@ mod probe_tests {
     #[tokio::test]
     async fn session_cache_tickets_have_no_key_name() {
         let ca = TestCa::new("probe test").unwrap();
-        let tls = BackendTls {
-            versions: Versions::Both,
-            tickets: false,
-        };
-        let a = TlsBackend::start(
-            &ca,
-            "a",
-            &["localhost"],
-            tls,
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .await
-        .unwrap();
-        let p = ask_key_name(
-            None,
-            &addr(a.addr),
-            ServerName::try_from("localhost").unwrap(),
-            Duration::from_secs(2),
-            16,
-        )
-        .await
-        .unwrap();
-        assert_eq!(p, None);
+        let a = backend(&ca, "a", Versions::Both, false).await;
+        assert_eq!(ask(&a).await.unwrap(), None);
     }
 
     #[tokio::test]
     async fn tls12_only_backend_is_an_error_not_a_hang() {
         let ca = TestCa::new("probe test").unwrap();
-        let tls = BackendTls {
-            versions: Versions::Tls12,
-            tickets: true,
-        };
-        let a = TlsBackend::start(
-            &ca,
-            "a",
-            &["localhost"],
-            tls,
-            "127.0.0.1:0".parse().unwrap(),
-        )
-        .await
-        .unwrap();
-        let r = ask_key_name(
-            None,
-            &addr(a.addr),
-            ServerName::try_from("localhost").unwrap(),
-            Duration::from_secs(2),
-            16,
-        )
-        .await;
+        let a = backend(&ca, "a", Versions::Tls12, true).await;
+        let r = ask(&a).await;
         assert!(matches!(r, Err(ProbeError::Handshake(_))), "{r:?}");
     }
 }

@@ -2,15 +2,14 @@
 //! (exact counters, exposition syntax, every family of DESIGN.md), the /api end to
 //! end (services, tables, drain observed in routing), auth, error codes, the CLI
 //! binary, and that the dashboard and alert files only use metrics that exist.
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
+use common::{any_port, refusing_addr, AdminEndpoint, Crossbar, SNI};
 use crossbar::admin;
-use crossbar::config::Config;
-use crossbar::metrics::Metrics;
-use crossbar::server::Server;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Bytes;
@@ -19,24 +18,14 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
-
-const NAME: &str = "puppet.example.com";
 
 /// A running balancer with its admin endpoint and TLS backends, all on loopback.
 struct Bed {
-    server: Arc<Server>,
+    xb: Crossbar,
     admin: SocketAddr,
-    stop: CancellationToken,
     ca: TestCa,
-    dir: tempfile::TempDir,
+    _endpoint: AdminEndpoint,
     _backends: Vec<TlsBackend>,
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
 }
 
 impl Bed {
@@ -46,18 +35,13 @@ impl Bed {
         let ca = TestCa::new("admin test CA").unwrap();
         let mut backends = Vec::new();
         for n in ["b1", "b2", "p1", "p2"] {
-            let bind = "127.0.0.1:0".parse().unwrap();
-            let b = TlsBackend::start(&ca, n, &[NAME], BackendTls::default(), bind)
+            let b = TlsBackend::start(&ca, n, &[SNI], BackendTls::default(), any_port())
                 .await
                 .unwrap();
             backends.push(b);
         }
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
+        let closed = refusing_addr();
         let addr = |i: usize| backends[i].addr;
-        let dir = tempfile::tempdir().unwrap();
         let yaml = format!(
             "admin: {{ enabled: false }}\n\
              defaults:\n  health: {{ check: none }}\n  retries: 0\n\
@@ -79,31 +63,24 @@ impl Bed {
             addr(2),
             addr(3),
         );
-        let path = dir.path().join("crossbar.yaml");
-        std::fs::write(&path, yaml).unwrap();
-        let config = Config::load(&path).unwrap();
-        let server = Server::start(config, Metrics::new()).await.unwrap();
+        let xb = Crossbar::start(&yaml).await;
         let token = token.map(|t| {
-            let f = dir.path().join("admin.token");
+            let f = xb.dir().join("admin.token");
             std::fs::write(&f, format!("{t}\n")).unwrap();
             admin::Secret::from_file(&f).unwrap()
         });
-        let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let admin = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        tokio::spawn(admin::serve(listener, server.clone(), token, stop.clone()));
+        let endpoint = xb.serve_admin(token).await;
         Bed {
-            server,
-            admin,
-            stop,
+            admin: endpoint.addr,
+            xb,
             ca,
-            dir,
+            _endpoint: endpoint,
             _backends: backends,
         }
     }
 
     fn listen(&self, service: &str) -> SocketAddr {
-        self.server.local_addrs(service)[0]
+        self.xb.addr(service)
     }
 
     fn url(&self) -> String {
@@ -111,13 +88,13 @@ impl Bed {
     }
 
     fn token_file(&self) -> PathBuf {
-        self.dir.path().join("admin.token")
+        self.xb.dir().join("admin.token")
     }
 
     /// One TLS connection with a fresh session cache; the backend that answered.
     async fn once(&self, service: &str) -> String {
         let cfg = testbed::client_config(&self.ca, Versions::Both, true).unwrap();
-        testbed::get(self.listen(service), NAME, cfg, "/")
+        testbed::get(self.listen(service), SNI, cfg, "/")
             .await
             .unwrap()
             .backend
@@ -448,7 +425,7 @@ async fn metrics_after_traffic_are_exact_and_valid() {
     let agent = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
     let mut first = None;
     for i in 0..6 {
-        let r = testbed::get(bed.listen("puppet"), NAME, agent.clone(), "/")
+        let r = testbed::get(bed.listen("puppet"), SNI, agent.clone(), "/")
             .await
             .unwrap();
         assert_eq!(r.resumed, i > 0, "connection {i}");
@@ -476,7 +453,7 @@ async fn metrics_after_traffic_are_exact_and_valid() {
         .unwrap();
     // The only backend of `broken` refuses connections.
     let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
-    assert!(testbed::get(bed.listen("broken"), NAME, cfg, "/")
+    assert!(testbed::get(bed.listen("broken"), SNI, cfg, "/")
         .await
         .is_err());
 
@@ -588,7 +565,7 @@ async fn metrics_after_traffic_are_exact_and_valid() {
 async fn dashboard_and_alerts_use_real_metrics() {
     let bed = Bed::start(None).await;
     let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
-    testbed::get(bed.listen("puppet"), NAME, cfg, "/")
+    testbed::get(bed.listen("puppet"), SNI, cfg, "/")
         .await
         .unwrap();
     let mut http = TcpStream::connect(bed.listen("plain")).await.unwrap();
@@ -607,7 +584,7 @@ async fn dashboard_and_alerts_use_real_metrics() {
     .await;
     assert_eq!(a.status, StatusCode::OK);
     let cfg = testbed::client_config(&bed.ca, Versions::Both, true).unwrap();
-    assert!(testbed::get(bed.listen("broken"), NAME, cfg, "/")
+    assert!(testbed::get(bed.listen("broken"), SNI, cfg, "/")
         .await
         .is_err());
     let a = call(bed.admin, Method::POST, "/api/reload", None).await;
@@ -676,7 +653,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 async fn healthz_fails_while_draining() {
     let bed = Bed::start(None).await;
     assert_eq!(get(&bed, "/healthz").await.status, StatusCode::OK);
-    let server = bed.server.clone();
+    let server = bed.xb.server.clone();
     let drain =
         tokio::spawn(async move { server.shutdown(std::time::Duration::from_secs(5)).await });
     let h = get(&bed, "/healthz").await;
@@ -725,7 +702,7 @@ async fn table_show_and_flush() {
     let bed = Bed::start(None).await;
     let agent = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
     for _ in 0..3 {
-        testbed::get(bed.listen("puppet"), NAME, agent.clone(), "/")
+        testbed::get(bed.listen("puppet"), SNI, agent.clone(), "/")
             .await
             .unwrap();
     }
@@ -783,7 +760,7 @@ impl Held {
     async fn open(bed: &Bed, service: &str) -> Held {
         let cfg = testbed::client_config(&bed.ca, Versions::Both, false).unwrap();
         let tcp = TcpStream::connect(bed.listen(service)).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from(NAME).unwrap();
+        let name = rustls::pki_types::ServerName::try_from(SNI).unwrap();
         let tls = tokio_rustls::TlsConnector::from(cfg)
             .connect(name, tcp)
             .await
@@ -797,7 +774,7 @@ impl Held {
 
     async fn who(&mut self) -> String {
         let req = hyper::Request::get("/")
-            .header("host", NAME)
+            .header("host", SNI)
             .body(Empty::new())
             .unwrap();
         let resp = self.sender.send_request(req).await.unwrap();
@@ -927,7 +904,7 @@ async fn errors_are_json_with_the_right_codes() {
         (a.status, a.json()["reloaded"].as_bool()),
         (StatusCode::OK, Some(true))
     );
-    let path = bed.dir.path().join("crossbar.yaml");
+    let path = bed.xb.dir().join("crossbar.yaml");
     let good = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, "services: {}\nbogus: 1\n").unwrap();
     let a = call(bed.admin, Method::POST, "/api/reload", None).await;
@@ -967,7 +944,8 @@ async fn writes_need_the_token() {
     .await;
     assert_eq!(short.status, StatusCode::UNAUTHORIZED);
     assert_eq!(
-        bed.server
+        bed.xb
+            .server
             .service("plain")
             .unwrap()
             .pool
@@ -979,7 +957,8 @@ async fn writes_need_the_token() {
     let right = call(bed.admin, Method::POST, path, Some("s3cret-token")).await;
     assert_eq!(right.status, StatusCode::OK, "{}", right.body);
     assert_eq!(
-        bed.server
+        bed.xb
+            .server
             .service("plain")
             .unwrap()
             .pool
@@ -992,10 +971,10 @@ async fn writes_need_the_token() {
     assert_eq!(get(&bed, "/api/services").await.status, StatusCode::OK);
     assert_eq!(get(&bed, "/metrics").await.status, StatusCode::OK);
     // A token file that is empty or missing is refused.
-    let empty = bed.dir.path().join("empty.token");
+    let empty = bed.xb.dir().join("empty.token");
     std::fs::write(&empty, " \n").unwrap();
     assert!(admin::Secret::from_file(&empty).is_err());
-    assert!(admin::Secret::from_file(&bed.dir.path().join("missing")).is_err());
+    assert!(admin::Secret::from_file(&bed.xb.dir().join("missing")).is_err());
 }
 
 /// Run the `crossbar` binary with arguments; (exit ok, stdout, stderr).
@@ -1077,7 +1056,8 @@ async fn cli_end_to_end() {
     assert!(ok, "{err}");
     assert_eq!(out, "plain/p1: drain (0 active connections)\n");
     assert_eq!(
-        bed.server
+        bed.xb
+            .server
             .service("plain")
             .unwrap()
             .pool
@@ -1107,7 +1087,7 @@ async fn cli_end_to_end() {
 
     let agent = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
     for _ in 0..2 {
-        testbed::get(bed.listen("puppet"), NAME, agent.clone(), "/")
+        testbed::get(bed.listen("puppet"), SNI, agent.clone(), "/")
             .await
             .unwrap();
     }

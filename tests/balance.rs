@@ -104,11 +104,11 @@ async fn leastconn_sends_new_connections_to_the_idle_backend() {
     assert_eq!(bs[1].accepted(), 4);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_uses_the_first_backend_and_backup_only_when_primaries_refuse() {
+/// Tagged backends p1, p2 and the backup bk behind crossbar with `balance`.
+async fn primaries_and_backup(balance: &str) -> (Vec<Backend>, Crossbar) {
     let bs = tagged(&["p1", "p2", "bk"]).await;
     let lb = Crossbar::start(&tcp_yaml(
-        "first",
+        balance,
         "",
         &[
             backend_line("p1", bs[0].addr, ""),
@@ -117,6 +117,12 @@ async fn first_uses_the_first_backend_and_backup_only_when_primaries_refuse() {
         ],
     ))
     .await;
+    (bs, lb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_uses_the_first_backend_and_backup_only_when_primaries_refuse() {
+    let (bs, lb) = primaries_and_backup("first").await;
 
     let counts = tally(&lb, 10).await;
     assert_eq!(counts.get("p1"), Some(&10), "{counts:?}");
@@ -144,17 +150,7 @@ async fn first_uses_the_first_backend_and_backup_only_when_primaries_refuse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roundrobin_never_uses_a_backup_while_primaries_answer() {
-    let bs = tagged(&["p1", "p2", "bk"]).await;
-    let lb = Crossbar::start(&tcp_yaml(
-        "roundrobin",
-        "",
-        &[
-            backend_line("p1", bs[0].addr, ""),
-            backend_line("p2", bs[1].addr, ""),
-            backend_line("bk", bs[2].addr, "backup: true"),
-        ],
-    ))
-    .await;
+    let (bs, lb) = primaries_and_backup("roundrobin").await;
 
     let counts = tally(&lb, 10).await;
 

@@ -16,7 +16,7 @@
 //! Run with `--nocapture` to see the figures (the test output is the record).
 mod common;
 
-use common::tls;
+use common::{tls, Crossbar};
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use crossbar::server::Server;
 use crossbar::stick::KeyKind;
 use crossbar::testbed::{BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -384,14 +383,10 @@ async fn backends(
 /// crossbar nodes with the same config and nothing shared, one per loopback address
 /// (127.0.0.1, .2, ...), all on the same port as behind a VIP: JDK clients cache
 /// sessions by host name and port.
-async fn nodes(
-    list: &[(String, SocketAddr)],
-    count: usize,
-    budget: u32,
-) -> Result<Vec<Arc<Server>>> {
+async fn nodes(list: &[(String, SocketAddr)], count: usize, budget: u32) -> Result<Vec<Crossbar>> {
     let yaml = |ip: usize, port: u16| {
         format!(
-            "confirm_budget: {budget}\nservices:\n  puppet:\n    listen: [\"127.0.0.{ip}:{port}\"]\n    \
+            "admin: {{ enabled: false }}\nconfirm_budget: {budget}\nservices:\n  puppet:\n    listen: [\"127.0.0.{ip}:{port}\"]\n    \
              balance: roundrobin\n    health: {{ check: none }}\n    \
              stick: {{ on: [session_id, ticket, psk] }}\n    backends:\n{}",
             tls::backends_yaml(list)
@@ -400,11 +395,11 @@ async fn nodes(
     // The first node takes a free port; the others take the same port on their own
     // address (free there unless another test raced for it: then pick again).
     for _ in 0..NODE_PORT_ATTEMPTS {
-        let first = tls::start_crossbar(&yaml(1, 0)).await?;
-        let port = first.local_addrs("puppet")[0].port();
+        let first = Crossbar::try_start(&yaml(1, 0)).await?;
+        let port = first.addr("puppet").port();
         let mut out = vec![first];
         for i in 2..=count {
-            match tls::start_crossbar(&yaml(i, port)).await {
+            match Crossbar::try_start(&yaml(i, port)).await {
                 Ok(x) => out.push(x),
                 Err(_) => break,
             }
@@ -479,7 +474,7 @@ struct Row {
 }
 
 impl Row {
-    fn new(label: String, hist: &[History], errors: Vec<String>, nodes: &[Arc<Server>]) -> Row {
+    fn new(label: String, hist: &[History], errors: Vec<String>, nodes: &[Crossbar]) -> Row {
         let mut r = Row {
             label,
             attempts: 0,
@@ -519,7 +514,7 @@ impl Row {
         for res in results {
             let n: f64 = nodes
                 .iter()
-                .map(|n| tls::metric(n, "crossbar_stick_confirm_total", &[("result", res)]))
+                .map(|n| n.metric("crossbar_stick_confirm_total", &[("result", res)]))
                 .sum::<f64>()
                 .max(0.0);
             if n > 0.0 {
@@ -529,7 +524,7 @@ impl Row {
         r.outcomes = parts.join(", ");
         r.extra = nodes
             .iter()
-            .map(|n| tls::metric(n, "crossbar_stick_confirm_extra_handshakes_total", &[]))
+            .map(|n| n.metric("crossbar_stick_confirm_extra_handshakes_total", &[]))
             .sum::<f64>()
             .max(0.0);
         r
@@ -791,13 +786,13 @@ async fn forged_session_flood_is_bounded_by_the_budget() {
         keep.push(b);
     }
     let yaml = format!(
-        "confirm_budget: {BUDGET}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    \
+        "admin: {{ enabled: false }}\nconfirm_budget: {BUDGET}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    \
          health: {{ check: none }}\n    \
          stick: {{ on: [session_id, ticket, psk], probe_interval: 0s }}\n    backends:\n{}",
         tls::backends_yaml(&list)
     );
-    let xb = tls::start_crossbar(&yaml).await.unwrap();
-    let addr = xb.local_addrs("puppet")[0];
+    let xb = Crossbar::start(&yaml).await;
+    let addr = xb.addr("puppet");
     let accepted = |k: &[TlsBackend]| -> u64 {
         k.iter()
             .map(|b| {
@@ -833,13 +828,12 @@ async fn forged_session_flood_is_bounded_by_the_budget() {
     // Backends accept the extra connections before crossbar's tasks end; each task
     // ended when its client got an answer, so every accept is counted by now.
     let cost = accepted(&keep) - before;
-    let extra = tls::metric(&xb, "crossbar_stick_confirm_extra_handshakes_total", &[]);
+    let extra = xb.metric("crossbar_stick_confirm_extra_handshakes_total", &[]);
     let bound = FLOOD as f64 + f64::from(BUDGET) * (secs.ceil() + 1.0);
     println!(
         "flood: {FLOOD} forged hellos in {secs:.1} s cost the backends {cost} handshakes \
          ({extra} extra; bound {bound}); budget_empty {}",
-        tls::metric(
-            &xb,
+        xb.metric(
             "crossbar_stick_confirm_total",
             &[("result", "budget_empty")]
         )

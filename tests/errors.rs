@@ -183,9 +183,7 @@ async fn listen_address_in_use_is_an_error_naming_the_address() {
         "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen: [\"{addr}\"]\n    backends:\n      - {{ name: b, address: \"127.0.0.1:1\" }}\n"
     );
 
-    let (result, _dir) = try_start(&yaml).await;
-
-    let err = match result {
+    let err = match Crossbar::try_start(&yaml).await {
         Ok(_) => panic!("crossbar started on {addr}, which is taken"),
         Err(e) => e.to_string(),
     };

@@ -2,22 +2,22 @@
 //! (testbed), crossbar started from a YAML file, real client handshakes.
 //!
 //! Timing figures are printed (`cargo test --test health -- --nocapture`).
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbar::balance::{AdminState, Backend};
-use crossbar::config::{BackendAddress, CheckKind, Config, HttpsCheck};
+use common::{any_port, backend_line, wait_until, Crossbar, SNI};
+use crossbar::balance::AdminState;
+use crossbar::config::{BackendAddress, CheckKind, HttpsCheck};
 use crossbar::health::{self, CheckError, Target};
-use crossbar::metrics::Metrics;
-use crossbar::server::Server;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use rustls::pki_types::ServerName;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-const NAME: &str = "puppet.test";
 /// Check settings of every test: fast enough for a short test, slow enough for a
 /// busy 2-core machine.
 const INTERVAL: Duration = Duration::from_millis(150);
@@ -26,7 +26,8 @@ const RISE: u32 = 2;
 const FALL: u32 = 2;
 /// Scheduling slack on a loaded machine, added to every timing bound.
 const SLACK: Duration = Duration::from_millis(250);
-/// Upper bound on every wait in these tests.
+/// Upper bound on one client exchange and on rebinding a port (waits on a state use
+/// common's `wait_until`).
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn health_yaml(check: &str) -> String {
@@ -46,54 +47,21 @@ fn rise_bound() -> Duration {
     INTERVAL.mul_f64(1.1) * RISE + TIMEOUT + SLACK
 }
 
-struct Lb {
-    server: Arc<Server>,
-    addr: SocketAddr,
-    _file: tempfile::NamedTempFile,
-}
-
-impl Lb {
-    /// Start crossbar with one service `puppet` in front of `backends` (name, addr, backup).
-    async fn start(service_extra: &str, backends: &[(&str, SocketAddr, bool)]) -> Lb {
-        let mut yaml = format!(
-            "admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    server_names: [\"{NAME}\"]\n{service_extra}    backends:\n"
-        );
-        for (name, addr, backup) in backends {
-            yaml.push_str(&format!(
-                "      - {{ name: {name}, address: \"{addr}\", backup: {backup} }}\n"
-            ));
-        }
-        let mut file = tempfile::NamedTempFile::new().unwrap();
-        std::io::Write::write_all(&mut file, yaml.as_bytes()).unwrap();
-        let config = Config::load(file.path()).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-        let server = Server::start(config, Metrics::new()).await.unwrap();
-        let addr = server.local_addrs("puppet")[0];
-        Lb {
-            server,
-            addr,
-            _file: file,
-        }
+/// Start crossbar with one service `puppet` in front of `backends` (name, addr, backup).
+async fn puppet_lb(service_extra: &str, backends: &[(&str, SocketAddr, bool)]) -> Crossbar {
+    let mut yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    server_names: [\"{SNI}\"]\n{service_extra}    backends:\n"
+    );
+    for (name, addr, backup) in backends {
+        yaml.push_str(&backend_line(name, *addr, &format!("backup: {backup}")));
     }
-
-    fn backend(&self, name: &str) -> Arc<Backend> {
-        self.server
-            .service("puppet")
-            .unwrap()
-            .pool
-            .get(name)
-            .unwrap()
-            .clone()
-    }
+    Crossbar::start(&yaml).await
 }
 
 async fn tls_backend(ca: &TestCa, name: &str, bind: SocketAddr) -> TlsBackend {
-    TlsBackend::start(ca, name, &[NAME], BackendTls::default(), bind)
+    TlsBackend::start(ca, name, &[SNI], BackendTls::default(), bind)
         .await
         .unwrap()
-}
-
-fn any_port() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
 }
 
 /// A new backend on the address a stopped one used (its listener closes as soon as
@@ -101,7 +69,7 @@ fn any_port() -> SocketAddr {
 async fn restart_on(ca: &TestCa, name: &str, addr: SocketAddr) -> TlsBackend {
     let started = Instant::now();
     loop {
-        match TlsBackend::start(ca, name, &[NAME], BackendTls::default(), addr).await {
+        match TlsBackend::start(ca, name, &[SNI], BackendTls::default(), addr).await {
             Ok(b) => return b,
             Err(e) if started.elapsed() < LIMIT => {
                 eprintln!("rebinding {addr}: {e:#}");
@@ -112,18 +80,8 @@ async fn restart_on(ca: &TestCa, name: &str, addr: SocketAddr) -> TlsBackend {
     }
 }
 
-/// Poll `f` until true; returns how long it took, or panics after `LIMIT`.
-async fn wait_for(what: &str, f: impl Fn() -> bool) -> Duration {
-    let started = Instant::now();
-    while !f() {
-        assert!(started.elapsed() < LIMIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    started.elapsed()
-}
-
 async fn get(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> Result<String, String> {
-    match tokio::time::timeout(LIMIT, testbed::get(addr, NAME, cfg, "/")).await {
+    match tokio::time::timeout(LIMIT, testbed::get(addr, SNI, cfg, "/")).await {
         Ok(Ok(r)) => Ok(r.backend),
         Ok(Err(e)) => Err(format!("{e:#}")),
         Err(_) => Err("client timed out".into()),
@@ -210,7 +168,7 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
         "    balance: roundrobin\n    retries: 2\n    health: {}\n",
         health_yaml("tls-hello")
     );
-    let lb = Lb::start(
+    let lb = puppet_lb(
         &extra,
         &[
             ("b1", b1.addr, false),
@@ -219,9 +177,9 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
         ],
     )
     .await;
-    let load = Load::start(lb.addr, &ca, 3);
+    let load = Load::start(lb.addr("puppet"), &ca, 3);
     let t0 = Instant::now();
-    wait_for("all three backends to serve", || {
+    wait_until("all three backends to serve", || {
         ["b1", "b2", "b3"]
             .iter()
             .all(|n| load.served_by_since(n, t0) > 0)
@@ -229,10 +187,10 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
     .await;
 
     // Kill b2 while clients keep connecting.
-    let dead = lb.backend("b2");
+    let dead = lb.backend("puppet", "b2");
     let stopped = Instant::now();
     b2.stop();
-    let detected = wait_for("b2 to be marked down", || !dead.is_healthy()).await;
+    let detected = wait_until("b2 to be marked down", || !dead.is_healthy()).await;
     // Connects that picked b2 just before the flip may still fail right after it.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let errors_at_detection = dead.metrics.connect_errors.get();
@@ -246,7 +204,7 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
     // After detection no new connection is sent to it: its connect errors stop growing
     // while clients keep connecting, and nothing answers as b2.
     let after = Instant::now();
-    wait_for("more traffic", || {
+    wait_until("more traffic", || {
         load.served_by_since("b1", after) + load.served_by_since("b3", after) >= 30
     })
     .await;
@@ -258,7 +216,7 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
 
     // Active checks keep probing a down backend (and fail while it is stopped): wait
     // for one before restarting, or a fast restart could beat the next check.
-    wait_for("an active check of the stopped b2 to fail", || {
+    wait_until("an active check of the stopped b2 to fail", || {
         dead.metrics.check_fail.get() >= 1
     })
     .await;
@@ -266,13 +224,13 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
     // b2 comes back on the same port and gets traffic after `rise` checks.
     let b2 = restart_on(&ca, "b2", b2.addr).await;
     let restarted = Instant::now();
-    let rose = wait_for("b2 to be up again", || dead.is_healthy()).await;
+    let rose = wait_until("b2 to be up again", || dead.is_healthy()).await;
     eprintln!(
         "b2 up again {rose:?} after its restart (bound rise x interval + timeout = {:?})",
         rise_bound() - SLACK
     );
     assert!(rose <= rise_bound(), "rise took {rose:?}");
-    wait_for("b2 to serve again", || {
+    wait_until("b2 to serve again", || {
         load.served_by_since("b2", restarted) > 0
     })
     .await;
@@ -292,19 +250,19 @@ async fn active_checks_alone_take_a_dead_backend_down_in_time() {
     let b1 = tls_backend(&ca, "b1", any_port()).await;
     let b2 = tls_backend(&ca, "b2", any_port()).await;
     let extra = format!("    health: {}\n", health_yaml("tls-hello"));
-    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
-    let b = lb.backend("b1");
+    let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("puppet", "b1");
     // Let a couple of checks pass first so the measurement starts mid-cycle.
-    wait_for("checks to pass", || b.metrics.check_ok.get() >= 2).await;
+    wait_until("checks to pass", || b.metrics.check_ok.get() >= 2).await;
     b1.stop();
-    let detected = wait_for("b1 to be marked down", || !b.is_healthy()).await;
+    let detected = wait_until("b1 to be marked down", || !b.is_healthy()).await;
     eprintln!(
         "no traffic: b1 down after {detected:?} (bound {:?})",
         detection_bound() - SLACK
     );
     assert!(detected <= detection_bound(), "detection took {detected:?}");
     assert_eq!(b.metrics.connect_errors.get(), 0, "only checks saw it");
-    assert!(lb.backend("b2").is_healthy());
+    assert!(lb.backend("puppet", "b2").is_healthy());
 }
 
 async fn ca_failover(failback: &str) {
@@ -315,21 +273,21 @@ async fn ca_failover(failback: &str) {
         "    balance: first\n    failback: {failback}\n    health: {}\n",
         health_yaml("tls-hello")
     );
-    let lb = Lb::start(&extra, &[("ca1", ca1.addr, false), ("ca2", ca2.addr, true)]).await;
+    let lb = puppet_lb(&extra, &[("ca1", ca1.addr, false), ("ca2", ca2.addr, true)]).await;
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
-    assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca1");
+    assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "ca1");
 
     // The primary dies: every connection is served, by the standby CA.
     ca1.stop();
-    let primary = lb.backend("ca1");
+    let primary = lb.backend("puppet", "ca1");
     let started = Instant::now();
     let mut answers = Vec::new();
     while primary.is_healthy() {
         assert!(started.elapsed() < LIMIT);
-        answers.push(get(lb.addr, cfg.clone()).await);
+        answers.push(get(lb.addr("puppet"), cfg.clone()).await);
     }
     for _ in 0..5 {
-        answers.push(get(lb.addr, cfg.clone()).await);
+        answers.push(get(lb.addr("puppet"), cfg.clone()).await);
     }
     assert!(
         answers.iter().all(|a| a.as_deref() == Ok("ca2")),
@@ -338,23 +296,23 @@ async fn ca_failover(failback: &str) {
 
     // The primary comes back on its port.
     let ca1 = restart_on(&ca, "ca1", ca1.addr).await;
-    wait_for("ca1 to pass rise checks", || primary.is_healthy()).await;
+    wait_until("ca1 to pass rise checks", || primary.is_healthy()).await;
     if failback == "manual" {
         assert_eq!(primary.state_name(), "standby");
         assert!(!primary.is_available());
         for _ in 0..10 {
-            assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca2");
+            assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "ca2");
         }
         // Still held after more checks pass.
         let ok = primary.metrics.check_ok.get();
-        wait_for("more checks", || primary.metrics.check_ok.get() >= ok + 2).await;
-        assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca2");
+        wait_until("more checks", || primary.metrics.check_ok.get() >= ok + 2).await;
+        assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "ca2");
         // The operator fails back (`crossbar backend enable puppet/ca1`).
         primary.set_admin_state(AdminState::Enabled);
     }
     assert_eq!(primary.state_name(), "up");
     for _ in 0..5 {
-        assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "ca1");
+        assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "ca1");
     }
     drop((ca1, ca2));
 }
@@ -378,12 +336,12 @@ async fn manual_failback_does_not_hold_the_only_backend() {
         "    balance: first\n    failback: manual\n    health: {}\n",
         health_yaml("tls-hello")
     );
-    let lb = Lb::start(&extra, &[("ca1", ca1.addr, false)]).await;
-    let b = lb.backend("ca1");
+    let lb = puppet_lb(&extra, &[("ca1", ca1.addr, false)]).await;
+    let b = lb.backend("puppet", "ca1");
     ca1.stop();
-    wait_for("ca1 down", || !b.is_healthy()).await;
+    wait_until("ca1 down", || !b.is_healthy()).await;
     let ca1 = restart_on(&ca, "ca1", ca1.addr).await;
-    wait_for("ca1 up", || b.is_healthy()).await;
+    wait_until("ca1 up", || b.is_healthy()).await;
     assert_eq!(b.state_name(), "up");
     drop(ca1);
 }
@@ -420,14 +378,14 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
     let ca = TestCa::new("health CA").unwrap();
     let tls = tls_backend(&ca, "b1", any_port()).await;
     let hello = CheckKind::TlsHello;
-    health::run_check(&hello, &target(tls.addr, NAME), TIMEOUT)
+    health::run_check(&hello, &target(tls.addr, SNI), TIMEOUT)
         .await
         .unwrap();
     // A TLS 1.2-only server answers the same modern hello.
     let tls12 = TlsBackend::start(
         &ca,
         "b12",
-        &[NAME],
+        &[SNI],
         BackendTls {
             versions: Versions::Tls12,
             tickets: false,
@@ -436,12 +394,12 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
     )
     .await
     .unwrap();
-    health::run_check(&hello, &target(tls12.addr, NAME), TIMEOUT)
+    health::run_check(&hello, &target(tls12.addr, SNI), TIMEOUT)
         .await
         .unwrap();
 
     let ssh = ssh_like().await;
-    let err = health::run_check(&hello, &target(ssh, NAME), TIMEOUT)
+    let err = health::run_check(&hello, &target(ssh, SNI), TIMEOUT)
         .await
         .unwrap_err();
     assert!(
@@ -449,14 +407,14 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
         "{err}"
     );
     // The same port passes a tcp check: tls-hello is the stronger one.
-    health::run_check(&CheckKind::Tcp, &target(ssh, NAME), TIMEOUT)
+    health::run_check(&CheckKind::Tcp, &target(ssh, SNI), TIMEOUT)
         .await
         .unwrap();
 
     // Accepts (the kernel completes the handshake) but never answers.
     let silent = TcpListener::bind(any_port()).await.unwrap();
     let t = Instant::now();
-    let err = health::run_check(&hello, &target(silent.local_addr().unwrap(), NAME), TIMEOUT)
+    let err = health::run_check(&hello, &target(silent.local_addr().unwrap(), SNI), TIMEOUT)
         .await
         .unwrap_err();
     let took = t.elapsed();
@@ -469,7 +427,7 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
         let l = TcpListener::bind(any_port()).await.unwrap();
         l.local_addr().unwrap()
     };
-    let err = health::run_check(&hello, &target(closed, NAME), TIMEOUT)
+    let err = health::run_check(&hello, &target(closed, SNI), TIMEOUT)
         .await
         .unwrap_err();
     assert!(matches!(err, CheckError::Connect(_)), "{err}");
@@ -490,7 +448,7 @@ fn https(expect_body: Option<&str>) -> HttpsCheck {
 async fn https_check_reads_the_puppet_status_page() {
     let ca = TestCa::new("health CA").unwrap();
     let b = tls_backend(&ca, "b1", any_port()).await;
-    let t = target(b.addr, NAME);
+    let t = target(b.addr, SNI);
     let timeout = Duration::from_secs(2);
     let probe = |h: HttpsCheck| {
         let t = t.clone();
@@ -532,7 +490,7 @@ async fn https_check_reads_the_puppet_status_page() {
     let impostor = tls_backend(&other, "x", any_port()).await;
     let err = health::run_check(
         &CheckKind::Https(verified.clone()),
-        &target(impostor.addr, NAME),
+        &target(impostor.addr, SNI),
         timeout,
     )
     .await
@@ -565,18 +523,18 @@ async fn https_check_through_the_balancer() {
         "    health: {{ check: https, interval: {}ms, timeout: 1s, rise: {RISE}, fall: {FALL} }}\n",
         INTERVAL.as_millis()
     );
-    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
-    let b = lb.backend("b1");
-    wait_for("https checks to pass", || b.metrics.check_ok.get() >= 3).await;
+    let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("puppet", "b1");
+    wait_until("https checks to pass", || b.metrics.check_ok.get() >= 3).await;
     assert!(b.is_healthy() && b.metrics.check_fail.get() == 0);
 
     let extra = format!(
         "    health: {{ check: https, expect_body: not-running, interval: {}ms, timeout: 1s, rise: {RISE}, fall: {FALL} }}\n",
         INTERVAL.as_millis()
     );
-    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
-    let b = lb.backend("b1");
-    wait_for("b1 down by https check", || !b.is_healthy()).await;
+    let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("puppet", "b1");
+    wait_until("b1 down by https check", || !b.is_healthy()).await;
     assert!(b.metrics.check_fail.get() >= u64::from(FALL));
 }
 
@@ -585,7 +543,7 @@ async fn ask(
 ) -> String {
     use http_body_util::BodyExt;
     let req = hyper::Request::get("/")
-        .header("host", NAME)
+        .header("host", SNI)
         .body(http_body_util::Empty::new())
         .unwrap();
     let resp = sender.send_request(req).await.unwrap();
@@ -602,13 +560,13 @@ async fn drain_keeps_open_connections_and_takes_no_new_ones() {
     let b1 = tls_backend(&ca, "b1", any_port()).await;
     let b2 = tls_backend(&ca, "b2", any_port()).await;
     let extra = format!("    health: {}\n", health_yaml("tls-hello"));
-    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
 
     // One long-lived connection (an agent's keep-alive connection).
-    let tcp = TcpStream::connect(lb.addr).await.unwrap();
+    let tcp = TcpStream::connect(lb.addr("puppet")).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(cfg.clone())
-        .connect(ServerName::try_from(NAME).unwrap(), tcp)
+        .connect(ServerName::try_from(SNI).unwrap(), tcp)
         .await
         .unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -616,15 +574,15 @@ async fn drain_keeps_open_connections_and_takes_no_new_ones() {
         .unwrap();
     let driver = tokio::spawn(conn);
     let held = ask(&mut sender).await;
-    let backend = lb.backend(&held);
+    let backend = lb.backend("puppet", &held);
     backend.set_admin_state(AdminState::Drain);
     assert_eq!(backend.state_name(), "drain");
     for _ in 0..10 {
-        assert_ne!(get(lb.addr, cfg.clone()).await.unwrap(), held);
+        assert_ne!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), held);
     }
     // Checks keep running on a drained backend and don't undo the drain.
     let ok = backend.metrics.check_ok.get();
-    wait_for("checks on the drained backend", || {
+    wait_until("checks on the drained backend", || {
         backend.metrics.check_ok.get() > ok
     })
     .await;
@@ -668,14 +626,14 @@ async fn accepts_continue_while_a_backend_is_black_holed() {
         "    balance: roundrobin\n    retries: 2\n    timeouts: {{ connect: 300ms }}\n    health: {}\n",
         health_yaml("tcp")
     );
-    let lb = Lb::start(&extra, &[("hole", hole, false), ("good", good.addr, false)]).await;
+    let lb = puppet_lb(&extra, &[("hole", hole, false), ("good", good.addr, false)]).await;
     let started = Instant::now();
     // 20 clients at once: half are first sent to the black hole, wait out the connect
     // timeout there, and are retried on the good backend, all concurrently.
     let clients: Vec<_> = (0..20)
         .map(|_| {
             let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
-            let addr = lb.addr;
+            let addr = lb.addr("puppet");
             tokio::spawn(async move {
                 let t = Instant::now();
                 (get(addr, cfg).await, t.elapsed())
@@ -692,8 +650,8 @@ async fn accepts_continue_while_a_backend_is_black_holed() {
     eprintln!("20 concurrent clients with a black-holed backend: all served in {all:?}, slowest {slowest:?}");
     // Serialized accepts would need ~10 x 300 ms.
     assert!(all < Duration::from_millis(1500), "{all:?}");
-    let b = lb.backend("hole");
-    wait_for("the black hole to be marked down", || !b.is_healthy()).await;
+    let b = lb.backend("puppet", "hole");
+    wait_until("the black hole to be marked down", || !b.is_healthy()).await;
     let detected = started.elapsed();
     eprintln!(
         "black-holed backend down {detected:?} after start (checks time out after {TIMEOUT:?})"
@@ -703,7 +661,7 @@ async fn accepts_continue_while_a_backend_is_black_holed() {
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
     for _ in 0..5 {
         let t = Instant::now();
-        assert_eq!(get(lb.addr, cfg.clone()).await.unwrap(), "good");
+        assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "good");
         assert!(
             t.elapsed() < Duration::from_millis(300),
             "{:?}",
@@ -723,14 +681,14 @@ async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
         "    balance: roundrobin\n    retries: 2\n    health: {}\n",
         health_yaml("none")
     );
-    let lb = Lb::start(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
-    let b = lb.backend("b1");
+    let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
+    let b = lb.backend("puppet", "b1");
     b1.stop();
-    let load = Load::start(lb.addr, &ca, 2);
-    wait_for("b1 down by failed connects", || !b.is_healthy()).await;
+    let load = Load::start(lb.addr("puppet"), &ca, 2);
+    wait_until("b1 down by failed connects", || !b.is_healthy()).await;
     let down_at = Instant::now();
     assert!(b.metrics.connect_errors.get() >= u64::from(FALL));
-    let readmitted = wait_for("b1 re-admitted", || b.is_healthy()).await;
+    let readmitted = wait_until("b1 re-admitted", || b.is_healthy()).await;
     eprintln!(
         "check none: re-admitted {readmitted:?} after going down (rise x interval = {:?})",
         INTERVAL * RISE
@@ -738,7 +696,7 @@ async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
     assert!(readmitted >= INTERVAL.mul_f64(0.9) * (RISE - 1));
     assert!(readmitted <= rise_bound());
     // Still dead: the traffic takes it down again.
-    wait_for("b1 down again", || !b.is_healthy()).await;
+    wait_until("b1 down again", || !b.is_healthy()).await;
     assert!(down_at.elapsed() < LIMIT);
     assert_eq!(b.metrics.check_ok.get() + b.metrics.check_fail.get(), 0);
     assert!(load.failures().is_empty(), "{:?}", load.failures());

@@ -18,23 +18,10 @@ use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 /// Bound on anything that should happen "at once" on loopback, with slack for a
 /// loaded 2-core CI machine.
 const PROMPT: Duration = Duration::from_secs(3);
-
-fn any_port() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!(
-        "{}/tests/fixtures/hellos/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// Resident set size of this process (crossbar and the test clients) in KiB.
 fn rss_kib() -> u64 {
@@ -100,7 +87,7 @@ async fn slowloris_is_cut_at_the_hello_timeout_while_real_clients_are_served() {
         "RLIMIT_NOFILE too low for this test: {}",
         nofile_soft()
     );
-    let hello = Arc::new(fixture("openssl3_tls13.bin"));
+    let hello = Arc::new(hello_fixture("openssl3_tls13.bin"));
     let (rss0, fds0) = (rss_kib(), fd_count());
 
     // Each client sends one byte of a real hello every 200 ms and notes when crossbar
@@ -355,9 +342,9 @@ async fn forged_session_floods_create_nothing_and_evict_nothing() {
 
     // The flood: hellos with random session IDs, tickets and PSK identities (fresh
     // values each time), each answered by a real backend, then abandoned.
-    let t12 = fixture("openssl3_tls12_ticket.bin");
-    let t13 = fixture("openssl3_tls13_psk.bin");
-    let bare = fixture("openssl3_tls12.bin");
+    let t12 = hello_fixture("openssl3_tls12_ticket.bin");
+    let t13 = hello_fixture("openssl3_tls13_psk.bin");
+    let bare = hello_fixture("openssl3_tls12.bin");
     let (i12, i13) = (parsed(&t12), parsed(&t13));
     assert!(parsed(&bare).ticket.is_none() && parsed(&bare).psk_identities.is_empty());
     let answered = Arc::new(AtomicU64::new(0));
@@ -560,7 +547,7 @@ async fn never_reading_client(mode: &str, first: &[u8], limit: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_gets_backpressure_not_buffering() {
-    never_reading_client("tls", &fixture("openssl3_tls13.bin"), 64 << 20).await;
+    never_reading_client("tls", &hello_fixture("openssl3_tls13.bin"), 64 << 20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -651,18 +638,12 @@ async fn real_handshake_churn_keeps_the_size_bound_and_recently_used_entries() {
 // ---------------------------------------------------------------------------
 // The admin endpoint
 
+/// The admin endpoint of a crossbar with one echo backend, with token [`TOKEN`].
 struct Admin {
     addr: SocketAddr,
-    stop: CancellationToken,
-    _cb: Crossbar,
+    _endpoint: AdminEndpoint,
+    cb: Crossbar,
     _backend: Backend,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Admin {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
 }
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
@@ -670,23 +651,12 @@ const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 async fn admin_bed() -> Admin {
     let be = Backend::echo("e1", false).await;
     let cb = Crossbar::start(&one_service("", &[backend_line("e1", be.addr, "")])).await;
-    let listener = admin::bind(any_port()).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let token = admin::Secret::new(TOKEN);
-    tokio::spawn(admin::serve(
-        listener,
-        cb.server.clone(),
-        token,
-        stop.clone(),
-    ));
-    let dir = tempfile::tempdir().unwrap();
+    let endpoint = cb.serve_admin(admin::Secret::new(TOKEN)).await;
     Admin {
-        addr,
-        stop,
-        _cb: cb,
+        addr: endpoint.addr,
+        _endpoint: endpoint,
+        cb,
         _backend: be,
-        dir,
     }
 }
 
@@ -783,7 +753,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
 async fn admin_path_traversal_is_404_and_reads_no_file() {
     let bed = admin_bed().await;
     // A file the traversals aim at: its content must never come back.
-    let secret = bed.dir.path().join("secret.txt");
+    let secret = bed.cb.dir().join("secret.txt");
     std::fs::write(&secret, "TOP-SECRET-CONTENT\n").unwrap();
     let rel = secret.to_string_lossy().trim_start_matches('/').to_string();
     let paths = [

@@ -3,14 +3,13 @@
 //! Real clients and servers on loopback; every port is picked by the kernel.
 mod common;
 
-use common::tls;
+use common::{any_port, hello_fixture, tls, wait_until, Crossbar};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbar::hello::{parse_client_hello, HelloParse};
-use crossbar::server::Server;
 use crossbar::stick::KeyKind;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,28 +30,21 @@ const PROMPT: Duration = Duration::from_millis(500);
 /// Bound on a whole exchange that should succeed.
 const EXCHANGE: Duration = Duration::from_secs(10);
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!(
-        "{}/tests/fixtures/hellos/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
 async fn backend(ca: &TestCa, name: &str, tls: BackendTls) -> TlsBackend {
-    let bind: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    TlsBackend::start(ca, name, NAMES, tls, bind).await.unwrap()
+    TlsBackend::start(ca, name, NAMES, tls, any_port())
+        .await
+        .unwrap()
 }
 
 /// crossbar with one service `svc` in front of `backends`; `extra` is more YAML of the
 /// service (indented 4 spaces).
-async fn single(backends: &[(String, SocketAddr)], extra: &str) -> (Arc<Server>, SocketAddr) {
+async fn single(backends: &[(String, SocketAddr)], extra: &str) -> (Crossbar, SocketAddr) {
     let yaml = format!(
-        "services:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    health: {{ check: none }}\n{extra}    backends:\n{}",
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    health: {{ check: none }}\n{extra}    backends:\n{}",
         tls::backends_yaml(backends)
     );
-    let server = tls::start_crossbar(&yaml).await.unwrap();
-    let addr = server.local_addrs("svc")[0];
+    let server = Crossbar::start(&yaml).await;
+    let addr = server.addr("svc");
     (server, addr)
 }
 
@@ -70,9 +62,8 @@ async fn until_closed(s: &mut TcpStream, limit: Duration) -> (Duration, Vec<u8>)
     }
 }
 
-fn hello_errors(server: &Server, reason: &str) -> f64 {
-    tls::metric(
-        server,
+fn hello_errors(server: &Crossbar, reason: &str) -> f64 {
+    server.metric(
         "crossbar_client_hello_errors_total",
         &[("service", "svc"), ("reason", reason)],
     )
@@ -105,7 +96,7 @@ async fn sni_routes_on_a_shared_listener() {
         )
     };
     let yaml = [
-        "services:\n".to_string(),
+        "admin: { enabled: false }\nservices:\n".to_string(),
         svc(
             "exact",
             shared,
@@ -123,7 +114,7 @@ async fn sni_routes_on_a_shared_listener() {
         svc("csvc", strict, "    server_names: [c.example.com]\n", &c),
     ]
     .concat();
-    let server = tls::start_crossbar(&yaml).await.unwrap();
+    let server = Crossbar::start(&yaml).await;
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
     let ask = |addr: SocketAddr, sni: &str| {
         let (cfg, sni) = (cfg.clone(), sni.to_string());
@@ -144,8 +135,7 @@ async fn sni_routes_on_a_shared_listener() {
     let refused = ask(strict, "nomatch.example.com").await.unwrap();
     assert!(refused.is_err(), "no match, no default: {refused:?}");
     assert_eq!(
-        tls::metric(
-            &server,
+        server.metric(
             "crossbar_route_refused_total",
             &[("service", "unrouted"), ("reason", "no_route")]
         ),
@@ -213,10 +203,10 @@ async fn a_hello_in_three_records_reaches_the_backend_byte_identical() {
     let raw = tcp_capture().await;
     let (server, addr) = single(&[("raw".into(), raw.0)], "").await;
     for name in ["openssl3_tls13.bin", "curl7_openssl3.bin", "java17.bin"] {
-        let framed = reframe(&fixture(name), 3);
+        let framed = reframe(&hello_fixture(name), 3);
         assert_eq!(
             framed.len(),
-            fixture(name).len() + 10,
+            hello_fixture(name).len() + 10,
             "{name}: three records"
         );
         let mut c = TcpStream::connect(addr).await.unwrap();
@@ -307,7 +297,10 @@ async fn a_silent_client_is_closed_at_the_hello_timeout() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(3),
         "closed after {took:?}, timeout 1s"
     );
-    assert!(tls::eventually(EXCHANGE, || hello_errors(&server, "timeout") == 1.0).await);
+    wait_until("the timeout counted", || {
+        hello_errors(&server, "timeout") == 1.0
+    })
+    .await;
 }
 
 /// Replace every occurrence of `what` in `hello` with random bytes of the same length.
@@ -355,11 +348,11 @@ async fn forged_session_state_creates_no_stick_entries() {
 
     // A TLS 1.2 hello offering a session ID and a ticket, and a TLS 1.3 hello offering
     // a PSK identity: each value replaced by random bytes of the same length.
-    let mut t12 = fixture("openssl3_tls12_ticket.bin");
+    let mut t12 = hello_fixture("openssl3_tls12_ticket.bin");
     let info = parsed(&t12);
     let fake_id = forge(&mut t12, &info.session_id);
     let fake_ticket = forge(&mut t12, info.ticket.as_ref().unwrap());
-    let mut t13 = fixture("openssl3_tls13_psk.bin");
+    let mut t13 = hello_fixture("openssl3_tls13_psk.bin");
     let info = parsed(&t13);
     let fake_psk = forge(&mut t13, &info.psk_identities[0]);
     assert_eq!(parsed(&t12).session_id, fake_id);
@@ -380,10 +373,7 @@ async fn forged_session_state_creates_no_stick_entries() {
         }
         drop(c);
     }
-    assert!(
-        tls::eventually(EXCHANGE, || server.open_tasks() == idle).await,
-        "connections finished"
-    );
+    wait_until("connections finished", || server.open_tasks() == idle).await;
 
     let forged = [
         (KeyKind::SessionId, &fake_id[..]),
@@ -409,7 +399,7 @@ async fn forged_session_state_creates_no_stick_entries() {
     }
     let learned: f64 = ["ticket", "psk", "ticket_prefix"]
         .iter()
-        .map(|k| tls::metric(&server, "crossbar_stick_learned_total", &[("key", k)]))
+        .map(|k| server.metric("crossbar_stick_learned_total", &[("key", k)]))
         .sum();
     assert_eq!(learned, 0.0);
 }
@@ -445,11 +435,7 @@ async fn the_table_size_bound_holds() {
         "20 real resumable sessions (resumed {resumed})"
     );
     assert!(table.stats().evicted > 0, "{:?}", table.stats());
-    let evicted = tls::metric(
-        &server,
-        "crossbar_stick_evicted_total",
-        &[("service", "svc")],
-    );
+    let evicted = server.metric("crossbar_stick_evicted_total", &[("service", "svc")]);
     assert!(evicted > 0.0, "crossbar_stick_evicted_total = {evicted}");
 }
 
@@ -466,17 +452,12 @@ async fn entries_expire() {
     }
     let learned = table.stats().entries;
     assert!(learned >= 3, "{:?}", table.stats());
-    let started = Instant::now();
-    let gone = tls::eventually(Duration::from_secs(6), || {
+    let took = wait_until("every entry expires", || {
         table.sweep();
         table.stats().entries == 0
     })
     .await;
-    assert!(gone, "after {:?}: {:?}", started.elapsed(), table.stats());
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "expired too early"
-    );
+    assert!(took >= Duration::from_secs(1), "expired too early");
     assert!(
         table.stats().expired >= learned as u64,
         "{:?}",

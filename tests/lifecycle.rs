@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
+use rstest::rstest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -160,6 +161,9 @@ impl Load {
     }
 }
 
+/// The service setting of the kernel-relay cases (BPF sockmap: needs root).
+const KERNEL: &str = "    relay: kernel\n";
+
 fn tcp_config(
     dir: &Path,
     listen: SocketAddr,
@@ -178,13 +182,17 @@ fn tcp_config(
 }
 
 /// Two upgrades in a row under continuous load: not one connection attempt fails,
-/// and a connection established before each upgrade keeps working until it is done.
+/// and a connection established before each upgrade keeps working until it is done
+/// (with the kernel relay, its sockets stay in the old process's map until then).
+#[rstest]
+#[case::splice("")]
+#[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_upgrade_under_load_loses_nothing() {
+async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
     let echo = Backend::echo("echo", false).await;
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
-    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let cfg = tcp_config(dir.path(), listen, echo.addr, relay);
     let sock = dir.path().join("upgrade.sock");
 
     let mut old = Proc::start(&cfg, Some(&sock));
@@ -229,12 +237,15 @@ async fn binary_upgrade_under_load_loses_nothing() {
 
 /// SIGTERM: new connections are refused at once, an established one finishes its
 /// work, and the process exits 0 as soon as it is done (well within the timeout).
+#[rstest]
+#[case::splice("")]
+#[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_established_connections_then_exits() {
+async fn sigterm_drains_established_connections_then_exits(#[case] relay: &str) {
     let echo = Backend::echo("echo", false).await;
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
-    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let cfg = tcp_config(dir.path(), listen, echo.addr, relay);
     let mut p = Proc::start(&cfg, None);
     wait_listening(listen).await;
 
@@ -278,8 +289,11 @@ async fn bad_reload_keeps_the_running_config() {
 
 /// A reload that adds one backend and removes another, under continuous load through
 /// the library API: zero failed connections.
+#[rstest]
+#[case::splice("")]
+#[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reload_under_load_refuses_nothing() {
+async fn reload_under_load_refuses_nothing(#[case] relay: &str) {
     let (a, b, c) = (
         Backend::echo("a", false).await,
         Backend::echo("b", false).await,
@@ -287,7 +301,7 @@ async fn reload_under_load_refuses_nothing() {
     );
     let yaml = |x: &Backend, y: &Backend| {
         one_service(
-            "    mode: tcp\n",
+            &format!("    mode: tcp\n{relay}"),
             &[
                 backend_line(&x.name, x.addr, ""),
                 backend_line(&y.name, y.addr, ""),
@@ -327,11 +341,7 @@ async fn stick_table_survives_a_restart() {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut backends = Vec::new();
     for n in ["r1", "r2", "r3"] {
-        backends.push(
-            TlsBackend::start(&ca, n, &["puppet.example.com"], tls, any)
-                .await
-                .unwrap(),
-        );
+        backends.push(TlsBackend::start(&ca, n, &[SNI], tls, any).await.unwrap());
     }
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
@@ -358,9 +368,7 @@ async fn stick_table_survives_a_restart() {
     wait_listening(listen).await;
     let mut first = Vec::new();
     for a in &agents {
-        let r = testbed::get(listen, "puppet.example.com", a.clone(), "/")
-            .await
-            .unwrap();
+        let r = testbed::get(listen, SNI, a.clone(), "/").await.unwrap();
         assert!(!r.resumed);
         first.push(r.backend);
     }
@@ -373,9 +381,7 @@ async fn stick_table_survives_a_restart() {
     // In reverse order: a fresh round robin would now send agent 3 to r1 and agent 1
     // to r3, so only the loaded table can put them back where their sessions are.
     for (a, want) in agents.iter().zip(&first).rev() {
-        let r = testbed::get(listen, "puppet.example.com", a.clone(), "/")
-            .await
-            .unwrap();
+        let r = testbed::get(listen, SNI, a.clone(), "/").await.unwrap();
         assert_eq!(
             (&r.backend, r.resumed),
             (want, true),

@@ -24,6 +24,22 @@ fn tls_service(b: &Backend) -> String {
     )
 }
 
+/// Both directions of an echo exchange kept `data` intact: what came back to the
+/// client (`got`: length, SHA-256) and what the backend received, up to a clean FIN.
+async fn assert_echoed_intact(echo: &Backend, got: (u64, [u8; 32]), data: &[u8]) {
+    // server -> client: what came back is what was sent.
+    assert_eq!(got.0, data.len() as u64);
+    assert_eq!(hex(&got.1), hex(&sha(data)));
+    // client -> server: what the backend received is what was sent.
+    let seen = echo.next_report().await;
+    assert_eq!(seen.received, data.len() as u64);
+    assert_eq!(hex(&seen.sha), hex(&sha(data)));
+    assert!(
+        seen.clean_eof,
+        "the backend saw an error, not the client's FIN"
+    );
+}
+
 #[rstest]
 #[case::empty(0)]
 #[case::one_byte(1)]
@@ -38,17 +54,7 @@ async fn tcp_mode_relays_payload_intact(#[case] len: usize) {
     let client = TcpStream::connect(lb.addr("svc")).await.unwrap();
     let (got_len, got_sha) = exchange(client, &data).await;
 
-    // server -> client: what came back is what was sent.
-    assert_eq!(got_len, len as u64);
-    assert_eq!(hex(&got_sha), hex(&sha(&data)));
-    // client -> server: what the backend received is what was sent.
-    let seen = echo.next_report().await;
-    assert_eq!(seen.received, len as u64);
-    assert_eq!(hex(&seen.sha), hex(&sha(&data)));
-    assert!(
-        seen.clean_eof,
-        "the backend saw an error, not the client's FIN"
-    );
+    assert_echoed_intact(&echo, (got_len, got_sha), &data).await;
     assert_eq!(echo.accepted(), 1);
     assert_eq!(
         lb.metric(
@@ -75,12 +81,7 @@ async fn tls_mode_relays_payload_intact(#[case] len: usize) {
     let tls = tls_connect(&ca, lb.addr("svc")).await;
     let (got_len, got_sha) = exchange(tls, &data).await;
 
-    assert_eq!(got_len, len as u64);
-    assert_eq!(hex(&got_sha), hex(&sha(&data)));
-    let seen = echo.next_report().await;
-    assert_eq!(seen.received, len as u64);
-    assert_eq!(hex(&seen.sha), hex(&sha(&data)));
-    assert!(seen.clean_eof);
+    assert_echoed_intact(&echo, (got_len, got_sha), &data).await;
     // crossbar saw the handshake go by.
     assert_eq!(
         lb.metric(

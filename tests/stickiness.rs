@@ -12,7 +12,7 @@
 //! Run with `--nocapture` to see the figures table (the test output is the record).
 mod common;
 
-use common::tls;
+use common::{tls, Crossbar};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -225,23 +225,18 @@ async fn start_site(
     case: Case,
     server: Peer,
     tag: &str,
-) -> Result<(
-    Backends,
-    Arc<crossbar::server::Server>,
-    SocketAddr,
-    Vec<String>,
-)> {
+) -> Result<(Backends, Crossbar, SocketAddr, Vec<String>)> {
     let backends = Backends::start(ca, server, case, tag).await?;
     let list = backends.list();
     let yaml = format!(
-        "services:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    balance: roundrobin\n    \
+        "admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    balance: roundrobin\n    \
          health: {{ check: none }}\n    \
          stick: {{ on: [session_id, ticket, psk], size: 10000, expire: 30m }}\n    \
          backends:\n{}",
         tls::backends_yaml(&list)
     );
-    let xb = tls::start_crossbar(&yaml).await?;
-    let addr = *xb.local_addrs("puppet").first().context("no listener")?;
+    let xb = Crossbar::try_start(&yaml).await?;
+    let addr = xb.addr("puppet");
     let names = list.into_iter().map(|(n, _)| n).collect();
     Ok((backends, xb, addr, names))
 }

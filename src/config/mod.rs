@@ -199,6 +199,17 @@ pub enum OnNonTls {
     Forward,
 }
 
+/// `relay:` — how bytes move once the handshake has been seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RelayMode {
+    /// Copy small messages, splice(2) bulk data (default).
+    #[default]
+    SpliceAuto,
+    /// BPF sockmap: the kernel forwards between the two sockets (docs/performance.md);
+    /// falls back to `SpliceAuto` where the BPF program can't be loaded.
+    Kernel,
+}
+
 /// `balance:` algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Balance {
@@ -371,6 +382,8 @@ pub struct ServiceConfig {
     pub retries: u32,
     /// Connections that may wait when every backend is full.
     pub queue_size: usize,
+    /// How bytes are relayed (default `splice-auto`).
+    pub relay: RelayMode,
     /// A recovered backend's weight ramps up over this period (zero: off).
     pub slow_start: Duration,
 }

@@ -66,6 +66,7 @@ pub(super) struct RawDefaults {
     pub retries: Option<u64>,
     pub queue_size: Option<u64>,
     pub slow_start: Option<RawDuration>,
+    pub relay: Option<RawRelay>,
     pub backlog: Option<u64>,
     pub max_connections: Option<u64>,
 }
@@ -174,6 +175,14 @@ pub(super) enum RawOnNonTls {
     Forward,
 }
 
+/// `relay:`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawRelay {
+    SpliceAuto,
+    Kernel,
+}
+
 /// `balance:`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -213,6 +222,7 @@ pub(super) struct RawService {
     pub retries: Option<u64>,
     pub queue_size: Option<u64>,
     pub slow_start: Option<RawDuration>,
+    pub relay: Option<RawRelay>,
     pub backends: Vec<RawBackend>,
 }
 

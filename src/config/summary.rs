@@ -80,6 +80,12 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
         (Mode::Tls, OnNonTls::Forward) => "tls, non-TLS forwarded",
     };
     writeln!(f, "service {} ({mode})", s.name)?;
+    if s.relay == RelayMode::Kernel {
+        writeln!(
+            f,
+            "  relay     kernel (BPF sockmap; splice-auto if it can't load)"
+        )?;
+    }
     for l in &s.listen {
         let freebind = if l.freebind { ", freebind" } else { "" };
         writeln!(

@@ -74,6 +74,7 @@ struct Tuning {
     retries: u32,
     queue_size: usize,
     slow_start: Duration,
+    relay: RelayMode,
 }
 
 /// Listener settings from `defaults:`.
@@ -162,6 +163,7 @@ impl Checker<'_> {
             retries: DEFAULT_RETRIES,
             queue_size: DEFAULT_QUEUE_SIZE,
             slow_start: Duration::ZERO,
+            relay: RelayMode::SpliceAuto,
         };
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
@@ -171,6 +173,7 @@ impl Checker<'_> {
             retries: raw.retries,
             queue_size: raw.queue_size,
             slow_start: raw.slow_start.as_ref(),
+            relay: raw.relay,
         };
         let tuning = self.tuning(&builtin, &layer, "defaults");
         let backlog = self.int(
@@ -231,6 +234,11 @@ impl Checker<'_> {
             retries: retries as u32,
             queue_size: queue as usize,
             slow_start,
+            relay: match raw.relay {
+                None => base.relay,
+                Some(RawRelay::SpliceAuto) => RelayMode::SpliceAuto,
+                Some(RawRelay::Kernel) => RelayMode::Kernel,
+            },
         }
     }
 
@@ -346,6 +354,7 @@ impl Checker<'_> {
             retries: raw.retries,
             queue_size: raw.queue_size,
             slow_start: raw.slow_start.as_ref(),
+            relay: raw.relay,
         };
         let tuning = self.tuning(base, &layer, &p);
         ServiceConfig {
@@ -376,6 +385,7 @@ impl Checker<'_> {
             retries: tuning.retries,
             queue_size: tuning.queue_size,
             slow_start: tuning.slow_start,
+            relay: tuning.relay,
         }
     }
 
@@ -529,4 +539,5 @@ struct TuningLayer<'a> {
     retries: Option<u64>,
     queue_size: Option<u64>,
     slow_start: Option<&'a RawDuration>,
+    relay: Option<RawRelay>,
 }

@@ -23,6 +23,8 @@ use crate::hello::{ServerHandshake, ServerWatcher};
 
 pub mod ending;
 #[cfg(target_os = "linux")]
+pub mod kernel;
+#[cfg(target_os = "linux")]
 mod splice;
 
 pub use ending::{Abort, Ending, Peer};
@@ -424,6 +426,30 @@ async fn drive(
     }
 }
 
+/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for and
+/// loaded (else, having said why once, splice-auto).
+#[allow(clippy::too_many_arguments)]
+pub async fn relay_as(
+    mode: crate::config::RelayMode,
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    idle: Duration,
+    counters: &RelayCounters<'_>,
+    watch: Option<Box<Watch<'_>>>,
+    hard_stop: &CancellationToken,
+) -> RelayStats {
+    #[cfg(target_os = "linux")]
+    if mode == crate::config::RelayMode::Kernel {
+        if let Ok(k) = kernel::get() {
+            // Boxed: inline, it would enlarge every connection's future, splice ones too.
+            let kernel = kernel::relay(k, client, server, idle, counters, watch, hard_stop);
+            return Box::pin(kernel).await;
+        }
+    }
+    let _ = mode;
+    relay(client, server, idle, counters, watch, hard_stop).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,6 +482,22 @@ mod tests {
         (0..len).map(|_| rng.u8(..)).collect()
     }
 
+    /// Write `data` and half-close while reading everything the peer sends until EOF.
+    async fn send_and_drain(stream: &mut TcpStream, data: &[u8]) -> Vec<u8> {
+        let (mut r, mut w) = stream.split();
+        let send = async {
+            w.write_all(data).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let recv = async {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        let ((), got) = tokio::join!(send, recv);
+        got
+    }
+
     /// client <-> [relay] <-> server, both directions at once, then half-closes.
     async fn roundtrip(len: usize) {
         let (mut client, mut proxy_client_side) = pair().await;
@@ -477,31 +519,9 @@ mod tests {
             .await;
             (s, cnt.0.get(), cnt.1.get())
         });
-        let srv = tokio::spawn(async move {
-            let (mut r, mut w) = server.split();
-            let send = async {
-                w.write_all(&down2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let recv = async {
-                let mut got = Vec::new();
-                r.read_to_end(&mut got).await.unwrap();
-                got
-            };
-            let ((), got) = tokio::join!(send, recv);
-            Sha256::digest(&got)
-        });
-        let (mut r, mut w) = client.split();
-        let send = async {
-            w.write_all(&up2).await.unwrap();
-            w.shutdown().await.unwrap();
-        };
-        let recv = async {
-            let mut got = Vec::new();
-            r.read_to_end(&mut got).await.unwrap();
-            got
-        };
-        let ((), got) = tokio::join!(send, recv);
+        let srv =
+            tokio::spawn(async move { Sha256::digest(send_and_drain(&mut server, &down2).await) });
+        let got = send_and_drain(&mut client, &up2).await;
         assert_eq!(
             Sha256::digest(&got),
             Sha256::digest(&down),

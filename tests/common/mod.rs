@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crossbar::admin;
+use crossbar::balance;
 use crossbar::config::Config;
 use crossbar::metrics::Metrics;
 use crossbar::server::{Server, ServerError};
@@ -25,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// Longest any single awaited outcome may take before the test fails as hung.
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -40,13 +43,16 @@ pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
     }
 }
 
-/// Poll `cond` until it holds; bounded (fails the test after [`WAIT`]).
-pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+/// Poll `cond` until it holds (for effects with no event to wait on, such as a
+/// connection task finishing) and return how long that took; bounded (fails the test
+/// after [`WAIT`]).
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
     let step = Duration::from_millis(5);
     let rounds = WAIT.as_millis() / step.as_millis();
     for _ in 0..rounds {
         if cond() {
-            return;
+            return started.elapsed();
         }
         tokio::time::sleep(step).await;
     }
@@ -71,27 +77,57 @@ pub fn load_config(dir: &Path, yaml: &str) -> Config {
     Config::load(&path).unwrap_or_else(|e| panic!("config should load:\n{e}\n---\n{yaml}"))
 }
 
-/// Load `yaml` and try to start a server (for tests of start-up errors).
-pub async fn try_start(yaml: &str) -> (Result<Arc<Server>, ServerError>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = load_config(dir.path(), yaml);
-    (Server::start(cfg, Metrics::new()).await, dir)
-}
-
 impl Crossbar {
-    /// Start crossbar from a YAML document.
+    /// Start crossbar from a YAML document (which must load: a bad document is a
+    /// bug of the test).
     pub async fn start(yaml: &str) -> Crossbar {
+        Crossbar::try_start(yaml)
+            .await
+            .unwrap_or_else(|e| panic!("crossbar should start: {e}"))
+    }
+
+    /// Load `yaml` and try to start a server, for tests of start-up errors and for
+    /// callers that report the error themselves.
+    pub async fn try_start(yaml: &str) -> Result<Crossbar, ServerError> {
         let dir = tempfile::tempdir().expect("temp dir");
         let cfg = load_config(dir.path(), yaml);
         let path = cfg.source.clone();
-        let server = Server::start(cfg, Metrics::new())
-            .await
-            .unwrap_or_else(|e| panic!("crossbar should start: {e}"));
-        Crossbar {
+        let server = Server::start(cfg, Metrics::new()).await?;
+        Ok(Crossbar {
             server,
             path,
             _dir: dir,
-        }
+        })
+    }
+
+    /// The directory of the config file (a place for the test's other files).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// Serve the admin API on a free loopback port, with `token` if given; it
+    /// stops when the returned value is dropped.
+    pub async fn serve_admin(&self, token: Option<admin::Secret>) -> AdminEndpoint {
+        let listener = admin::bind(any_port())
+            .await
+            .expect("bind the admin endpoint");
+        let addr = listener.local_addr().expect("admin addr");
+        let stop = CancellationToken::new();
+        tokio::spawn(admin::serve(
+            listener,
+            self.server.clone(),
+            token,
+            stop.clone(),
+        ));
+        AdminEndpoint { addr, stop }
+    }
+
+    /// The running backend `name` of `service` (its health, admin state, counts).
+    pub fn backend(&self, service: &str, name: &str) -> Arc<balance::Backend> {
+        self.server
+            .service(service)
+            .and_then(|s| s.pool.get(name).cloned())
+            .unwrap_or_else(|| panic!("no backend {service}/{name}"))
     }
 
     /// The (first) address `service` listens on.
@@ -119,10 +155,28 @@ impl Crossbar {
 
     /// Connections a backend of `service` holds open now, as crossbar counts them.
     pub fn active(&self, service: &str, backend: &str) -> u32 {
-        self.server
-            .service(service)
-            .and_then(|s| s.pool.get(backend).map(|b| b.active()))
-            .unwrap_or_else(|| panic!("no backend {service}/{backend}"))
+        self.backend(service, backend).active()
+    }
+}
+
+/// A test reads a running crossbar as its [`Server`] (listeners, services, tasks).
+impl std::ops::Deref for Crossbar {
+    type Target = Server;
+
+    fn deref(&self) -> &Server {
+        &self.server
+    }
+}
+
+/// The admin API of a [`Crossbar`], served until dropped.
+pub struct AdminEndpoint {
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for AdminEndpoint {
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
@@ -456,6 +510,20 @@ async fn hash_to_eof<S: AsyncRead + Unpin>(s: &mut S) -> Report {
         sha: hasher.finalize().into(),
         clean_eof,
     }
+}
+
+/// The address a listener binds to have the kernel pick a free loopback port.
+pub fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A ClientHello captured from a real client, from `tests/fixtures/hellos/`.
+pub fn hello_fixture(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/tests/fixtures/hellos/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// A loopback address whose port refuses connections: bind port 0, then close it.

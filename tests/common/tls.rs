@@ -1,6 +1,6 @@
 //! Real TLS peers for the stickiness and hostile-hello tests: `openssl s_server`
 //! backends and `openssl s_client` runs (as child processes that are always killed),
-//! crossbar started from a YAML string, and small metric/polling helpers.
+//! and the YAML list of their addresses.
 //!
 //! Part of the one test-helper module: `mod common;` then `common::tls`.
 #![allow(dead_code)] // each test binary uses a different subset
@@ -10,13 +10,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use crossbar::config::Config;
-use crossbar::metrics::Metrics;
-use crossbar::server::Server;
 use crossbar::testbed::TestCa;
 
 /// The SNI every stickiness client sends (the backend certificates carry it).
@@ -180,40 +176,10 @@ pub fn s_client(
     Ok(SClientRun { reused, backend })
 }
 
-/// Start crossbar from a YAML document (admin endpoint off, no active health checks,
-/// so only what the test configures runs).
-pub async fn start_crossbar(yaml: &str) -> Result<Arc<Server>> {
-    let full = format!("admin: {{ enabled: false }}\n{yaml}");
-    let config =
-        Config::from_str_at(&full, Path::new("test.yaml")).map_err(|e| anyhow!("{e}\n{full}"))?;
-    Ok(Server::start(config, Metrics::new()).await?)
-}
-
 /// The YAML list of backends `name -> address`.
 pub fn backends_yaml(backends: &[(String, SocketAddr)]) -> String {
     backends
         .iter()
-        .map(|(n, a)| format!("      - {{ name: {n}, address: \"{a}\" }}\n"))
+        .map(|(n, a)| super::backend_line(n, *a, ""))
         .collect()
-}
-
-/// The value of one Prometheus sample whose labels include every `labels` pair;
-/// 0 when it is absent (a counter never incremented is not exported).
-pub fn metric(server: &Server, name: &str, labels: &[(&str, &str)]) -> f64 {
-    super::metric_value(&server.metrics().encode(), name, labels)
-}
-
-/// Poll `cond` every 20 ms until it holds or `limit` passes (for effects that have
-/// no event to wait on, such as a connection task finishing); returns whether it held.
-pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
