@@ -129,7 +129,7 @@ enum TableCommand {
     Show {
         /// Service name.
         service: String,
-        /// Entries to show (1..=100000; the server's default is 1000).
+        /// Entries to show (1..=10000; the server's default is 1000).
         #[arg(long)]
         limit: Option<usize>,
         #[command(flatten)]
