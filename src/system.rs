@@ -1,13 +1,26 @@
 //! The process's place in the system: file-descriptor limits and systemd readiness.
 use std::io;
 
-/// File descriptors per relayed connection: the client socket and the backend socket.
-const FDS_PER_CONNECTION: u64 = 2;
+/// Socket descriptors per relayed connection: the client's and the backend's (splice
+/// pipes come on top, see [`fd_budget`]).
+const SOCKETS_PER_CONNECTION: u64 = 2;
 /// Descriptors kept for listeners, the admin server, health checks, logs and state files.
 const FD_RESERVE: u64 = 256;
 
+/// Descriptors crossbar may need with `max_connections` relayed at once on `workers`
+/// runtime threads: two sockets and up to two splice pipes per connection, the
+/// pipes each worker keeps pooled, and a reserve.
+pub fn fd_budget(max_connections: u64, workers: u64) -> u64 {
+    let (per_conn, per_worker) = crate::relay::pipe_fds();
+    max_connections
+        .saturating_mul(SOCKETS_PER_CONNECTION + per_conn)
+        .saturating_add(workers.saturating_mul(per_worker))
+        .saturating_add(FD_RESERVE)
+}
+
 /// Raise RLIMIT_NOFILE's soft limit to the hard limit and return the new soft limit.
-/// Warns when `max_connections` (the sum over listeners) can't be reached with it.
+/// Warns when `max_connections` (the sum over listeners) can't be reached with it
+/// (see [`fd_budget`]; the worker count is the current runtime's).
 pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -31,9 +44,10 @@ pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
     }
     #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every platform
     let soft = lim.rlim_cur as u64;
-    let needed = max_connections
-        .saturating_mul(FDS_PER_CONNECTION)
-        .saturating_add(FD_RESERVE);
+    let workers = tokio::runtime::Handle::try_current()
+        .map(|h| h.metrics().num_workers() as u64)
+        .unwrap_or(1);
+    let needed = fd_budget(max_connections, workers);
     if needed > soft {
         tracing::warn!(
             limit = soft,
@@ -78,6 +92,18 @@ fn notify_to(_path: &std::ffi::OsStr, _state: &str) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fd_budget_counts_splice_pipes() {
+        // 10000 connections: 2 sockets + 2 pipes each, 64 pooled pipes on each of 4
+        // workers, the reserve.
+        let want = if cfg!(target_os = "linux") {
+            10_000 * 6 + 4 * 128 + FD_RESERVE
+        } else {
+            10_000 * 2 + FD_RESERVE
+        };
+        assert_eq!(fd_budget(10_000, 4), want);
+    }
 
     #[test]
     fn nofile_is_at_least_what_it_was() {

@@ -442,7 +442,10 @@ mod openssl_tests {
         let ca = crate::testbed::TestCa::new("probe openssl").unwrap();
         let (Some((_a, a)), Some((_b, b))) = (s_server(da.path(), &ca), s_server(db.path(), &ca))
         else {
-            eprintln!("SKIP: openssl s_server not available");
+            crate::testbed::missing_tool(
+                "openssl_s_server_key_names",
+                "`openssl s_server` did not start (apt-get install openssl)",
+            );
             return;
         };
         let addr = |s: std::net::SocketAddr| BackendAddress {

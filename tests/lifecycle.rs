@@ -67,6 +67,17 @@ impl Proc {
     }
 }
 
+/// The pid of the process listening on the upgrade socket at `path` (SO_PEERCRED
+/// of a connection to it), if one does. The connection says nothing and closes: the
+/// listener drops it as an aborted handover.
+fn upgrade_socket_pid(path: &Path) -> Option<i32> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let s = std::os::unix::net::UnixStream::connect(path).ok()?;
+    getsockopt(&s, sockopt::PeerCredentials)
+        .ok()
+        .map(|c| c.pid())
+}
+
 fn free_port() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
@@ -207,8 +218,20 @@ async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
         tokio::time::sleep(Duration::from_millis(300)).await;
 
         let new = Proc::start(&cfg, Some(&sock));
-        // The old process hands over, then drains: it exits only when `long` is done.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The handover is complete when the new process listens on the upgrade
+        // socket: it binds it only after the old one let go of it (BYE). The old one
+        // then drains: it exits only when `long` is done.
+        let new_pid = new.0.id() as i32;
+        wait_until_async("the successor owns the upgrade socket", || {
+            let sock = sock.clone();
+            async move { upgrade_socket_pid(&sock) == Some(new_pid) }
+        })
+        .await;
+        assert_eq!(
+            old.0.try_wait().unwrap(),
+            None,
+            "round {round}: old process drains"
+        );
         long.write_all(b"during").await.unwrap();
         long.read_exact(&mut buf).await.unwrap();
         assert_eq!(
@@ -265,18 +288,54 @@ async fn sigterm_drains_established_connections_then_exits(#[case] relay: &str) 
     assert_eq!(p.exited(WAIT).await, Some(0));
 }
 
-/// SIGHUP with a broken file: the process keeps serving with the old config.
+/// `GET /metrics` from an admin endpoint; `None` if it can't be reached.
+async fn scrape(admin: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect(admin).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.ok()?;
+    String::from_utf8(out).ok()
+}
+
+/// SIGHUP with a broken file: the reload is attempted and fails (counted as an
+/// error), and the process keeps serving with the old config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reload_keeps_the_running_config() {
     let echo = Backend::echo("echo", false).await;
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
+    let admin = free_port();
     let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
+        "admin: { enabled: false }",
+        &format!("admin: {{ listen: \"{admin}\" }}"),
+    );
+    std::fs::write(&cfg, yaml).unwrap();
     let mut p = Proc::start(&cfg, None);
     wait_listening(listen).await;
+    wait_listening(admin).await;
+    let failed = |text: &str| {
+        metric_value(
+            text,
+            "crossbar_config_reloads_total",
+            &[("result", "error")],
+        )
+    };
+    assert_eq!(failed(&scrape(admin).await.unwrap()), 0.0);
     std::fs::write(&cfg, "services: [this is: not valid\n").unwrap();
     p.signal("HUP");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until_async("the reload counted as failed", || async move {
+        scrape(admin).await.is_some_and(|t| failed(&t) == 1.0)
+    })
+    .await;
+    let text = scrape(admin).await.unwrap();
+    assert_eq!(
+        metric_value(&text, "crossbar_config_reloads_total", &[("result", "ok")]),
+        0.0,
+        "no reload succeeded"
+    );
     for _ in 0..5 {
         ping(listen)
             .await

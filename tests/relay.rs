@@ -181,8 +181,9 @@ async fn openssl_sees_the_backends_certificate_through_crossbar() {
         .output()
         .is_err()
     {
-        eprintln!(
-            "SKIPPED openssl_sees_the_backends_certificate_through_crossbar: no `openssl` on PATH"
+        crossbar::testbed::missing_tool(
+            "openssl_sees_the_backends_certificate_through_crossbar",
+            "no `openssl` on PATH (apt-get install openssl)",
         );
         return;
     }

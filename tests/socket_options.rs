@@ -79,7 +79,10 @@ fn freebind_yaml(freebind: bool) -> String {
 #[test]
 fn freebind_binds_an_address_not_on_any_interface() {
     let Some((exited, log)) = run_in_fresh_netns(&freebind_yaml(false), WAIT) else {
-        println!("SKIPPED: cannot create a network namespace here (unshare -n)");
+        crossbar::testbed::missing_tool(
+            "freebind_binds_an_address_not_on_any_interface",
+            "cannot create a network namespace here (`unshare -n` needs root and util-linux)",
+        );
         return;
     };
     assert!(exited, "without freebind the start fails:\n{log}");
@@ -181,7 +184,10 @@ async fn proxy_protocol_through_haproxy(version: &str) {
         .local_addr()
         .unwrap();
     let Some(_h) = haproxy(front, back) else {
-        println!("SKIPPED: haproxy is not installed (apt-get install haproxy)");
+        crossbar::testbed::missing_tool(
+            &format!("proxy_protocol_through_haproxy({version})"),
+            "haproxy is not installed (apt-get install haproxy)",
+        );
         return;
     };
     wait_until("haproxy listening", || {

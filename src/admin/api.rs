@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 use crate::balance::{AdminState, Backend};
 use crate::config::{Balance, Mode};
@@ -14,8 +15,9 @@ use crate::service::Service;
 /// Entries `GET /api/tables/{service}` returns without `?limit=`.
 pub const DEFAULT_TABLE_LIMIT: usize = 1000;
 /// Largest `?limit=`: the walk keeps a heap of this size and the answer is ~150 bytes
-/// an entry, so 100000 entries is ~15 MB of JSON: enough to debug, bounded.
-pub const MAX_TABLE_LIMIT: usize = 100_000;
+/// an entry, so ~1.5 MB of JSON: enough to debug, small enough that an
+/// unauthenticated reader can't make crossbar build tens of MB per request.
+pub const MAX_TABLE_LIMIT: usize = 10_000;
 
 /// An API call that cannot be answered with 200.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,9 @@ pub enum ApiError {
     /// The configuration file could not be reloaded; the old one keeps running.
     #[error("reload failed, keeping the running configuration: {0}")]
     ReloadFailed(String),
+    /// The answer could not be built (a worker thread failed).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -52,6 +57,7 @@ impl ApiError {
             | ApiError::NoTable(_) => S::NOT_FOUND,
             ApiError::BadQuery(_) => S::BAD_REQUEST,
             ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
+            ApiError::Internal(_) => S::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -282,6 +288,32 @@ pub fn table(server: &Server, name: &str, limit: usize) -> Result<Value, ApiErro
     }))
 }
 
+/// Table dumps built at a time: each walks the whole table and holds up to
+/// [`MAX_TABLE_LIMIT`] entries; more readers wait their turn.
+static TABLE_DUMPS: Semaphore = Semaphore::const_new(1);
+
+/// [`table`] as JSON text, built on the blocking pool (never on a runtime worker
+/// that relays connections), one dump at a time.
+pub async fn table_dump(
+    server: Arc<Server>,
+    name: String,
+    limit: usize,
+) -> Result<String, ApiError> {
+    let _turn = TABLE_DUMPS
+        .acquire()
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        table(&server, &name, limit).map(|v| {
+            let mut body = v.to_string();
+            body.push('\n');
+            body
+        })
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("table dump: {e}")))?
+}
+
 /// `DELETE /api/tables/{service}`: remove every entry.
 pub fn flush(server: &Server, name: &str) -> Result<Value, ApiError> {
     let svc = service(server, name)?;
@@ -363,10 +395,11 @@ mod tests {
         assert_eq!(table_limit(None).unwrap(), DEFAULT_TABLE_LIMIT);
         assert_eq!(table_limit(Some("")).unwrap(), DEFAULT_TABLE_LIMIT);
         assert_eq!(table_limit(Some("limit=5")).unwrap(), 5);
-        assert_eq!(table_limit(Some("limit=100000")).unwrap(), 100_000);
+        assert_eq!(table_limit(Some("limit=10000")).unwrap(), 10_000);
         for bad in [
             "limit=0",
-            "limit=100001",
+            "limit=10001",
+            "limit=100000",
             "limit=x",
             "limit",
             "lmit=3",

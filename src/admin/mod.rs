@@ -2,7 +2,10 @@
 //! services, show and flush stick tables, drain/enable/disable backends and reload.
 //!
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
-//! header read timeout and request bodies capped (no endpoint takes a body). Reads
+//! header read timeout, then a timeout on the rest of the request, request bodies
+//! capped (no endpoint takes a body) and a bounded connection age. When every slot
+//! is taken, a few reserved ones still answer `/healthz` and `/metrics`, so a full
+//! admin endpoint never reads as a dead host to keepalived or Prometheus. Reads
 //! are open to whoever reaches the address, so keep it on loopback or a management
 //! network; writes (POST/DELETE) need the bearer token when `admin.token_file` is
 //! set, else they are accepted from loopback peers only. Errors are JSON:
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
@@ -37,7 +40,19 @@ const MAX_BODY: usize = 1024;
 /// Time a client has to send a request's headers (slowloris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Concurrent admin connections: a scraper, a few operators and scripts.
-const MAX_CONNECTIONS: usize = 64;
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time a whole request has, headers and body, before it is answered 408 and its
+/// connection closed: no endpoint takes a body, so a client that declares one and
+/// stalls is holding a slot, not uploading.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections beyond [`MAX_CONNECTIONS`] that may still ask `/healthz` or
+/// `/metrics` (a keepalived check, a scrape); other paths get 503 there.
+pub const RESERVED_CONNECTIONS: usize = 8;
+/// Whole life of a reserved connection: one small request and its answer.
+const RESERVED_LIFETIME: Duration = Duration::from_secs(2);
+/// A connection's age after which it is closed once its current request is done
+/// (a scraper's keep-alive reconnects): bounds a client that never reads its answer.
+const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
 /// Pause after an accept error (EMFILE) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// The Prometheus text exposition format.
@@ -106,6 +121,7 @@ pub async fn serve(
 ) {
     let ctx = Arc::new(Ctx { server, token });
     let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let reserve = Arc::new(Semaphore::new(RESERVED_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -119,15 +135,40 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "admin: too many connections, closing");
-            continue;
+        let (permit, slot) = match limit.clone().try_acquire_owned() {
+            Ok(p) => (p, Slot::Regular),
+            Err(_) => match reserve.clone().try_acquire_owned() {
+                Ok(p) => (p, Slot::Reserved),
+                Err(_) => {
+                    tracing::warn!(%peer, "admin: too many connections, closing");
+                    continue;
+                }
+            },
         };
         let (ctx, stop) = (ctx.clone(), stop.clone());
         tokio::spawn(async move {
-            connection(tcp, peer, ctx, stop).await;
+            connection(tcp, peer, ctx, stop, slot).await;
             drop(permit);
         });
+    }
+}
+
+/// Which pool an admin connection's slot came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// One of [`MAX_CONNECTIONS`]: every endpoint, keep-alive.
+    Regular,
+    /// One of [`RESERVED_CONNECTIONS`]: `/healthz` and `/metrics` only, one request.
+    Reserved,
+}
+
+impl Slot {
+    /// How long the connection may live, and then how long its last request gets.
+    fn lifetime(self) -> (Duration, Duration) {
+        match self {
+            Slot::Regular => (MAX_CONNECTION_AGE, REQUEST_TIMEOUT),
+            Slot::Reserved => (RESERVED_LIFETIME, Duration::ZERO),
+        }
     }
 }
 
@@ -136,21 +177,30 @@ async fn connection(
     peer: SocketAddr,
     ctx: Arc<Ctx>,
     stop: CancellationToken,
+    slot: Slot,
 ) {
     let svc = hyper::service::service_fn(move |req| {
         let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(handle(&ctx, peer, req).await) }
+        async move { Ok::<_, Infallible>(handle(&ctx, peer, req, slot).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(slot == Slot::Regular)
         .serve_connection(TokioIo::new(tcp), svc);
     tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        () = stop.cancelled() => {
+    let (age, last) = slot.lifetime();
+    let ended = tokio::select! {
+        r = conn.as_mut() => Some(r),
+        () = stop.cancelled() => None,
+        () = tokio::time::sleep(age) => None,
+    };
+    // Stopping or too old: let the current request finish within `last`, then drop.
+    let result = match ended {
+        Some(r) => r,
+        None => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            tokio::time::timeout(last, conn).await.unwrap_or(Ok(()))
         }
     };
     if let Err(e) = result {
@@ -216,20 +266,19 @@ impl Route<'_> {
     }
 }
 
-async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Reply {
+async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>, slot: Slot) -> Reply {
     let (parts, body) = req.into_parts();
-    let too_long = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|n| n > MAX_BODY as u64);
-    if too_long || Limited::new(body, MAX_BODY).collect().await.is_err() {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body over {MAX_BODY} bytes (no endpoint takes a body)"),
-        );
+    let route = Route::parse(parts.uri.path());
+    if slot == Slot::Reserved && !matches!(route, Some(Route::Metrics | Route::Healthz)) {
+        return closing(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "admin endpoint busy: every connection slot is taken; only /healthz and /metrics are answered",
+        ));
     }
-    let Some(route) = Route::parse(parts.uri.path()) else {
+    if let Err(refused) = read_body(&parts.headers, body).await {
+        return refused;
+    }
+    let Some(route) = route else {
         return error(
             StatusCode::NOT_FOUND,
             format!("no such endpoint: {}", parts.uri.path()),
@@ -257,7 +306,42 @@ async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>) -> Reply {
             return denied_reply(denied);
         }
     }
-    dispatch(ctx, route, &parts.method, parts.uri.query())
+    dispatch(ctx, route, &parts.method, parts.uri.query()).await
+}
+
+/// Read (and drop) the request body: over [`MAX_BODY`] is 413, not complete within
+/// [`REQUEST_TIMEOUT`] is 408 and the connection closes.
+async fn read_body(headers: &hyper::HeaderMap, body: Incoming) -> Result<(), Reply> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over {MAX_BODY} bytes (no endpoint takes a body)"),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(REQUEST_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => {
+            tracing::warn!("admin: request body not received within {REQUEST_TIMEOUT:?}, closing");
+            Err(closing(error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("request not complete within {REQUEST_TIMEOUT:?}"),
+            )))
+        }
+    }
+}
+
+/// `r` with `Connection: close`: hyper closes the connection once it is sent.
+fn closing(mut r: Reply) -> Reply {
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 fn denied_reply(d: auth::Denied) -> Reply {
@@ -280,7 +364,7 @@ fn denied_reply(d: auth::Denied) -> Reply {
     }
 }
 
-fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&str>) -> Reply {
+async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&str>) -> Reply {
     let server = &ctx.server;
     let result = match route {
         Route::Page => return page::response(server, query),
@@ -303,7 +387,15 @@ fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&str>) -
         }
         Route::Services => Ok(api::services(server)),
         Route::Table(s) if method == Method::DELETE => api::flush(server, s),
-        Route::Table(s) => api::table_limit(query).and_then(|n| api::table(server, s, n)),
+        Route::Table(s) => {
+            return match api::table_limit(query) {
+                Ok(n) => match api::table_dump(server.clone(), s.to_string(), n).await {
+                    Ok(body) => reply(StatusCode::OK, "application/json", body),
+                    Err(e) => error(e.status(), e),
+                },
+                Err(e) => error(e.status(), e),
+            }
+        }
         Route::Backend(s, b, a) => api::set_backend(server, s, b, a),
         Route::Reload => api::reload(server),
     };

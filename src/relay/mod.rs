@@ -29,6 +29,22 @@ mod splice;
 
 pub use ending::{Abort, Ending, Peer};
 
+/// File descriptors relaying holds beyond each connection's two sockets: (per
+/// connection, per worker thread), the splice pipes and their per-thread pool.
+pub fn pipe_fds() -> (u64, u64) {
+    #[cfg(target_os = "linux")]
+    {
+        (
+            splice::PIPE_FDS_PER_CONNECTION,
+            splice::POOLED_FDS_PER_THREAD,
+        )
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        (0, 0)
+    }
+}
+
 /// Per-direction copy buffer: large enough for a full TLS record (16 KiB + overhead)
 /// in one read.
 const BUF_SIZE: usize = 16 * 1024 + 256;

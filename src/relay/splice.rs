@@ -7,12 +7,18 @@
 //! keep-alives) therefore hold no pipe and no kernel pipe pages; a slow reader holds
 //! at most one pipe's capacity (256 KiB, see `PIPE_SIZE`) per direction, which is
 //! the backpressure bound.
+//!
+//! Pipes cost file descriptors: up to [`PIPE_FDS_PER_CONNECTION`] per connection
+//! while both directions move bytes, plus [`POOLED_FDS_PER_THREAD`] kept per worker
+//! thread; the open-file budget (`system::fd_budget`) counts both. When no pipe can
+//! be created (EMFILE/ENFILE), the bytes are copied through user space instead, so
+//! the client is served a little slower rather than cut off.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use prometheus::IntCounter;
 use tokio::io::Interest;
@@ -28,6 +34,12 @@ use super::{Activity, Side};
 const PIPE_SIZE: usize = 256 * 1024;
 /// Empty pipes kept per worker thread for reuse; beyond that they are closed.
 const POOL_PER_THREAD: usize = 64;
+/// Descriptors a connection's pipes hold at most: one pipe (2 fds) per direction.
+pub(crate) const PIPE_FDS_PER_CONNECTION: u64 = 4;
+/// Descriptors the pool of one worker thread can keep open.
+pub(crate) const POOLED_FDS_PER_THREAD: u64 = 2 * POOL_PER_THREAD as u64;
+/// Bytes copied per read while no pipe can be created (a buffer allocated only then).
+const FALLBACK_CHUNK: usize = 64 * 1024;
 
 /// A pipe pair, both ends non-blocking.
 pub(super) struct Pipe {
@@ -138,7 +150,21 @@ pub(super) async fn pump(
 ) -> Result<(), Side> {
     loop {
         src.readable().await.map_err(Side::Read)?;
-        let mut lent = Lent::take().map_err(Side::Local)?;
+        let mut lent = match Lent::take() {
+            Ok(lent) => lent,
+            Err(e) if is_fd_exhaustion(&e) => {
+                note_fallback(&e);
+                match copy_chunk(src, dst, activity).await? {
+                    0 => return Ok(()),
+                    n => {
+                        counter.inc_by(n as u64);
+                        total.fetch_add(n as u64, Ordering::Relaxed);
+                        continue;
+                    }
+                }
+            }
+            Err(e) => return Err(Side::Local(e)),
+        };
         let (pr, pw, size) = match &lent.pipe {
             Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
             None => return Err(Side::Local(io::Error::other("pipe pool"))),
@@ -164,4 +190,50 @@ pub(super) async fn pump(
         counter.inc_by(n as u64);
         total.fetch_add(n as u64, Ordering::Relaxed);
     }
+}
+
+/// Out of file descriptors, for the process (EMFILE) or the system (ENFILE).
+fn is_fd_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+/// Say once per process, loudly, that pipes ran out (then at debug level: this can
+/// happen on every read while the limit is reached).
+fn note_fallback(e: &io::Error) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        tracing::debug!("no pipe for splice ({e}): copying instead");
+    } else {
+        tracing::warn!(
+            "no pipe for splice ({e}): copying instead; raise the open-file limit (LimitNOFILE)"
+        );
+    }
+}
+
+/// One read from `src` and all of it written to `dst`, through a temporary buffer:
+/// the path when no pipe can be had. The bytes moved; 0 at EOF.
+async fn copy_chunk(src: &TcpStream, dst: &TcpStream, activity: &Activity) -> Result<usize, Side> {
+    let mut buf = vec![0u8; FALLBACK_CHUNK];
+    let n = loop {
+        src.readable().await.map_err(Side::Read)?;
+        match src.try_read(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Side::Read(e)),
+        }
+    };
+    if n == 0 {
+        return Ok(0);
+    }
+    activity.touch();
+    let mut written = 0;
+    while written < n {
+        dst.writable().await.map_err(Side::Write)?;
+        match dst.try_write(&buf[written..n]) {
+            Ok(m) => written += m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Side::Write(e)),
+        }
+    }
+    Ok(n)
 }
