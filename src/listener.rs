@@ -21,22 +21,22 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Binding a listen address failed.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr}: {source}{hint}")]
+#[error("cannot listen on {addr}: {error}{hint}")]
 pub struct BindError {
     /// The address.
     pub addr: SocketAddr,
-    /// The OS error.
-    #[source]
-    pub source: io::Error,
+    /// The OS error; part of the message, not a chained source, so that a report
+    /// of the whole chain (`{:#}`) names it once.
+    pub error: io::Error,
     hint: &'static str,
 }
 
 impl BindError {
     /// A bind error for `addr` without a hint.
-    pub fn new(addr: SocketAddr, source: io::Error) -> BindError {
+    pub fn new(addr: SocketAddr, error: io::Error) -> BindError {
         BindError {
             addr,
-            source,
+            error,
             hint: "",
         }
     }
@@ -47,9 +47,9 @@ impl BindError {
 /// IPV6_V6ONLY for IPv6 addresses (so `[::]` and `0.0.0.0` can both be bound),
 /// IP_FREEBIND when asked (a keepalived VIP not yet on this host), and the backlog.
 pub fn bind(cfg: &ListenConfig) -> Result<TcpListener, BindError> {
-    let err = |source: io::Error| {
-        let hint = match source.kind() {
-            io::ErrorKind::AddrInUse => " (address already in use: another process listens there)",
+    let err = |error: io::Error| {
+        let hint = match error.kind() {
+            io::ErrorKind::AddrInUse => " (another process listens there)",
             io::ErrorKind::AddrNotAvailable => {
                 " (address not on this host: set `freebind: true` for a VIP)"
             }
@@ -58,7 +58,7 @@ pub fn bind(cfg: &ListenConfig) -> Result<TcpListener, BindError> {
         };
         BindError {
             addr: cfg.addr,
-            source,
+            error,
             hint,
         }
     };

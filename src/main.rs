@@ -4,23 +4,27 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
 use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
-use crossbar::config::{Config, RelayMode};
+use crossbar::config::{Config, RelayMode, DEFAULT_CONFIG_PATH};
 
-/// Layer-4 TLS-passthrough load balancer for Puppet masters.
-#[derive(Parser)]
-#[command(version, about, long_about = None, after_help = "\
+/// Command lines shown by `--help` and in crossbar(1).
+const EXAMPLES: &str = "\
 Examples:
   crossbar demo                         # self-contained demo on loopback, exits when done
-  crossbar check -c /etc/crossbar/crossbar.yaml
+  crossbar check                        # /etc/crossbar/crossbar.yaml unless -c FILE
   crossbar run -c /etc/crossbar/crossbar.yaml
   crossbar doctor -c /etc/crossbar/crossbar.yaml --status   # before switching traffic
+  crossbar reload -c /etc/crossbar/crossbar.yaml   # check, then reload and wait
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
   crossbar status                       # services and backends, from the admin API
   crossbar backend drain puppet/compile1 --token-file /etc/crossbar/admin.token
-  crossbar table show puppet --limit 20")]
+  crossbar table show puppet --limit 20";
+
+/// Layer-4 TLS-passthrough load balancer for Puppet masters.
+#[derive(Parser)]
+#[command(version, about, long_about = None, after_help = EXAMPLES)]
 struct Cli {
     /// Log line format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -40,7 +44,7 @@ enum Command {
     /// Run the balancer. SIGHUP reloads the file; SIGTERM/SIGINT drain and exit.
     Run {
         /// Configuration file.
-        #[arg(short, long)]
+        #[arg(short, long, default_value = DEFAULT_CONFIG_PATH)]
         config: PathBuf,
         /// Unix socket for hitless upgrades: if a crossbar serves there, take over its
         /// listening sockets (it then drains and exits); then serve it for the next one.
@@ -50,15 +54,19 @@ enum Command {
     /// Validate a configuration file and print a summary (exit 1 on errors).
     Check {
         /// Configuration file.
-        #[arg(short, long)]
+        #[arg(short, long, default_value = DEFAULT_CONFIG_PATH)]
         config: PathBuf,
+        /// Check the file alone, without opening the files it names (token file,
+        /// certificates, state-file directory): for a config meant for another host.
+        #[arg(long)]
+        config_only: bool,
     },
     /// Connect to every backend and check what agents need: certificate names, issuer
     /// and expiry, the Puppet CA, TLS versions, stickiness, status. Exit 0 clean,
     /// 1 warnings, 2 errors.
     Doctor {
         /// Configuration file.
-        #[arg(short, long, default_value = DEFAULT_CONFIG)]
+        #[arg(short, long, default_value = DEFAULT_CONFIG_PATH)]
         config: PathBuf,
         /// Output format.
         #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
@@ -92,11 +100,42 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Reload the running configuration file, like SIGHUP (admin API client).
+    /// Reload the running configuration file and wait until it is live (admin API client).
+    ///
+    /// With -c FILE, FILE is checked first (like `crossbar check`, files it names
+    /// included) and nothing is sent when it has errors; the admin address and
+    /// token file then come from FILE unless --admin/--token-file are given. This is
+    /// the unit's ExecReload: `systemctl reload` fails on a bad file.
     Reload {
+        /// Check this configuration file first; take the admin endpoint from it.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Print a shell completion script, or write the man pages, for packaging.
+    #[command(hide = true)]
+    Generate {
+        /// What to generate.
+        #[arg(value_enum)]
+        what: Generated,
+        /// For `man`: the directory to write crossbar.1 and crossbar-SUBCOMMAND.1 into.
+        #[arg(required_if_eq("what", "man"))]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// What `crossbar generate` prints.
+#[derive(Clone, Copy, ValueEnum)]
+enum Generated {
+    /// crossbar(1) and a page per subcommand, in roff.
+    Man,
+    /// bash completions.
+    Bash,
+    /// zsh completions.
+    Zsh,
+    /// fish completions.
+    Fish,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -105,8 +144,6 @@ enum ReportFormat {
     Json,
 }
 
-/// Where `crossbar doctor` looks without `-c` (the packaged location).
-const DEFAULT_CONFIG: &str = "/etc/crossbar/crossbar.yaml";
 /// `crossbar doctor`'s exit code when the configuration itself is invalid.
 const DOCTOR_CONFIG_ERROR: u8 = 2;
 
@@ -165,8 +202,11 @@ impl AdminArgs {
 fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a person at a terminal: journald and files store escape codes as is.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -183,7 +223,14 @@ fn main() -> ExitCode {
     };
     init_logging(cli.log_format, default_level);
     match cli.command {
-        Command::Check { config } => match Config::load(&config) {
+        Command::Check {
+            config,
+            config_only,
+        } => match if config_only {
+            Config::load(&config)
+        } else {
+            Config::load_and_check_files(&config)
+        } {
             Ok(cfg) => {
                 print!("{}", cfg.summary());
                 #[cfg(target_os = "linux")]
@@ -198,6 +245,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Generate { what, dir } => generate(what, dir),
         Command::Run {
             config,
             upgrade_socket,
@@ -257,7 +305,7 @@ fn main() -> ExitCode {
                 },
             )
         }
-        Command::Reload { admin } => client(admin, ClientCommand::Reload),
+        Command::Reload { config, admin } => reload(config, admin),
     }
 }
 
@@ -308,6 +356,102 @@ fn doctor(config: &std::path::Path, format: ReportFormat, status: bool) -> ExitC
     }
     ExitCode::from(report.exit_code)
 }
+
+/// `crossbar reload [-c FILE]`: check FILE first, then reload through the admin API
+/// (which answers once the new config is live, or with the reason it was refused).
+fn reload(config: Option<PathBuf>, mut admin: AdminArgs) -> ExitCode {
+    if let Some(path) = config {
+        let cfg = match Config::load_and_check_files(&path) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                eprintln!("{e}");
+                eprintln!(
+                    "reload refused: {} has errors; the running configuration stays",
+                    path.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        let Some(a) = cfg.admin else {
+            eprintln!("error: {} disables the admin endpoint: reload with SIGHUP (systemctl kill -s HUP crossbar)", path.display());
+            return ExitCode::FAILURE;
+        };
+        if admin.url == DEFAULT_ADMIN_URL {
+            admin.url = crossbar::admin_client::admin_url(a.listen);
+        }
+        if admin.token_file.is_none() {
+            admin.token_file = a.token_file;
+        }
+    }
+    client(admin, ClientCommand::Reload)
+}
+
+/// `crossbar generate WHAT [DIR]`: the man pages into DIR, or a completion script on stdout.
+fn generate(what: Generated, dir: Option<PathBuf>) -> ExitCode {
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout();
+    let shell = match what {
+        Generated::Man => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from("."));
+            return report(
+                man_pages(cmd, &dir)
+                    .with_context(|| format!("writing man pages into {}", dir.display())),
+            );
+        }
+        Generated::Bash => clap_complete::Shell::Bash,
+        Generated::Zsh => clap_complete::Shell::Zsh,
+        Generated::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "crossbar", &mut out);
+    ExitCode::SUCCESS
+}
+
+/// crossbar(1) and crossbar-SUBCOMMAND(1) into `dir`. The main page gets EXAMPLES
+/// kept as lines (clap_mangen would reflow them), FILES and SEE ALSO.
+fn man_pages(cmd: clap::Command, dir: &std::path::Path) -> Result<()> {
+    clap_mangen::generate_to(cmd.clone(), dir)?;
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let man = clap_mangen::Man::new(cmd);
+    let mut page = Vec::new();
+    man.render_title(&mut page)?;
+    man.render_name_section(&mut page)?;
+    man.render_synopsis_section(&mut page)?;
+    man.render_description_section(&mut page)?;
+    man.render_options_section(&mut page)?;
+    man.render_subcommands_section(&mut page)?;
+    page.extend_from_slice(MAN_TAIL.replace('-', "\\-").as_bytes());
+    let examples = EXAMPLES
+        .trim_start_matches("Examples:\n")
+        .replace('-', "\\-");
+    let page = String::from_utf8_lossy(&page).replace("@EXAMPLES@", &examples);
+    std::fs::write(dir.join("crossbar.1"), page)?;
+    Ok(())
+}
+
+/// The end of crossbar(1), in roff; `@EXAMPLES@` is replaced by [`EXAMPLES`].
+const MAN_TAIL: &str = r#".SH EXAMPLES
+.nf
+@EXAMPLES@
+.fi
+.SH FILES
+.TP
+/etc/crossbar/crossbar.yaml
+The configuration (crossbar-run, crossbar-check and crossbar-reload read it without \fB-c\fR).
+.TP
+/var/lib/crossbar/
+Stick-table state files (stick.state_file).
+.TP
+/run/crossbar/
+The hitless-upgrade socket (run \fB--upgrade-socket\fR /run/crossbar/upgrade.sock).
+.SH SIGNALS
+SIGHUP reloads the configuration file (a bad file keeps the running one);
+SIGTERM and SIGINT stop accepting and drain established connections for up to
+timeouts.shutdown, a second one exits at once.
+.SH SEE ALSO
+/usr/share/doc/crossbar/ (configuration.md, operations.md, metrics.md),
+systemctl(1), journalctl(1)
+"#;
 
 fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();

@@ -108,7 +108,7 @@ impl Metrics {
         let tables = Arc::new(TableCollector::new());
         r.register(Box::new(TableCollectorHandle(tables.clone())))
             .expect("unique metric name"); // ok: static
-        Arc::new(Metrics {
+        let metrics = Arc::new(Metrics {
             stick_lookups: counter_vec(
                 &r,
                 "crossbar_stick_lookups_total",
@@ -244,7 +244,23 @@ impl Metrics {
             process: Default::default(),
             live: Mutex::new(HashMap::new()),
             registry: r,
-        })
+        });
+        metrics.zero_fixed_labels();
+        metrics
+    }
+
+    /// Create every series with a fixed label set at 0, so that `increase()` and
+    /// `rate()` see the first event (a series born at 1 has no earlier sample to
+    /// compare with: the first failed reload would never fire an alert).
+    fn zero_fixed_labels(&self) {
+        for result in RELOAD_RESULTS {
+            self.config_reloads.with_label_values(&[result]);
+        }
+        for reason in HELLO_ERROR_REASONS {
+            self.hello_errors.with_label_values(&[UNROUTED, reason]);
+        }
+        self.routing_refused
+            .with_label_values(&[UNROUTED, UNROUTED_REFUSED_REASON]);
     }
 
     /// Encode every family in the Prometheus text format.
@@ -263,6 +279,13 @@ impl Metrics {
                 .with_label_values(&[service, key, result])
         };
         let keys = ["session_id", "ticket", "psk", "source"];
+        // Fixed label sets exist at 0 from the start (see `zero_fixed_labels`).
+        for reason in HELLO_ERROR_REASONS {
+            self.hello_errors.with_label_values(&[service, reason]);
+        }
+        for reason in ROUTE_REFUSED_REASONS {
+            self.routing_refused.with_label_values(&[service, reason]);
+        }
         ServiceMetrics {
             name: service.to_string(),
             lookup_hit: keys.map(|k| lookup(k, "hit")),
@@ -368,6 +391,16 @@ impl Metrics {
         *self.tables.tables.lock().unwrap_or_else(|e| e.into_inner()) = tables;
     }
 }
+
+/// `result` values of `crossbar_config_reloads_total`.
+pub const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
+/// `reason` values of `crossbar_client_hello_errors_total` (`HelloError::reason`).
+pub const HELLO_ERROR_REASONS: [&str; 5] =
+    ["not_tls", "too_large", "malformed", "truncated", "timeout"];
+/// `reason` values of `crossbar_route_refused_total` for a service (`PickError::reason`).
+pub const ROUTE_REFUSED_REASONS: [&str; 3] = ["no_backend", "queue_full", "queue_timeout"];
+/// The `reason` of `crossbar_route_refused_total{service="unrouted"}`: no service matched.
+pub const UNROUTED_REFUSED_REASON: &str = "no_route";
 
 /// Per-service handles.
 #[derive(Clone)]
@@ -598,5 +631,51 @@ impl Collector for TableCollectorHandle {
             t.evicted.collect(),
         ]
         .concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balance::PickError;
+    use crate::hello::HelloError;
+
+    #[test]
+    fn fixed_label_sets_exist_at_zero_from_the_start() {
+        let m = Metrics::new();
+        let _svc = m.service("puppet");
+        let text = m.encode();
+        for line in [
+            "crossbar_config_reloads_total{result=\"error\"} 0",
+            "crossbar_config_reloads_total{result=\"ok\"} 0",
+            "crossbar_client_hello_errors_total{reason=\"timeout\",service=\"puppet\"} 0",
+            "crossbar_client_hello_errors_total{reason=\"not_tls\",service=\"unrouted\"} 0",
+            "crossbar_route_refused_total{reason=\"no_backend\",service=\"puppet\"} 0",
+            "crossbar_route_refused_total{reason=\"no_route\",service=\"unrouted\"} 0",
+        ] {
+            assert!(text.contains(line), "no `{line}` in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_reason_lists_name_every_reason_counted() {
+        use HelloError as H;
+        for e in [
+            H::NotTls,
+            H::TooLarge,
+            H::Malformed,
+            H::Truncated,
+            H::Timeout,
+        ] {
+            assert!(HELLO_ERROR_REASONS.contains(&e.reason()), "{}", e.reason());
+        }
+        use PickError as P;
+        for e in [P::NoBackendAvailable, P::QueueFull, P::QueueTimeout] {
+            assert!(
+                ROUTE_REFUSED_REASONS.contains(&e.reason()),
+                "{}",
+                e.reason()
+            );
+        }
     }
 }

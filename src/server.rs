@@ -210,7 +210,9 @@ impl Server {
             }
             Err(e) => {
                 self.metrics().reload(false);
-                tracing::error!("reload failed, keeping the running configuration:\n{e}");
+                // One log line per event (journald): the diagnostics joined with "; ".
+                let reason = e.lines().collect::<Vec<_>>().join("; ");
+                tracing::error!(reason, "reload failed, keeping the running configuration");
                 Err(e)
             }
         }

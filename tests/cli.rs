@@ -35,7 +35,8 @@ fn check_accepts_every_shipped_config_and_prints_a_summary() {
     );
     for f in files {
         let path = f.to_str().expect("utf-8 path");
-        let out = crossbar(&["check", "-c", path]);
+        // The files they name (token, CA, state directory) are the target host's.
+        let out = crossbar(&["check", "--config-only", "-c", path]);
         let stdout = text(&out.stdout);
         assert_eq!(
             out.status.code(),
@@ -155,4 +156,40 @@ fn version_and_help() {
 
     // No subcommand is a usage error (clap exits 2).
     assert_eq!(crossbar(&[]).status.code(), Some(2));
+}
+
+#[test]
+fn check_opens_the_files_the_config_names_and_names_their_lines() {
+    // conf/crossbar.yaml names /etc/crossbar/admin.token (line 15), a CA bundle
+    // (line 66) and a state file under /var/lib/crossbar (line 55), none of which
+    // exist on a build machine; --config-only skips them (previous test).
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/crossbar.yaml");
+    let path = conf.to_str().unwrap();
+    let out = crossbar(&["check", "-c", path]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{path}:15:15: admin.token_file: cannot read /etc/crossbar/admin.token: "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{path}:66:16: services.puppet.health.ca_file: cannot read /etc/crossbar/puppet-ca.pem as PEM certificates: ")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_without_c_reads_the_packaged_path() {
+    let out = crossbar(&["check"]);
+    let stderr = text(&out.stderr);
+    if Path::new("/etc/crossbar/crossbar.yaml").exists() {
+        return; // the package is installed here; tests/package/run.sh covers it
+    }
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("/etc/crossbar/crossbar.yaml: cannot read: "),
+        "{stderr}"
+    );
 }

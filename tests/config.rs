@@ -370,3 +370,52 @@ services:
         "{e}"
     );
 }
+
+/// The whole text of `crossbar check`'s report for each kind of syntax, type and
+/// key problem: every one reported, in crossbar's words (no Rust type names).
+#[rstest::rstest]
+#[case::tabs_named_as_tabs("tab_indent", &[
+    "3:1: a tab character: YAML indents with spaces only; replace the tab with spaces",
+    "5:1: a tab character: YAML indents with spaces only; replace the tab with spaces",
+])]
+#[case::duplicate_at_the_duplicate("duplicate_key", &[
+    "7:5: services.puppet.balance: `balance` is written twice; the first is at line 4",
+])]
+#[case::every_type_and_key_problem("many_type_errors", &[
+    "1:10: workers: must be a whole number (0 or more), not the text \"lots\"",
+    "4:3: admin.enabeld: unknown key `enabeld`: did you mean `enabled`?",
+    "8:21: services.puppet.max_hello_size: must be a whole number (0 or more), not the number -1",
+    "9:38: services.puppet.stick.size: must be a whole number (0 or more), not the text \"big\"",
+    "9:45: services.puppet.stick.color: unknown key `color`; allowed here: on, size, expire, \
+     source_expire, source_prefix_v4, source_prefix_v6, ticket_prefix, state_file, \
+     save_interval, probe_interval, confirm, confirm_tries",
+    "11:54: services.puppet.backends[0].backup: must be true or false, not the text \"maybe\"",
+    "14:9: services.puppet.backends[1].weight: must be a whole number (0 or more), not a list",
+    "15:9: services.puppet.backends[2]: `address` is missing",
+])]
+#[case::unknown_variant("bad_enum_value", &[
+    "4:14: services.puppet.balance: `random` is not one of: roundrobin, leastconn, first, source",
+])]
+#[case::null_where_a_mapping_goes("null_service", &["2:3: services.puppet: `listen` is missing"])]
+#[case::syntax("malformed_yaml", &[
+    "4:5: did not find expected ',' or ']', while parsing a flow sequence at line 3 column 13",
+])]
+fn error_messages_have_this_exact_text(#[case] fixture: &str, #[case] lines: &[&str]) {
+    let path = root().join(format!("tests/fixtures/config/bad/{fixture}.yaml"));
+    let err = Config::load(&path).unwrap_err().to_string();
+    let want: Vec<String> = lines
+        .iter()
+        .map(|l| format!("{}:{l}", path.display()))
+        .collect();
+    assert_eq!(err, want.join("\n"));
+    for rust in [
+        "struct",
+        "Raw",
+        "u64",
+        "u32",
+        "invalid type",
+        "unknown field",
+    ] {
+        assert!(!err.contains(rust), "{rust} leaks into: {err}");
+    }
+}

@@ -16,17 +16,16 @@
 //! Run with `--nocapture` to see the figures (the test output is the record).
 mod common;
 
+use common::java::Java;
 use common::{tls, Crossbar};
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use crossbar::stick::KeyKind;
 use crossbar::testbed::{BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,7 +42,6 @@ const TARGET: f64 = 0.99;
 /// Largest share of first connections one backend may get.
 const MAX_SPREAD_SHARE: f64 = 0.45;
 /// Longest the JVMs may take to start, compile or finish a run on a loaded 2-core box.
-const JVM_TIMEOUT: Duration = Duration::from_secs(120);
 /// Tries to find one port free on every node's loopback address.
 const NODE_PORT_ATTEMPTS: usize = 5;
 /// Extra handshakes per second the acceptance runs allow: 32 agents resuming at
@@ -110,209 +108,6 @@ enum Stack {
 enum Client {
     Openssl,
     Jdk,
-}
-
-/// The compiled Java programs, in a temp dir of this test.
-struct Java {
-    dir: tempfile::TempDir,
-}
-
-impl Java {
-    /// Compile the programs; `None` (the test is skipped) when the JDK is missing,
-    /// except in CI, where a missing tool fails the test.
-    fn compile() -> Option<Java> {
-        let found = Command::new("javac")
-            .arg("-version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "javac not found: .ci/run installs openjdk-17-jdk-headless"
-            );
-            println!("SKIPPED: no JDK (apt-get install openjdk-17-jdk-headless)");
-            return None;
-        }
-        let dir = tempfile::tempdir().expect("temp dir");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java");
-        let status = Command::new("javac")
-            .arg("-d")
-            .arg(dir.path())
-            .arg(src.join("JdkServers.java"))
-            .arg(src.join("JdkClients.java"))
-            .status()
-            .expect("running javac");
-        assert!(status.success(), "javac failed");
-        Some(Java { dir })
-    }
-
-    /// A PKCS#12 keystore holding a certificate for `name` issued by `ca`.
-    fn keystore(&self, ca: &TestCa, name: &str) -> Result<PathBuf> {
-        let pem = ca.issue_pem(name, &[tls::SNI, "localhost"])?;
-        let d = self.dir.path();
-        std::fs::write(d.join(format!("{name}.crt")), &pem.cert)?;
-        std::fs::write(d.join(format!("{name}.key")), &pem.key)?;
-        let out = d.join(format!("{name}.p12"));
-        run_tool(
-            Command::new("openssl")
-                .args([
-                    "pkcs12",
-                    "-export",
-                    "-passout",
-                    "pass:changeit",
-                    "-name",
-                    name,
-                ])
-                .arg("-in")
-                .arg(d.join(format!("{name}.crt")))
-                .arg("-inkey")
-                .arg(d.join(format!("{name}.key")))
-                .arg("-out")
-                .arg(&out),
-        )?;
-        Ok(out)
-    }
-
-    /// A PKCS#12 truststore holding `ca`.
-    fn truststore(&self, ca: &TestCa) -> Result<PathBuf> {
-        let d = self.dir.path();
-        std::fs::write(d.join("ca.crt"), ca.cert_pem())?;
-        let out = d.join("trust.p12");
-        if !out.exists() {
-            run_tool(
-                Command::new("keytool")
-                    .args(["-importcert", "-noprompt", "-alias", "ca"])
-                    .args(["-storetype", "PKCS12", "-storepass", "changeit"])
-                    .arg("-file")
-                    .arg(d.join("ca.crt"))
-                    .arg("-keystore")
-                    .arg(&out),
-            )?;
-        }
-        Ok(out)
-    }
-
-    /// One JVM serving `names`, each on its own port with its own certificate.
-    fn servers(
-        &self,
-        ca: &TestCa,
-        names: &[String],
-        props: &[&str],
-    ) -> Result<(ChildGuard, Vec<(String, SocketAddr)>)> {
-        let mut args = Vec::new();
-        for n in names {
-            args.push(format!("{n}={}", self.keystore(ca, n)?.display()));
-        }
-        let mut child = Command::new("java")
-            .args(props)
-            .arg("-cp")
-            .arg(self.dir.path())
-            .arg("JdkServers")
-            .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning java")?;
-        let stdout = child.stdout.take().context("java stdout")?;
-        let guard = ChildGuard(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut found = Vec::new();
-            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if line == "READY" {
-                    let _ = tx.send(found.clone()); // ok: the test may have given up
-                }
-                let f: Vec<&str> = line.split(' ').collect();
-                if let ["LISTEN", name, port] = f[..] {
-                    if let Ok(p) = port.parse::<u16>() {
-                        found.push((name.to_string(), SocketAddr::from(([127, 0, 0, 1], p))));
-                    }
-                }
-            }
-        });
-        let list = rx
-            .recv_timeout(JVM_TIMEOUT)
-            .map_err(|_| anyhow!("JdkServers printed no READY line"))?;
-        Ok((guard, list))
-    }
-
-    /// Run the JDK agents against `addrs` (alternating) and collect their histories.
-    fn clients(
-        &self,
-        ca: &TestCa,
-        addrs: &[SocketAddr],
-        props: &[&str],
-    ) -> Result<(Vec<History>, Vec<String>)> {
-        let trust = self.truststore(ca)?;
-        let mut child = Command::new("java")
-            .args(props)
-            .arg("-cp")
-            .arg(self.dir.path())
-            .arg("JdkClients")
-            .arg(&trust)
-            .arg(tls::SNI)
-            .arg(CLIENTS.to_string())
-            .arg(RESUMPTIONS.to_string())
-            .args(addrs.iter().map(|a| a.to_string()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning java")?;
-        let stdout = child.stdout.take().context("java stdout")?;
-        let guard = ChildGuard(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let lines: Vec<String> = BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-                .collect();
-            let _ = tx.send(lines); // ok: the test may have given up
-        });
-        let lines = rx
-            .recv_timeout(JVM_TIMEOUT)
-            .map_err(|_| anyhow!("JdkClients did not finish"))?;
-        drop(guard);
-        if !lines.iter().any(|l| l == "DONE") {
-            bail!("JdkClients ended early: {lines:?}");
-        }
-        let mut by_client: BTreeMap<usize, Vec<(usize, bool, String)>> = BTreeMap::new();
-        let mut errors = Vec::new();
-        for l in &lines {
-            let f: Vec<&str> = l.split(' ').collect();
-            match f[..] {
-                ["RESULT", c, a, resumed, backend, ..] => {
-                    by_client.entry(c.parse()?).or_default().push((
-                        a.parse()?,
-                        resumed == "true",
-                        backend.to_string(),
-                    ));
-                }
-                ["ERROR", ..] => errors.push(l.clone()),
-                _ => {}
-            }
-        }
-        let hist = by_client
-            .into_values()
-            .map(|mut v| {
-                v.sort_by_key(|(a, _, _)| *a);
-                History::from_runs(v.into_iter().map(|(_, r, b)| (r, b)))
-            })
-            .collect();
-        Ok((hist, errors))
-    }
-}
-
-/// Run a tool to completion; its failure is the test's error.
-fn run_tool(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().context("running a tool")?;
-    if !out.status.success() {
-        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
 }
 
 /// One agent's connections: the first (full), then its attempts as (kept, resumed).
@@ -600,7 +395,16 @@ async fn run(
             Client::Jdk => {
                 let java = java.expect("JDK");
                 let props = mode.jdk_client_props();
-                tokio::task::block_in_place(|| java.clients(ca, &addrs, &props))
+                tokio::task::block_in_place(|| {
+                    java.clients(ca, CLIENTS, RESUMPTIONS, &addrs, &props, &[])
+                })
+                .map(|(runs, errors)| {
+                    let hist = runs
+                        .into_iter()
+                        .map(|v| History::from_runs(v.into_iter()))
+                        .collect();
+                    (hist, errors)
+                })
             }
         }
         .unwrap_or_else(|e| (Vec::new(), vec![format!("{e:#}")]));

@@ -8,8 +8,10 @@
 mod address;
 mod checker;
 mod error;
+mod files;
 mod health;
 mod position;
+mod problems;
 mod raw;
 mod shared;
 mod stick_rules;
@@ -22,6 +24,8 @@ use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic};
 
+/// Where `crossbar run`, `check` and `reload` look without `-c` (the Debian package's conffile).
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/crossbar/crossbar.yaml";
 /// Default largest ClientHello we buffer; a hello with post-quantum key shares is ~2 KiB.
 pub const DEFAULT_MAX_HELLO: usize = 16 * 1024;
 /// Default listen backlog; Linux caps it at net.core.somaxconn anyway.
@@ -394,6 +398,15 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, e))?;
         Config::from_str_at(&text, path)
+    }
+
+    /// Read and validate a configuration file, then open every file it names (token
+    /// file, certificates, state-file directories) as `crossbar check` does.
+    pub fn load_and_check_files(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, e))?;
+        let config = Config::from_str_at(&text, path)?;
+        files::check(&text, path)?;
+        Ok(config)
     }
 
     /// Validate configuration text; `path` is used in messages only.

@@ -74,6 +74,26 @@ impl PositionIndex {
         }
     }
 
+    /// Keys written twice in one mapping: (path, first key, duplicate key), in
+    /// file order; a duplicate inside a duplicated parent is not listed again.
+    pub(crate) fn duplicates(&self) -> Vec<(String, Pos, Pos)> {
+        let duplicated = |p: &str| self.spots.get(p).is_some_and(|s| s.len() > 1);
+        let mut out: Vec<(String, Pos, Pos)> = self
+            .spots
+            .iter()
+            .filter(|(path, spots)| {
+                spots.len() > 1
+                    && !std::iter::successors(parent(path), |p| parent(p)).any(duplicated)
+            })
+            .filter_map(|(path, spots)| {
+                let first = spots[0].key?;
+                Some((path.clone(), first, spots[1].key?))
+            })
+            .collect();
+        out.sort_by_key(|(_, _, dup)| *dup);
+        out
+    }
+
     /// Position of the key itself (for "unknown" or "duplicate" keys).
     pub(crate) fn key_at(&self, path: &str, n: usize) -> Option<Pos> {
         let spots = self.spots.get(path)?;

@@ -40,10 +40,17 @@ const MAX_WEIGHT: u64 = 256;
 
 /// Parse and validate a configuration file's text.
 pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
-    let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| serde_error(&e, file))?;
+    super::problems::tabs_check(text, file)?;
+    // Plain YAML first: a malformed or hostile file (deep nesting, alias bombs)
+    // fails there, once, before the position index or the schema walk it.
+    super::problems::syntax_check(text, file)?;
+    let index = PositionIndex::build(text);
+    super::problems::duplicates_check(file, &index)?;
+    let raw: RawConfig =
+        serde_yaml::from_str(text).map_err(|e| super::problems::collect(text, file, &e, &index))?;
     let mut checker = Checker {
         file,
-        index: PositionIndex::build(text),
+        index,
         diagnostics: Vec::new(),
     };
     let config = checker.config(&raw);
@@ -55,34 +62,6 @@ pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
     diagnostics.sort_by_key(|d| d.position.unwrap_or((usize::MAX, usize::MAX)));
     diagnostics.dedup();
     Err(ConfigError { diagnostics })
-}
-
-/// One serde_yaml error as a diagnostic: its location, the path it names, a plain message.
-fn serde_error(e: &serde_yaml::Error, file: &Path) -> ConfigError {
-    let position = e.location().map(|l| (l.line(), l.column()));
-    let mut message = e.to_string();
-    if let Some((l, c)) = position {
-        message = message.replacen(&format!(" at line {l} column {c}"), "", 1);
-    }
-    // serde_yaml writes "services.x.backends[0]: unknown field ..."; keep the path apart.
-    let mut path = None;
-    if let Some((p, rest)) = message.split_once(": ") {
-        if !p.is_empty() && !p.contains([' ', '`']) {
-            path = Some(p.to_string());
-            message = rest.to_string();
-        }
-    }
-    if message == "EOF while parsing a value" {
-        message = "the file is empty: it needs at least `services:`".into();
-    }
-    ConfigError {
-        diagnostics: vec![Diagnostic {
-            file: file.to_path_buf(),
-            position,
-            path,
-            message,
-        }],
-    }
 }
 
 /// Service-level settings that `defaults:` provides and a service may override.

@@ -6,6 +6,8 @@
 //! bounded by [`WAIT`], a guard against hangs, never a performance threshold.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod java;
+pub mod netns;
 pub mod tls;
 
 use std::future::Future;

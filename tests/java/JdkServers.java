@@ -3,7 +3,8 @@
 // settings. Answers every request with the backend's name. Prints "LISTEN name port"
 // per server, then "READY"; exits when stdin closes (the test ends it that way).
 //
-// Usage: java JdkServers.java name=keystore.p12 ...   (keystore password: "changeit")
+// Usage: java JdkServers name=keystore.p12[@host:port] ...   (keystore password: "changeit";
+// without @host:port a server listens on a free loopback port)
 import com.sun.net.httpserver.HttpsConfigurator;
 import com.sun.net.httpserver.HttpsServer;
 import java.io.FileInputStream;
@@ -21,6 +22,14 @@ public class JdkServers {
         for (String arg : args) {
             String name = arg.substring(0, arg.indexOf('='));
             String file = arg.substring(arg.indexOf('=') + 1);
+            InetSocketAddress bind = new InetSocketAddress("127.0.0.1", 0);
+            int at = file.lastIndexOf('@');
+            if (at >= 0) {
+                String hp = file.substring(at + 1);
+                int colon = hp.lastIndexOf(':');
+                bind = new InetSocketAddress(hp.substring(0, colon), Integer.parseInt(hp.substring(colon + 1)));
+                file = file.substring(0, at);
+            }
             KeyStore ks = KeyStore.getInstance("PKCS12");
             try (FileInputStream in = new FileInputStream(file)) {
                 ks.load(in, pass);
@@ -29,7 +38,7 @@ public class JdkServers {
             kmf.init(ks, pass);
             SSLContext ctx = SSLContext.getInstance("TLS");
             ctx.init(kmf.getKeyManagers(), null, null);
-            HttpsServer s = HttpsServer.create(new InetSocketAddress("127.0.0.1", 0), 128);
+            HttpsServer s = HttpsServer.create(bind, 128);
             s.setHttpsConfigurator(new HttpsConfigurator(ctx));
             byte[] body = (name + "\n").getBytes(StandardCharsets.UTF_8);
             s.createContext("/", ex -> {

@@ -1,0 +1,265 @@
+//! JDK TLS peers (the stack Puppet Server and PuppetDB run on): the programs in
+//! tests/java compiled with javac into a temp dir, PKCS#12 key and trust stores made
+//! from a test CA, HTTPS servers in one JVM and agents with the JDK's own session
+//! cache. A `prefix` runs the JVM through another command first (`ip netns exec NS`
+//! for the namespace tests; empty for loopback).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use crossbar::testbed::TestCa;
+
+use super::tls::{ChildGuard, SNI};
+
+/// Longest a JVM may take to start its servers or finish its agents.
+pub const JVM_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The compiled Java programs, in a temp dir of this test.
+pub struct Java {
+    pub dir: tempfile::TempDir,
+}
+
+/// One agent connection: (resumed by the JDK's own account, backend that answered).
+pub type JdkAttempt = (bool, String);
+
+impl Java {
+    /// Compile the programs; `None` (the test is skipped) when the JDK is missing,
+    /// except in CI, where a missing tool fails the test.
+    pub fn compile() -> Option<Java> {
+        let found = Command::new("javac")
+            .arg("-version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "javac not found: .ci/run installs openjdk-17-jdk-headless"
+            );
+            println!("SKIPPED: no JDK (apt-get install openjdk-17-jdk-headless)");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java");
+        let status = Command::new("javac")
+            .arg("-d")
+            .arg(dir.path())
+            .arg(src.join("JdkServers.java"))
+            .arg(src.join("JdkClients.java"))
+            .status()
+            .expect("running javac");
+        assert!(status.success(), "javac failed");
+        Some(Java { dir })
+    }
+
+    /// A PKCS#12 keystore holding a certificate for `name` issued by `ca`.
+    pub fn keystore(&self, ca: &TestCa, name: &str) -> Result<PathBuf> {
+        let pem = ca.issue_pem(name, &[SNI, "localhost"])?;
+        let d = self.dir.path();
+        std::fs::write(d.join(format!("{name}.crt")), &pem.cert)?;
+        std::fs::write(d.join(format!("{name}.key")), &pem.key)?;
+        let out = d.join(format!("{name}.p12"));
+        run_tool(
+            Command::new("openssl")
+                .args([
+                    "pkcs12",
+                    "-export",
+                    "-passout",
+                    "pass:changeit",
+                    "-name",
+                    name,
+                ])
+                .arg("-in")
+                .arg(d.join(format!("{name}.crt")))
+                .arg("-inkey")
+                .arg(d.join(format!("{name}.key")))
+                .arg("-out")
+                .arg(&out),
+        )?;
+        Ok(out)
+    }
+
+    /// A PKCS#12 truststore holding `ca`.
+    pub fn truststore(&self, ca: &TestCa) -> Result<PathBuf> {
+        let d = self.dir.path();
+        std::fs::write(d.join("ca.crt"), ca.cert_pem())?;
+        let out = d.join("trust.p12");
+        if !out.exists() {
+            run_tool(
+                Command::new("keytool")
+                    .args(["-importcert", "-noprompt", "-alias", "ca"])
+                    .args(["-storetype", "PKCS12", "-storepass", "changeit"])
+                    .arg("-file")
+                    .arg(d.join("ca.crt"))
+                    .arg("-keystore")
+                    .arg(&out),
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// One JVM serving `names` on free loopback ports, each with its own certificate.
+    pub fn servers(
+        &self,
+        ca: &TestCa,
+        names: &[String],
+        props: &[&str],
+    ) -> Result<(ChildGuard, Vec<(String, SocketAddr)>)> {
+        let list: Vec<(String, Option<SocketAddr>)> =
+            names.iter().map(|n| (n.clone(), None)).collect();
+        self.servers_at(ca, &list, props, &[])
+    }
+
+    /// One JVM (run through `prefix`) serving each `(name, address)`; an address of
+    /// `None` is a free loopback port.
+    pub fn servers_at(
+        &self,
+        ca: &TestCa,
+        list: &[(String, Option<SocketAddr>)],
+        props: &[&str],
+        prefix: &[&str],
+    ) -> Result<(ChildGuard, Vec<(String, SocketAddr)>)> {
+        let mut args = Vec::new();
+        for (n, at) in list {
+            let ks = self.keystore(ca, n)?;
+            args.push(match at {
+                Some(a) => format!("{n}={}@{}:{}", ks.display(), a.ip(), a.port()),
+                None => format!("{n}={}", ks.display()),
+            });
+        }
+        let hosts: BTreeMap<String, std::net::IpAddr> = list
+            .iter()
+            .map(|(n, at)| (n.clone(), at.map_or([127, 0, 0, 1].into(), |a| a.ip())))
+            .collect();
+        let mut child = jvm(prefix)
+            .args(props)
+            .arg("-cp")
+            .arg(self.dir.path())
+            .arg("JdkServers")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning java")?;
+        let stdout = child.stdout.take().context("java stdout")?;
+        let guard = ChildGuard(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut found = Vec::new();
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if line == "READY" {
+                    let _ = tx.send(found.clone()); // ok: the test may have given up
+                }
+                let f: Vec<&str> = line.split(' ').collect();
+                if let ["LISTEN", name, port] = f[..] {
+                    if let (Ok(p), Some(ip)) = (port.parse::<u16>(), hosts.get(name)) {
+                        found.push((name.to_string(), SocketAddr::new(*ip, p)));
+                    }
+                }
+            }
+        });
+        let list = rx
+            .recv_timeout(JVM_TIMEOUT)
+            .map_err(|_| anyhow!("JdkServers printed no READY line"))?;
+        Ok((guard, list))
+    }
+
+    /// Run `clients` JDK agents (through `prefix`), each doing 1 + `resumptions`
+    /// connections alternating over `addrs`; every agent's attempts in order, and
+    /// the error lines.
+    pub fn clients(
+        &self,
+        ca: &TestCa,
+        clients: usize,
+        resumptions: usize,
+        addrs: &[SocketAddr],
+        props: &[&str],
+        prefix: &[&str],
+    ) -> Result<(Vec<Vec<JdkAttempt>>, Vec<String>)> {
+        let trust = self.truststore(ca)?;
+        let mut child = jvm(prefix)
+            .args(props)
+            .arg("-cp")
+            .arg(self.dir.path())
+            .arg("JdkClients")
+            .arg(&trust)
+            .arg(SNI)
+            .arg(clients.to_string())
+            .arg(resumptions.to_string())
+            .args(addrs.iter().map(|a| a.to_string()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning java")?;
+        let stdout = child.stdout.take().context("java stdout")?;
+        let guard = ChildGuard(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let lines: Vec<String> = BufReader::new(stdout)
+                .lines()
+                .map_while(|l| l.ok())
+                .collect();
+            let _ = tx.send(lines); // ok: the test may have given up
+        });
+        let lines = rx
+            .recv_timeout(JVM_TIMEOUT)
+            .map_err(|_| anyhow!("JdkClients did not finish"))?;
+        drop(guard);
+        if !lines.iter().any(|l| l == "DONE") {
+            bail!("JdkClients ended early: {lines:?}");
+        }
+        let mut by_client: BTreeMap<usize, Vec<(usize, bool, String)>> = BTreeMap::new();
+        let mut errors = Vec::new();
+        for l in &lines {
+            let f: Vec<&str> = l.split(' ').collect();
+            match f[..] {
+                ["RESULT", c, a, resumed, backend, ..] => {
+                    by_client.entry(c.parse()?).or_default().push((
+                        a.parse()?,
+                        resumed == "true",
+                        backend.to_string(),
+                    ));
+                }
+                ["ERROR", ..] => errors.push(l.clone()),
+                _ => {}
+            }
+        }
+        let runs = by_client
+            .into_values()
+            .map(|mut v| {
+                v.sort_by_key(|(a, _, _)| *a);
+                v.into_iter().map(|(_, r, b)| (r, b)).collect()
+            })
+            .collect();
+        Ok((runs, errors))
+    }
+}
+
+/// `java`, or `prefix... java`.
+fn jvm(prefix: &[&str]) -> Command {
+    match prefix.split_first() {
+        None => Command::new("java"),
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg("java");
+            c
+        }
+    }
+}
+
+/// Run a tool to completion; its failure is the test's error.
+pub fn run_tool(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().context("running a tool")?;
+    if !out.status.success() {
+        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
