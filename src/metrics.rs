@@ -286,6 +286,9 @@ impl Metrics {
         for reason in ROUTE_REFUSED_REASONS {
             self.routing_refused.with_label_values(&[service, reason]);
         }
+        for result in CONFIRM_RESULTS {
+            self.stick_confirm.with_label_values(&[service, result]);
+        }
         ServiceMetrics {
             name: service.to_string(),
             lookup_hit: keys.map(|k| lookup(k, "hit")),
@@ -305,6 +308,9 @@ impl Metrics {
     /// Handles of one backend of a service.
     pub fn backend(&self, service: &str, backend: &str) -> BackendMetrics {
         let l = [service, backend];
+        // Exists at 0 from the start, like the other per-backend counters, so a
+        // dashboard or rate() sees the series before the first confirmation.
+        self.stick_confirm_extra.with_label_values(&l);
         BackendMetrics {
             connections: self.connections.with_label_values(&l),
             active: self.active.with_label_values(&l),
@@ -397,6 +403,16 @@ pub const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
 /// `reason` values of `crossbar_client_hello_errors_total` (`HelloError::reason`).
 pub const HELLO_ERROR_REASONS: [&str; 5] =
     ["not_tls", "too_large", "malformed", "truncated", "timeout"];
+/// `result` values of `crossbar_stick_confirm_total` (`confirm::Outcome::as_str`).
+pub const CONFIRM_RESULTS: [&str; 7] = [
+    "first",
+    "retried_resumed",
+    "none_resumed",
+    "budget_empty",
+    "not_eligible",
+    "hello_retry",
+    "ended",
+];
 /// `reason` values of `crossbar_route_refused_total` for a service (`PickError::reason`).
 pub const ROUTE_REFUSED_REASONS: [&str; 3] = ["no_backend", "queue_full", "queue_timeout"];
 /// The `reason` of `crossbar_route_refused_total{service="unrouted"}`: no service matched.

@@ -190,7 +190,7 @@ fn jdk_alternating(
     ca: &TestCa,
     service: &str,
     port: u16,
-) -> Result<(usize, usize, Vec<String>, BTreeMap<String, usize>)> {
+) -> Result<(usize, usize, Vec<String>, Spread)> {
     let ns = lab.ns(Host::Client);
     let prefix = ["ip", "netns", "exec", ns.as_str()];
     let addrs = [
@@ -802,6 +802,9 @@ fn placements(lab: &Lab, port: u16) -> Result<Vec<(String, String)>> {
     })
 }
 
+/// Connections per backend name.
+type Spread = BTreeMap<String, usize>;
+
 /// Per-backend counts of node A's picks, for the figures.
 fn spread(p: &[(String, String)]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
@@ -840,7 +843,7 @@ fn alternating(
     args: &[&str],
     clients: usize,
     rounds: usize,
-) -> Result<(usize, usize, BTreeMap<String, usize>)> {
+) -> Result<(usize, usize, Spread)> {
     let mut firsts = BTreeMap::new();
     let mut sessions = Vec::new();
     for c in 0..clients {
