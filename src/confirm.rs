@@ -15,11 +15,10 @@
 //!   [`ANSWER_LIMIT`] bytes and `timeouts.connect` per backend, and only the chosen
 //!   one is forwarded;
 //! - the first backend's full-handshake answer is kept rather than asking it twice;
-//! - a global token bucket ([`Budget`]) bounds the extra handshakes per second.
+//! - a global token bucket ([`crate::budget::Budget`]) bounds the extra handshakes
+//!   per second.
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -34,58 +33,6 @@ use crate::service::{Service, Shared};
 pub const ANSWER_LIMIT: usize = 64 * 1024;
 /// Read granularity of an answer; a ServerHello flight is usually one or two reads.
 const ANSWER_READ_CHUNK: usize = 8 * 1024;
-
-/// A token bucket of extra backend handshakes per second, shared by every service
-/// (`confirm_budget`). Holds at most one second's worth, so a burst after a quiet
-/// period costs no more than `rate` at once.
-pub struct Budget {
-    rate: AtomicU32,
-    bucket: Mutex<Bucket>,
-}
-
-struct Bucket {
-    tokens: f64,
-    last: Instant,
-}
-
-impl Budget {
-    /// A full bucket of `rate` tokens refilled at `rate` per second (0: never).
-    pub fn new(rate: u32) -> Budget {
-        Budget {
-            rate: AtomicU32::new(rate),
-            bucket: Mutex::new(Bucket {
-                tokens: f64::from(rate),
-                last: Instant::now(),
-            }),
-        }
-    }
-
-    /// Change the rate (on reload); tokens above the new rate are dropped.
-    pub fn set_rate(&self, rate: u32) {
-        self.rate.store(rate, Ordering::Relaxed);
-        let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        b.tokens = b.tokens.min(f64::from(rate));
-    }
-
-    /// Take one token if there is one.
-    pub fn try_take(&self) -> bool {
-        self.try_take_at(Instant::now())
-    }
-
-    fn try_take_at(&self, now: Instant) -> bool {
-        let rate = f64::from(self.rate.load(Ordering::Relaxed));
-        let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        let refill = now.saturating_duration_since(b.last).as_secs_f64() * rate;
-        b.tokens = (b.tokens + refill).min(rate);
-        b.last = b.last.max(now);
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
 
 /// How a confirmation ended: the `result` label of `crossbar_stick_confirm_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,8 +241,9 @@ impl Search<'_> {
         crate::health::passive_success(b);
         self.svc.metrics.confirm_extra(&b.name);
         let sni = self.hello.sni.as_deref();
+        let proxy = b.config.proxy_protocol;
         let sent =
-            crate::conn::send_prelude(&mut s, self.client, self.peer, b, sni, self.hello_bytes);
+            crate::dial::send_prelude(&mut s, self.client, self.peer, proxy, sni, self.hello_bytes);
         if tokio::time::timeout(limit, sent).await.ok()?.is_err() {
             return None;
         }
@@ -353,26 +301,6 @@ async fn client_stirs(client: &TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn budget_holds_one_second_and_refills() {
-        let b = Budget::new(5);
-        let t0 = Instant::now();
-        let taken = (0..20).filter(|_| b.try_take_at(t0)).count();
-        assert_eq!(taken, 5, "a full bucket holds `rate` tokens");
-        let t1 = t0 + Duration::from_millis(450);
-        let refilled = (0..20).filter(|_| b.try_take_at(t1)).count();
-        assert_eq!(refilled, 2, "0.45 s at 5/s");
-        let t2 = t1 + Duration::from_secs(60);
-        let capped = (0..20).filter(|_| b.try_take_at(t2)).count();
-        assert_eq!(capped, 5, "never more than one second's worth");
-        assert!(!Budget::new(0).try_take());
-        b.set_rate(0);
-        assert!(
-            !b.try_take_at(t2 + Duration::from_secs(5)),
-            "rate 0: no extra handshakes"
-        );
-    }
 
     #[test]
     fn outcome_labels_are_distinct() {

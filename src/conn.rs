@@ -301,7 +301,13 @@ async fn connect_and_replay(
         let backend = lease.backend().clone();
         log.backend = Some(backend.name.clone());
         let sni = hello.and_then(|h| h.sni.as_deref());
-        let sent = send_prelude(&mut server, stream, peer, &backend, sni, buf).await;
+        let proxy = backend.config.proxy_protocol;
+        let sent = dial::send_prelude(&mut server, stream, peer, proxy, sni, buf)
+            .await
+            .map_err(|error| ConnError::BackendWrite {
+                backend: backend.name.clone(),
+                error,
+            });
         log.tried = 1;
         if !tls {
             sent?;
@@ -493,27 +499,6 @@ async fn connect(
     Err(last_err.unwrap_or(ConnError::Pick(PickError::NoBackendAvailable)))
 }
 
-/// Write what goes to a backend before the relay: the PROXY header (if the backend
-/// wants one) and the bytes read while looking at the hello.
-pub(crate) async fn send_prelude(
-    server: &mut TcpStream,
-    client: &TcpStream,
-    peer: SocketAddr,
-    backend: &Backend,
-    sni: Option<&str>,
-    buf: &[u8],
-) -> Result<(), ConnError> {
-    if let Some(v) = backend.config.proxy_protocol {
-        let local = client.local_addr().unwrap_or(peer);
-        let header = crate::proxy_protocol::header(v, peer, local, sni);
-        write_backend(server, &header, &backend.name).await?;
-    }
-    if !buf.is_empty() {
-        write_backend(server, buf, &backend.name).await?;
-    }
-    Ok(())
-}
-
 /// What a backend did with the ClientHello.
 enum BackendAnswer {
     /// It sent at least one byte (a ServerHello, an alert...): relay from here.
@@ -594,20 +579,6 @@ async fn read_hello(
         };
         buf.truncate(old + n);
     }
-}
-
-async fn write_backend(
-    server: &mut TcpStream,
-    bytes: &[u8],
-    backend: &Arc<str>,
-) -> Result<(), ConnError> {
-    server
-        .write_all(bytes)
-        .await
-        .map_err(|error| ConnError::BackendWrite {
-            backend: backend.clone(),
-            error,
-        })
 }
 
 #[cfg(test)]

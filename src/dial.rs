@@ -1,12 +1,14 @@
 //! Dialing a backend: the one way crossbar opens a TCP connection to a backend, for
-//! client connections, health checks and the ticket-key learner alike.
+//! client connections, health checks and the ticket-key learner alike, and what it
+//! is sent before its first relayed byte.
 use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::config::BackendAddress;
+use crate::config::{BackendAddress, ProxyProtocol};
 
 /// Connect to a backend address within `timeout`; host names are resolved now, so
 /// DNS changes are picked up, and each resolved address is tried in turn.
@@ -49,11 +51,32 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
 pub async fn connect_own(
     addr: &BackendAddress,
     timeout: Duration,
-    proxy: Option<crate::config::ProxyProtocol>,
+    proxy: Option<ProxyProtocol>,
 ) -> io::Result<TcpStream> {
     let mut tcp = connect_to(addr, timeout).await?;
     if let Some(v) = proxy {
         tcp.write_all(&crate::proxy_protocol::local(v)).await?;
     }
     Ok(tcp)
+}
+
+/// Write what goes to a backend before the relay: the PROXY header (if `proxy`
+/// names a version) and the bytes read while looking at the hello.
+pub async fn send_prelude(
+    server: &mut TcpStream,
+    client: &TcpStream,
+    peer: SocketAddr,
+    proxy: Option<ProxyProtocol>,
+    sni: Option<&str>,
+    buf: &[u8],
+) -> io::Result<()> {
+    if let Some(v) = proxy {
+        let local = client.local_addr().unwrap_or(peer);
+        let header = crate::proxy_protocol::header(v, peer, local, sni);
+        server.write_all(&header).await?;
+    }
+    if !buf.is_empty() {
+        server.write_all(buf).await?;
+    }
+    Ok(())
 }

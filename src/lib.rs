@@ -39,6 +39,7 @@ pub mod access_log;
 pub mod admin;
 pub mod admin_client;
 pub mod balance;
+pub mod budget;
 pub mod config;
 pub mod confirm;
 pub mod conn;

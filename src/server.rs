@@ -105,7 +105,7 @@ impl Server {
                 metrics,
                 hard_stop: CancellationToken::new(),
                 log_limiter: LogLimiter::new(),
-                confirm_budget: crate::confirm::Budget::new(config.confirm_budget),
+                confirm_budget: crate::budget::Budget::new(config.confirm_budget),
             }),
             tracker: TaskTracker::new(),
             accepting: CancellationToken::new(),

@@ -144,7 +144,7 @@ pub struct Shared {
     /// Limits repetitive error log lines.
     pub log_limiter: LogLimiter,
     /// Extra backend handshakes placement confirmation may still spend.
-    pub confirm_budget: crate::confirm::Budget,
+    pub confirm_budget: crate::budget::Budget,
 }
 
 impl StickMetrics for ServiceMetrics {
