@@ -56,7 +56,8 @@ impl ListenKey {
 }
 
 struct State {
-    config: Config,
+    /// Shared with readers (the status page, the API): reading it copies nothing.
+    config: Arc<Config>,
     services: Vec<Arc<Service>>,
     listeners: HashMap<ListenKey, ListenerHandle>,
 }
@@ -97,7 +98,7 @@ impl Server {
         let server = Arc::new(Server {
             inherited: Mutex::new(inherited),
             state: Mutex::new(State {
-                config: config.clone(),
+                config: Arc::new(config.clone()),
                 services: Vec::new(),
                 listeners: HashMap::new(),
             }),
@@ -134,8 +135,8 @@ impl Server {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The current configuration.
-    pub fn config(&self) -> Config {
+    /// The current configuration (shared, not copied: a reload swaps in a new one).
+    pub fn config(&self) -> Arc<Config> {
         self.lock().config.clone()
     }
 
@@ -194,7 +195,7 @@ impl Server {
     /// the error is the reason, for the admin API to return. The admin endpoint itself
     /// (listen address, token) is not reloaded: that needs a restart.
     pub fn reload_file(&self) -> Result<(), String> {
-        let path = self.config().source;
+        let path = self.config().source.clone();
         tracing::info!(config = %path.display(), "reloading");
         crate::system::sd_notify("RELOADING=1");
         let result = Config::load(&path)
@@ -322,7 +323,7 @@ impl Server {
         st.listeners = listeners;
         st.services = services;
         self.shared.confirm_budget.set_rate(config.confirm_budget);
-        st.config = config;
+        st.config = Arc::new(config);
         Ok(probes)
     }
 

@@ -107,7 +107,8 @@ pub fn refresh_param(query: Option<&str>) -> Result<u64, String> {
 
 /// The flags a CLI command needs to reach this admin endpoint with write access.
 fn cli_flags(server: &Server) -> String {
-    let Some(admin) = server.config().admin else {
+    let config = server.config();
+    let Some(admin) = &config.admin else {
         return String::new();
     };
     let mut flags = String::new();
