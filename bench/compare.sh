@@ -29,29 +29,12 @@ done
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/haproxy-tls.sh
 source bench/haproxy-tls.sh
-ROOT=$(pwd)
-WORK=$(mktemp -d /tmp/crossbar-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    echo "logs kept in $WORK" >&2
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { echo "[$(date +%T)] $*" >&2; }
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+bench_workdir crossbar-bench
 
 # ---------------------------------------------------------------- build, tools
-log "building (release)"
-cargo build --release --quiet --bin crossbar --bin loadgen
-LG=$ROOT/target/release/loadgen
-XB=$ROOT/target/release/crossbar
+build_release
 
 if [ "$USE_HAPROXY" = 1 ] && ! command -v haproxy >/dev/null; then
     log "haproxy missing: apt-get install -y haproxy"
@@ -80,47 +63,6 @@ fi
 MAXCONN=$((IDLE_N + 200))
 MAXPIPES=256
 
-# ---------------------------------------------------------------- helpers
-# start NAME CMD...: run in the background, stdout to $WORK/NAME.out; sets $LAST_PID.
-start() {
-    local name=$1
-    shift
-    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-# wait_for FILE WORD: until WORD is a line of FILE (10 s at most).
-wait_for() {
-    local i
-    for i in $(seq 100); do
-        grep -qx "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "timed out waiting for $2 in $1" >&2
-    cat "${1%.out}.err" >&2 || true
-    return 1
-}
-# wait_port PORT: until something accepts on 127.0.0.1:PORT (10 s at most).
-wait_port() {
-    local i
-    for i in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1" >&2
-    return 1
-}
-stop_pid() {
-    local keep=() p
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-    PIDS=("${keep[@]}")
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
-TCK=$(getconf CLK_TCK)
-
 # ---------------------------------------------------------------- backends
 log "starting backends"
 start sink "$LG" backends --kind sink --count 1 --no-stdin
@@ -134,10 +76,7 @@ declare -A SET_ARGS=([t12sid]="--tls12" [t12tk]="--tls12 --tickets" [t13]="--tls
 declare -A SET_ADDRS
 for set in t12sid t12tk t13; do
     # shellcheck disable=SC2086
-    start "$set" "$LG" backends --kind tls --count 3 ${SET_ARGS[$set]} \
-        --ca-out "$WORK/$set.ca.pem" --name-prefix "$set-" --no-stdin
-    wait_for "$WORK/$set.out" READY
-    SET_ADDRS[$set]=$(grep -v READY "$WORK/$set.out" | tr '\n' ' ')
+    start_tls_set "$set" ${SET_ARGS[$set]}
 done
 
 # ---------------------------------------------------------------- proxies
@@ -172,11 +111,7 @@ crossbar_yaml() {
         echo "    mode: tls"
         echo "    stick: {}"
         echo "    backends:"
-        i=0
-        for a in ${SET_ADDRS[$set]}; do
-            echo "      - { name: $set-$i, address: \"$a\" }"
-            i=$((i + 1))
-        done
+        crossbar_backends "$set"
     done
 }
 crossbar_yaml crossbar "{ listen: \"127.0.0.1:$ADMIN_PORT\" }" splice-auto >"$WORK/crossbar.yaml"

@@ -33,59 +33,18 @@ done
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/haproxy-tls.sh
 source bench/haproxy-tls.sh
-WORK=$(mktemp -d /tmp/crossbar-confirm.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    echo "logs kept in $WORK" >&2
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-log() { echo "[$(date +%T)] $*" >&2; }
-start() {
-    local name=$1
-    shift
-    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-wait_for() {
-    local i
-    for i in $(seq 100); do
-        grep -qx "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "timed out waiting for $2 in $1" >&2
-    return 1
-}
-wait_port() {
-    local i
-    for i in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1" >&2
-    return 1
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TCK=$(getconf CLK_TCK)
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+bench_workdir crossbar-confirm
 
-log "building (release)"
-cargo build --release --quiet --bin crossbar --bin loadgen
-LG=$PWD/target/release/loadgen
-XB=$PWD/target/release/crossbar
+build_release
 command -v haproxy >/dev/null || { echo "haproxy missing: apt-get install -y haproxy" >&2; exit 1; }
 
 declare -A SET_ARGS=([cold]="--tls13" [warm]="--tls13 --tickets")
 declare -A SET_ADDRS PORT
 for set in cold warm; do
     # shellcheck disable=SC2086
-    start "$set" "$LG" backends --kind tls --count 3 ${SET_ARGS[$set]} \
-        --ca-out "$WORK/$set.ca.pem" --name-prefix "$set-" --no-stdin
-    wait_for "$WORK/$set.out" READY
-    SET_ADDRS[$set]=$(grep -v READY "$WORK/$set.out" | tr '\n' ' ')
+    start_tls_set "$set" ${SET_ARGS[$set]}
     for t in confirm noconfirm haproxy; do PORT[${t}_$set]=$("$LG" freeport); done
 done
 ADMIN_PORT=$("$LG" freeport)
@@ -101,11 +60,7 @@ ADMIN_PORT=$("$LG" freeport)
             echo "    listen: [\"127.0.0.1:${PORT[${t}_$set]}\"]"
             echo "    stick: { on: [session_id, ticket, psk], confirm: $([ $t = confirm ] && echo true || echo false) }"
             echo "    backends:"
-            i=0
-            for a in ${SET_ADDRS[$set]}; do
-                echo "      - { name: $set-$i, address: \"$a\" }"
-                i=$((i + 1))
-            done
+            crossbar_backends "$set"
         done
     done
 } >"$WORK/crossbar.yaml"

@@ -4,8 +4,8 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,52 +21,6 @@ const PING: usize = 64;
 /// Longest the load phase of a test runs, whatever happens.
 const LOAD_CAP: Duration = Duration::from_secs(30);
 
-/// A `crossbar run` child, killed (and reaped) on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn start(config: &Path, upgrade: Option<&Path>) -> Proc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_crossbar"));
-        cmd.arg("run").arg("-c").arg(config);
-        if let Some(u) = upgrade {
-            cmd.arg("--upgrade-socket").arg(u);
-        }
-        cmd.env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        Proc(cmd.spawn().expect("spawn crossbar"))
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.0.id().to_string())
-            .status()
-            .expect("kill");
-        assert!(ok.success());
-    }
-
-    /// Wait (bounded) for the process to exit; its exit code.
-    async fn exited(&mut self, limit: Duration) -> Option<i32> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Some(st) = self.0.try_wait().expect("try_wait") {
-                return st.code();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    }
-}
-
 /// The pid of the process listening on the upgrade socket at `path` (SO_PEERCRED
 /// of a connection to it), if one does. The connection says nothing and closes: the
 /// listener drops it as an aborted handover.
@@ -76,11 +30,6 @@ fn upgrade_socket_pid(path: &Path) -> Option<i32> {
     getsockopt(&s, sockopt::PeerCredentials)
         .ok()
         .map(|c| c.pid())
-}
-
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 async fn wait_listening(addr: SocketAddr) {
@@ -175,12 +124,7 @@ impl Load {
 /// The service setting of the kernel-relay cases (BPF sockmap: needs root).
 const KERNEL: &str = "    relay: kernel\n";
 
-fn tcp_config(
-    dir: &Path,
-    listen: SocketAddr,
-    backend: SocketAddr,
-    extra: &str,
-) -> std::path::PathBuf {
+fn tcp_config(dir: &Path, listen: SocketAddr, backend: SocketAddr, extra: &str) -> PathBuf {
     let yaml = format!(
         "admin: {{ enabled: false }}\n\
          defaults: {{ timeouts: {{ shutdown: 10s }} }}\n\
@@ -192,6 +136,29 @@ fn tcp_config(
     path
 }
 
+/// An echo backend behind a tcp-mode service (with `relay` settings) on a free
+/// port, its config file in a temp dir: `(backend, dir, listen, config)`.
+async fn echo_service(relay: &str) -> (Backend, tempfile::TempDir, SocketAddr, PathBuf) {
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    let cfg = tcp_config(dir.path(), listen, echo.addr, relay);
+    (echo, dir, listen, cfg)
+}
+
+/// `crossbar run` on `cfg`, once it accepts connections on `listen`.
+async fn serving(cfg: &Path, upgrade: Option<&Path>, listen: SocketAddr) -> ChildGuard {
+    let p = crossbar_run(cfg, upgrade, Stdio::inherit());
+    wait_listening(listen).await;
+    p
+}
+
+/// SIGTERM, then the process must exit 0 (within [`WAIT`]).
+async fn terminate(mut p: ChildGuard) {
+    p.signal("TERM");
+    assert_eq!(p.exited(WAIT).await, Some(0), "exit status after SIGTERM");
+}
+
 /// Two upgrades in a row under continuous load: not one connection attempt fails,
 /// and a connection established before each upgrade keeps working until it is done
 /// (with the kernel relay, its sockets stay in the old process's map until then).
@@ -200,14 +167,10 @@ fn tcp_config(
 #[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
-    let echo = Backend::echo("echo", false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let listen = free_port();
-    let cfg = tcp_config(dir.path(), listen, echo.addr, relay);
+    let (_echo, dir, listen, cfg) = echo_service(relay).await;
     let sock = dir.path().join("upgrade.sock");
 
-    let mut old = Proc::start(&cfg, Some(&sock));
-    wait_listening(listen).await;
+    let mut old = serving(&cfg, Some(&sock), listen).await;
     let load = load(listen, 4);
     for round in 0..2 {
         // A long-lived connection on the old process, mid-conversation.
@@ -217,7 +180,7 @@ async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
         long.read_exact(&mut buf).await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
 
-        let new = Proc::start(&cfg, Some(&sock));
+        let new = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
         // The handover is complete when the new process listens on the upgrade
         // socket: it binds it only after the old one let go of it (BYE). The old one
         // then drains: it exits only when `long` is done.
@@ -254,8 +217,7 @@ async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
     );
     assert!(failed.is_empty(), "failed connections: {failed:?}");
     assert!(ok > 50, "load ran ({ok})");
-    old.signal("TERM");
-    assert_eq!(old.exited(WAIT).await, Some(0));
+    terminate(old).await;
 }
 
 /// SIGTERM: new connections are refused at once, an established one finishes its
@@ -265,12 +227,8 @@ async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
 #[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_established_connections_then_exits(#[case] relay: &str) {
-    let echo = Backend::echo("echo", false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let listen = free_port();
-    let cfg = tcp_config(dir.path(), listen, echo.addr, relay);
-    let mut p = Proc::start(&cfg, None);
-    wait_listening(listen).await;
+    let (_echo, _dir, listen, cfg) = echo_service(relay).await;
+    let mut p = serving(&cfg, None, listen).await;
 
     let mut long = TcpStream::connect(listen).await.unwrap();
     long.write_all(b"ping").await.unwrap();
@@ -303,18 +261,14 @@ async fn scrape(admin: SocketAddr) -> Option<String> {
 /// error), and the process keeps serving with the old config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reload_keeps_the_running_config() {
-    let echo = Backend::echo("echo", false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let listen = free_port();
+    let (_echo, _dir, listen, cfg) = echo_service("").await;
     let admin = free_port();
-    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
     let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
         "admin: { enabled: false }",
         &format!("admin: {{ listen: \"{admin}\" }}"),
     );
     std::fs::write(&cfg, yaml).unwrap();
-    let mut p = Proc::start(&cfg, None);
-    wait_listening(listen).await;
+    let mut p = serving(&cfg, None, listen).await;
     wait_listening(admin).await;
     let failed = |text: &str| {
         metric_value(
@@ -342,8 +296,7 @@ async fn bad_reload_keeps_the_running_config() {
             .expect("still serving after a bad reload");
     }
     assert_eq!(p.0.try_wait().unwrap(), None, "still running");
-    p.signal("TERM");
-    assert_eq!(p.exited(WAIT).await, Some(0));
+    terminate(p).await;
 }
 
 /// A reload that adds one backend and removes another, under continuous load through
@@ -423,20 +376,17 @@ async fn stick_table_survives_a_restart() {
     let agents: Vec<_> = (0..3)
         .map(|_| testbed::client_config(&ca, Versions::Tls12, false).unwrap())
         .collect();
-    let mut p = Proc::start(&cfg, None);
-    wait_listening(listen).await;
+    let p = serving(&cfg, None, listen).await;
     let mut first = Vec::new();
     for a in &agents {
         let r = testbed::get(listen, SNI, a.clone(), "/").await.unwrap();
         assert!(!r.resumed);
         first.push(r.backend);
     }
-    p.signal("TERM");
-    assert_eq!(p.exited(WAIT).await, Some(0));
+    terminate(p).await;
     assert!(state.exists(), "table saved at shutdown");
 
-    let _p = Proc::start(&cfg, None);
-    wait_listening(listen).await;
+    let _p = serving(&cfg, None, listen).await;
     // In reverse order: a fresh round robin would now send agent 3 to r1 and agent 1
     // to r3, so only the loaded table can put them back where their sessions are.
     for (a, want) in agents.iter().zip(&first).rev() {

@@ -6,7 +6,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -165,46 +165,6 @@ async fn table_dumps_are_capped() {
 // ---------------------------------------------------------------------------
 // The upgrade socket, between real `crossbar run` processes
 
-/// A `crossbar run` child, killed (and reaped) on drop.
-struct Proc(std::process::Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn start(config: &Path, upgrade: &Path, stderr: Stdio) -> Proc {
-        let child = Command::new(env!("CARGO_BIN_EXE_crossbar"))
-            .arg("run")
-            .arg("-c")
-            .arg(config)
-            .arg("--upgrade-socket")
-            .arg(upgrade)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn crossbar");
-        Proc(child)
-    }
-
-    /// Wait (bounded by WAIT) for the process to exit; its exit code.
-    async fn exited(&mut self) -> Option<i32> {
-        let start = Instant::now();
-        while start.elapsed() < WAIT {
-            if let Some(st) = self.0.try_wait().expect("try_wait") {
-                return st.code();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    }
-}
-
 /// A tcp-mode service on a free port in front of `backend`; the config file path.
 fn tcp_config(dir: &Path, backend: SocketAddr) -> (PathBuf, SocketAddr) {
     let listen = std::net::TcpListener::bind("127.0.0.1:0")
@@ -240,7 +200,7 @@ async fn hostile_upgrade_socket_peers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (cfg, listen) = tcp_config(dir.path(), echo.addr);
     let sock = dir.path().join("run").join("upgrade.sock");
-    let mut old = Proc::start(&cfg, &sock, Stdio::inherit());
+    let mut old = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
     wait_until("the upgrade socket exists", || sock.exists()).await;
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&sock), 0o600, "socket mode");
@@ -278,8 +238,12 @@ async fn hostile_upgrade_socket_peers_are_refused() {
         echo_once(listen).await,
         "still serving after the hostile peers"
     );
-    let mut new = Proc::start(&cfg, &sock, Stdio::inherit());
-    assert_eq!(old.exited().await, Some(0), "the old process handed over");
+    let mut new = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
+    assert_eq!(
+        old.exited(WAIT).await,
+        Some(0),
+        "the old process handed over"
+    );
     assert!(echo_once(listen).await, "the successor serves");
     assert_eq!(new.0.try_wait().unwrap(), None, "the successor runs");
     assert_eq!(mode(&sock), 0o600, "the successor's socket mode");
@@ -296,8 +260,8 @@ async fn upgrade_socket_in_a_shared_directory_is_refused() {
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut p = Proc::start(&cfg, &shared.join("upgrade.sock"), Stdio::piped());
-    assert_eq!(p.exited().await, Some(1), "refused to start");
+    let mut p = crossbar_run(&cfg, Some(&shared.join("upgrade.sock")), Stdio::piped());
+    assert_eq!(p.exited(WAIT).await, Some(1), "refused to start");
     let mut err = String::new();
     p.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(err.contains("not writable by group or others"), "{err}");

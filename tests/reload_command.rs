@@ -7,19 +7,9 @@ mod common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use common::*;
-
-/// A `crossbar run` child, killed (and reaped) on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill(); // ok: it may have exited already
-        let _ = self.0.wait(); // ok: reaping only
-    }
-}
 
 /// The systemd side of sd_notify: a datagram socket in a temporary directory.
 struct Notify(UnixDatagram);
@@ -49,11 +39,6 @@ impl Notify {
         self.0.set_nonblocking(false).unwrap();
         out
     }
-}
-
-fn free_port() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 fn config(listen: std::net::SocketAddr, admin: std::net::SocketAddr, backend: &Backend) -> String {
@@ -90,7 +75,7 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
     );
     let (listen, admin) = (free_port(), free_port());
     std::fs::write(&file, config(listen, admin, &a)).unwrap();
-    let _proc = Proc(
+    let _proc = ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_crossbar"))
             .arg("run")
             .arg("-c")

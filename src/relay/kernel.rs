@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, SockHash};
 use aya::programs::SkSkb;
@@ -29,7 +29,10 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::ending::{self, Abort, Ending, Peer};
-use super::{drive, Activity, RelayCounters, RelayEnd, RelayStats, Side, Watch, BUF_SIZE};
+use super::{
+    abort_goes_to, drive, ending_of, Activity, RelayCounters, RelayEnd, RelayStats, Side, Watch,
+    BUF_SIZE,
+};
 
 /// The compiled program (bpf/build.sh; tests/kernel_relay.rs checks it matches the source).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../bpf/relay.bpf.o");
@@ -411,16 +414,8 @@ async fn pump(
     aborted: &AtomicBool,
     watch: Option<Box<Watch<'_>>>,
 ) -> Ending {
-    match forward(src, dst, dir, activity, watch).await {
-        Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
-        Ok(()) => match shutdown_write(dst) {
-            Ok(()) => Ending::Fin,
-            Err(e) => Ending::DestinationAborted(e),
-        },
-        Err(Side::Read(e)) => Ending::SourceAborted(e),
-        Err(Side::Write(e)) => Ending::DestinationAborted(e),
-        Err(Side::Local(e)) => Ending::Local(e),
-    }
+    let moved = forward(src, dst, dir, activity, watch).await;
+    ending_of(moved, aborted, async { shutdown_write(dst) }).await
 }
 
 /// The passed-up bytes of one direction, until `src`'s EOF and the kernel's bytes
@@ -543,10 +538,7 @@ async fn run<'k>(
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
-    let activity = Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    };
+    let activity = Activity::new();
     let aborted = AtomicBool::new(false);
     let reported = Mutex::new((0u64, 0u64));
     let ticker = Ticker {
@@ -574,13 +566,7 @@ async fn run<'k>(
     let reported = *lock(&reported);
     counters.c2s.inc_by(c2s_total.saturating_sub(reported.0));
     counters.s2c.inc_by(s2c_total.saturating_sub(reported.1));
-    RelayStats {
-        client_to_server: c2s_total,
-        server_to_client: s2c_total,
-        end,
-        error: abort.map(|a| a.error),
-        abort,
-    }
+    RelayStats::new((c2s_total, s2c_total), end, abort)
 }
 
 /// As the splice relay does: a local failure resets both peers; a peer's abort
@@ -597,19 +583,13 @@ async fn pass_on_abort<'k>(
     idle: Duration,
     hard_stop: &CancellationToken,
 ) {
-    if a.local {
-        ending::reset_on_close(client);
-        ending::reset_on_close(server);
+    let Some(to) = abort_goes_to(a, end, client, server) else {
         return;
-    }
-    let (to, dir) = match a.by {
-        Peer::Client => (server, c2s),
-        Peer::Backend => (client, s2c),
     };
-    if end == RelayEnd::IdleTimeout || end == RelayEnd::Shutdown {
-        ending::reset_on_close(to);
-        return;
-    }
+    let dir = match a.by {
+        Peer::Client => c2s,
+        Peer::Backend => s2c,
+    };
     tokio::select! {
         r = dir.drained(to) => {
             if let Err(e) = r {

@@ -101,6 +101,19 @@ pub struct RelayStats {
     pub abort: Option<Abort>,
 }
 
+impl RelayStats {
+    /// The stats of a relay that moved `(client_to_server, server_to_client)` bytes.
+    fn new((c2s, s2c): (u64, u64), end: RelayEnd, abort: Option<Abort>) -> RelayStats {
+        RelayStats {
+            client_to_server: c2s,
+            server_to_client: s2c,
+            end,
+            error: abort.map(|a| a.error),
+            abort,
+        }
+    }
+}
+
 /// Counters the relay adds to as bytes flow, borrowed from the backend's metric handles: no per-connection clone (and so no
 /// reference-count traffic on a cache line every connection to the backend shares).
 #[derive(Clone, Copy)]
@@ -128,6 +141,13 @@ struct Activity {
 }
 
 impl Activity {
+    /// A clock starting now, with the last byte at its start.
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
     fn touch(&self) {
         self.last_ms
             .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -161,9 +181,22 @@ async fn pump(
     aborted: &AtomicBool,
     watch: Option<Box<Watch<'_>>>,
 ) -> Ending {
-    match move_bytes(src, &mut dst, counter, total, activity, watch).await {
+    let moved = move_bytes(src, &mut dst, counter, total, activity, watch).await;
+    ending_of(moved, aborted, dst.shutdown()).await
+}
+
+/// The [`Ending`] of a direction whose bytes `moved` as far as they went: on EOF
+/// the destination is half-closed by `fin` (awaited only then, and only if
+/// `aborted` doesn't say the other direction found an abort), else the side that
+/// failed. Shared by every relay, so each reports endings the same way.
+async fn ending_of(
+    moved: Result<(), Side>,
+    aborted: &AtomicBool,
+    fin: impl std::future::Future<Output = io::Result<()>>,
+) -> Ending {
+    match moved {
         Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
-        Ok(()) => match dst.shutdown().await {
+        Ok(()) => match fin.await {
             Ok(()) => Ending::Fin,
             Err(e) => Ending::DestinationAborted(e),
         },
@@ -333,10 +366,7 @@ pub async fn relay(
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
-    let activity = Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    };
+    let activity = Activity::new();
     let (c2s_total, s2c_total) = (AtomicU64::new(0), AtomicU64::new(0));
     let aborted = AtomicBool::new(false);
     let (end, abort) = {
@@ -347,32 +377,38 @@ pub async fn relay(
         tokio::pin!(c2s, s2c);
         drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
     };
-    match abort {
-        Some(a) if a.local => {
-            ending::reset_on_close(client);
-            ending::reset_on_close(server);
-        }
-        Some(a) => {
-            let to = match a.by {
-                Peer::Client => &*server,
-                Peer::Backend => &*client,
-            };
-            // Delivered bytes wait for no acknowledgement once the relay was cut.
-            if end == RelayEnd::IdleTimeout || end == RelayEnd::Shutdown {
-                ending::reset_on_close(to);
-            } else {
-                ending::pass_on(to, idle, hard_stop).await;
-            }
-        }
-        None => {}
+    if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
+        ending::pass_on(to, idle, hard_stop).await;
     }
-    RelayStats {
-        client_to_server: c2s_total.load(Ordering::Relaxed),
-        server_to_client: s2c_total.load(Ordering::Relaxed),
-        end,
-        error: abort.map(|a| a.error),
-        abort,
+    let totals = (c2s_total.into_inner(), s2c_total.into_inner());
+    RelayStats::new(totals, end, abort)
+}
+
+/// Where an abort is still to be passed on once the relay stopped: the peer that
+/// did not abort, to be reset after it acknowledged the aborting peer's bytes.
+/// `None` when it is settled here: crossbar's own failure resets both peers, and
+/// after an idle timeout or the shutdown deadline delivered bytes wait for no
+/// acknowledgement, so the other peer is reset at once.
+fn abort_goes_to<'s>(
+    a: Abort,
+    end: RelayEnd,
+    client: &'s TcpStream,
+    server: &'s TcpStream,
+) -> Option<&'s TcpStream> {
+    if a.local {
+        ending::reset_on_close(client);
+        ending::reset_on_close(server);
+        return None;
     }
+    let to = match a.by {
+        Peer::Client => server,
+        Peer::Backend => client,
+    };
+    if end == RelayEnd::IdleTimeout || end == RelayEnd::Shutdown {
+        ending::reset_on_close(to);
+        return None;
+    }
+    Some(to)
 }
 
 /// Poll both directions until both are done, the relay is idle for `idle`, or

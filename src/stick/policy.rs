@@ -316,6 +316,16 @@ mod tests {
         })
     }
 
+    /// The policy over `table` and `config`, for a pool of one backend `b1`.
+    fn sticking<'a>(table: &'a StickTable, config: &'a StickConfig) -> Sticking<'a> {
+        Sticking {
+            table,
+            config,
+            backends: &One,
+            metrics: &One,
+        }
+    }
+
     /// A captured ClientHello and what the watcher saw in the server's real answer.
     fn captured(name: &str) -> (ClientHelloInfo, ServerHandshake) {
         let dir = concat!(
@@ -338,12 +348,7 @@ mod tests {
     #[test]
     fn no_psk_is_learned_after_a_hello_retry() {
         let (config, table) = (stick_config(), table());
-        let s = Sticking {
-            table: &table,
-            config: &config,
-            backends: &One,
-            metrics: &One,
-        };
+        let s = sticking(&table, &config);
         let (mut h, mut hs) = captured("openssl3_tls13_resumed");
         assert_eq!(hs.psk_selected, Some(0));
         let real = h.psk_identities[0].clone();
@@ -364,12 +369,7 @@ mod tests {
     #[test]
     fn no_session_id_is_learned_from_a_ticket_resumption() {
         let (config, table) = (stick_config(), table());
-        let s = Sticking {
-            table: &table,
-            config: &config,
-            backends: &One,
-            metrics: &One,
-        };
+        let s = sticking(&table, &config);
         let (h, hs) = captured("openssl3_tls12_resumed");
         assert!(h.ticket.is_some());
         assert_eq!(hs.resumed, Some(true));

@@ -487,6 +487,22 @@ mod tests {
         t.key(KeyKind::SessionId, &i.to_be_bytes())
     }
 
+    /// The stats of a table of 16 holding one entry, nothing expired or evicted.
+    const ONE_ENTRY_OF_16: TableStats = TableStats {
+        entries: 1,
+        capacity: 16,
+        expired: 0,
+        evicted: 0,
+    };
+
+    /// `t` with the session IDs `ids` learned on `backend`, in order.
+    fn learned(t: StickTable, ids: std::ops::Range<u32>, backend: &str) -> StickTable {
+        for i in ids {
+            t.learn(sid(&t, i), backend);
+        }
+        t
+    }
+
     /// The backend name of an entry, cloned.
     fn lookup_name(t: &StickTable, key: &StickKey) -> Option<Arc<str>> {
         t.lookup_with(key, |b| Arc::<str>::from(b))
@@ -531,15 +547,7 @@ mod tests {
             None,
             "kind must match"
         );
-        assert_eq!(
-            t.stats(),
-            TableStats {
-                entries: 1,
-                capacity: 16,
-                expired: 0,
-                evicted: 0
-            }
-        );
+        assert_eq!(t.stats(), ONE_ENTRY_OF_16);
     }
 
     #[test]
@@ -617,10 +625,7 @@ mod tests {
 
     #[test]
     fn sweep_removes_only_expired_entries() {
-        let t = table(100);
-        for i in 0..10 {
-            t.learn(sid(&t, i), "b1");
-        }
+        let t = learned(table(100), 0..10, "b1");
         t.learn(t.key(KeyKind::Source, b"s"), "b1");
         t.advance_clock(SOURCE_EXPIRE + Duration::from_secs(1));
         assert_eq!(t.sweep(), 1);
@@ -632,10 +637,7 @@ mod tests {
 
     #[test]
     fn lru_keeps_recently_used_entries() {
-        let t = table(64);
-        for i in 0..64 {
-            t.learn(sid(&t, i), "b1");
-        }
+        let t = learned(table(64), 0..64, "b1");
         t.advance_clock(Duration::from_secs(1));
         let touched: Vec<u32> = (0..32).step_by(4).collect();
         for &i in &touched {
@@ -670,10 +672,7 @@ mod tests {
 
     #[test]
     fn a_full_table_of_used_entries_still_takes_new_ones() {
-        let t = table(32);
-        for i in 0..32 {
-            t.learn(sid(&t, i), "b1");
-        }
+        let t = learned(table(32), 0..32, "b1");
         for i in 0..32 {
             assert!(lookup_name(&t, &sid(&t, i)).is_some());
         }
@@ -765,15 +764,7 @@ mod tests {
             (view.kind, view.backend.clone()),
             (KeyKind::TicketPrefix, None)
         );
-        assert_eq!(
-            t.stats(),
-            TableStats {
-                entries: 1,
-                capacity: 16,
-                expired: 0,
-                evicted: 0
-            }
-        );
+        assert_eq!(t.stats(), ONE_ENTRY_OF_16);
         // After it expires, the prefix is learned afresh.
         t.advance_clock(EXPIRE * 2);
         t.learn_prefix(prefix, "b2");
@@ -782,10 +773,7 @@ mod tests {
 
     #[test]
     fn remove_backend_drops_its_entries_only() {
-        let t = table(16);
-        for i in 0..4 {
-            t.learn(sid(&t, i), "b1");
-        }
+        let t = learned(table(16), 0..4, "b1");
         t.learn(sid(&t, 10), "b2");
         let prefix = t.key(KeyKind::TicketPrefix, b"p");
         t.learn_prefix(prefix, "b1");
@@ -803,10 +791,7 @@ mod tests {
 
     #[test]
     fn forget_and_clear() {
-        let t = table(16);
-        for i in 0..4 {
-            t.learn(sid(&t, i), "b1");
-        }
+        let t = learned(table(16), 0..4, "b1");
         t.forget(&sid(&t, 0));
         t.forget(&StickKey {
             kind: KeyKind::Psk,
@@ -920,10 +905,7 @@ mod tests {
     fn load_rejects_bad_files_and_leaves_the_table_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t");
-        let a = table(100);
-        for i in 0..10 {
-            a.learn(sid(&a, i), "b1");
-        }
+        let a = learned(table(100), 0..10, "b1");
         a.save(&path).unwrap();
         let good = fs::read(&path).unwrap();
 

@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -137,38 +138,29 @@ impl Java {
             .iter()
             .map(|(n, at)| (n.clone(), at.map_or([127, 0, 0, 1].into(), |a| a.ip())))
             .collect();
-        let mut child = jvm(prefix)
-            .args(props)
-            .arg("-cp")
-            .arg(self.dir.path())
-            .arg("JdkServers")
-            .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning java")?;
-        let stdout = child.stdout.take().context("java stdout")?;
-        let guard = ChildGuard(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut found = Vec::new();
-            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if line == "READY" {
-                    let _ = tx.send(found.clone()); // ok: the test may have given up
-                }
-                let f: Vec<&str> = line.split(' ').collect();
-                if let ["LISTEN", name, port] = f[..] {
-                    if let (Ok(p), Some(ip)) = (port.parse::<u16>(), hosts.get(name)) {
-                        found.push((name.to_string(), SocketAddr::new(*ip, p)));
+        let stdin = Stdio::piped(); // held open: the servers run until it closes
+        self.run_class(
+            prefix,
+            props,
+            "JdkServers",
+            &args,
+            stdin,
+            move |lines, tx| {
+                let mut found = Vec::new();
+                for line in lines {
+                    if line == "READY" {
+                        let _ = tx.send(found.clone()); // ok: the test may have given up
+                    }
+                    let f: Vec<&str> = line.split(' ').collect();
+                    if let ["LISTEN", name, port] = f[..] {
+                        if let (Ok(p), Some(ip)) = (port.parse::<u16>(), hosts.get(name)) {
+                            found.push((name.to_string(), SocketAddr::new(*ip, p)));
+                        }
                     }
                 }
-            }
-        });
-        let list = rx
-            .recv_timeout(JVM_TIMEOUT)
-            .map_err(|_| anyhow!("JdkServers printed no READY line"))?;
-        Ok((guard, list))
+            },
+        )
+        .map_err(|e| e.context("JdkServers printed no READY line"))
     }
 
     /// Run `clients` JDK agents (through `prefix`), each doing 1 + `resumptions`
@@ -184,34 +176,21 @@ impl Java {
         prefix: &[&str],
     ) -> Result<(Vec<Vec<JdkAttempt>>, Vec<String>)> {
         let trust = self.truststore(ca)?;
-        let mut child = jvm(prefix)
-            .args(props)
-            .arg("-cp")
-            .arg(self.dir.path())
-            .arg("JdkClients")
-            .arg(&trust)
-            .arg(SNI)
-            .arg(clients.to_string())
-            .arg(resumptions.to_string())
-            .args(addrs.iter().map(|a| a.to_string()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning java")?;
-        let stdout = child.stdout.take().context("java stdout")?;
-        let guard = ChildGuard(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let lines: Vec<String> = BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-                .collect();
-            let _ = tx.send(lines); // ok: the test may have given up
-        });
-        let lines = rx
-            .recv_timeout(JVM_TIMEOUT)
-            .map_err(|_| anyhow!("JdkClients did not finish"))?;
+        let mut args = vec![trust.display().to_string(), SNI.to_string()];
+        args.extend([clients.to_string(), resumptions.to_string()]);
+        args.extend(addrs.iter().map(|a| a.to_string()));
+        let (guard, lines) = self
+            .run_class(
+                prefix,
+                props,
+                "JdkClients",
+                &args,
+                Stdio::null(),
+                |lines, tx| {
+                    let _ = tx.send(lines.collect::<Vec<String>>()); // ok: the test may have given up
+                },
+            )
+            .map_err(|e| e.context("JdkClients did not finish"))?;
         drop(guard);
         if !lines.iter().any(|l| l == "DONE") {
             bail!("JdkClients ended early: {lines:?}");
@@ -240,6 +219,44 @@ impl Java {
             })
             .collect();
         Ok((runs, errors))
+    }
+}
+
+impl Java {
+    /// Start the program `class` with `args` in a JVM (through `prefix`), its stdout
+    /// read line by line on a thread by `read`, which sends what the caller waits
+    /// for (within [`JVM_TIMEOUT`]) and may go on reading to keep the pipe drained.
+    fn run_class<T: Send + 'static>(
+        &self,
+        prefix: &[&str],
+        props: &[&str],
+        class: &str,
+        args: &[String],
+        stdin: Stdio,
+        read: impl FnOnce(&mut dyn Iterator<Item = String>, &Sender<T>) + Send + 'static,
+    ) -> Result<(ChildGuard, T)> {
+        let mut child = jvm(prefix)
+            .args(props)
+            .arg("-cp")
+            .arg(self.dir.path())
+            .arg(class)
+            .args(args)
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("spawning java")?;
+        let stdout = child.stdout.take().context("java stdout")?;
+        let guard = ChildGuard(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines().map_while(|l| l.ok());
+            read(&mut lines, &tx);
+        });
+        let got = rx
+            .recv_timeout(JVM_TIMEOUT)
+            .map_err(|_| anyhow!("no answer from {class} within {JVM_TIMEOUT:?}"))?;
+        Ok((guard, got))
     }
 }
 

@@ -8,7 +8,13 @@
 
 pub mod java;
 pub mod netns;
+pub mod process;
 pub mod tls;
+
+#[allow(unused_imports)] // each test binary uses a different part of this module
+pub use process::{crossbar_run, free_port};
+#[allow(unused_imports)] // see above
+pub use tls::ChildGuard;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

@@ -1,0 +1,99 @@
+# Sourced by bench/compare.sh and bench/confirm.sh: a work directory whose background
+# processes are killed by PID on exit, bounded waits, per-process CPU and memory, and
+# the TLS backend sets both scripts measure.
+
+# bench_workdir PREFIX: make $WORK (/tmp/PREFIX.XXXXXX, kept for its logs) and kill
+# every process `start` started, by PID, when the script exits.
+bench_workdir() {
+    WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+    PIDS=()
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+bench_cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    echo "logs kept in $WORK" >&2
+}
+
+log() { echo "[$(date +%T)] $*" >&2; }
+
+# build_release: crossbar and loadgen, release; sets $XB and $LG.
+build_release() {
+    log "building (release)"
+    cargo build --release --quiet --bin crossbar --bin loadgen
+    LG=$PWD/target/release/loadgen
+    XB=$PWD/target/release/crossbar
+}
+
+# start NAME CMD...: run in the background, stdout to $WORK/NAME.out, stderr to
+# $WORK/NAME.err; sets $LAST_PID.
+start() {
+    local name=$1
+    shift
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+}
+# stop_pid PID: kill one process `start` started and forget it.
+stop_pid() {
+    local keep=() p
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+# wait_for FILE WORD: until WORD is a line of FILE (10 s at most).
+wait_for() {
+    local i
+    for i in $(seq 100); do
+        grep -qx "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "timed out waiting for $2 in $1" >&2
+    cat "${1%.out}.err" >&2 || true
+    return 1
+}
+# wait_port PORT: until something accepts on 127.0.0.1:PORT (10 s at most).
+wait_port() {
+    local i
+    for i in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1" >&2
+    return 1
+}
+
+# cpu_ticks PID: user + system CPU so far, in clock ticks ($TCK a second).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# rss_kib PID: resident memory now.
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+TCK=$(getconf CLK_TCK)
+
+# start_tls_set SET LOADGEN-ARGS...: three TLS backends (`loadgen backends --kind
+# tls`) named SET-0..2, their CA in $WORK/SET.ca.pem; their addresses, space
+# separated, into SET_ADDRS[SET] (an associative array the caller declares).
+start_tls_set() {
+    local set=$1
+    shift
+    start "$set" "$LG" backends --kind tls --count 3 "$@" \
+        --ca-out "$WORK/$set.ca.pem" --name-prefix "$set-" --no-stdin
+    wait_for "$WORK/$set.out" READY
+    SET_ADDRS[$set]=$(grep -v READY "$WORK/$set.out" | tr '\n' ' ')
+}
+
+# crossbar_backends SET: the `backends:` entries of a crossbar service over SET's
+# backends (names as on the backends themselves: SET-0, SET-1, ...).
+crossbar_backends() {
+    local i=0 a
+    for a in ${SET_ADDRS[$1]}; do
+        echo "      - { name: $1-$i, address: \"$a\" }"
+        i=$((i + 1))
+    done
+}

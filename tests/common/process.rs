@@ -1,0 +1,59 @@
+//! `crossbar run` as a real child process: started from a config file, signalled,
+//! and waited for (bounded); killed and reaped on drop like every [`ChildGuard`].
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::tls::ChildGuard;
+
+/// How often a test looks whether a child has exited (a bounded poll: std offers no
+/// wait with a timeout).
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
+/// Start `crossbar run -c config` (with `--upgrade-socket` if given), logging
+/// warnings to `stderr`.
+pub fn crossbar_run(config: &Path, upgrade: Option<&Path>, stderr: Stdio) -> ChildGuard {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crossbar"));
+    cmd.arg("run").arg("-c").arg(config);
+    if let Some(u) = upgrade {
+        cmd.arg("--upgrade-socket").arg(u);
+    }
+    cmd.env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    ChildGuard(cmd.spawn().expect("spawn crossbar"))
+}
+
+impl ChildGuard {
+    /// Send the signal `sig` (`TERM`, `HUP`...) with kill(1).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.0.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill -{sig} failed");
+    }
+
+    /// Wait (bounded by `limit`) for the process to exit; its exit code, `None`
+    /// if it still runs (or was killed by a signal).
+    pub async fn exited(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(st) = self.0.try_wait().expect("try_wait") {
+                return st.code();
+            }
+            tokio::time::sleep(EXIT_POLL).await;
+        }
+        None
+    }
+}
+
+/// A loopback address that was free a moment ago, for a process that binds it
+/// itself (a listener in another process can't hand its port back).
+pub fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("local address")
+}
