@@ -110,10 +110,11 @@ ADMIN_PORT=$("$LG" freeport)
     done
 } >"$WORK/crossbar.yaml"
 {
-    haproxy_head 10000 256
+    # 2 fds per connection + 2 per pipe + a margin must fit the 20,000 open-file limit
+    haproxy_head 9000 256
     for set in cold warm; do
         # shellcheck disable=SC2086
-        haproxy_tls_listen "$set" "${PORT[haproxy_$set]}" 10000 ${SET_ADDRS[$set]}
+        haproxy_tls_listen "$set" "${PORT[haproxy_$set]}" 9000 ${SET_ADDRS[$set]}
     done
 } >"$WORK/haproxy.cfg"
 
