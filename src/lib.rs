@@ -9,6 +9,8 @@
 //! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session
 //!   (the placement policy and what a handshake teaches the table).
 //! - [`balance`]: otherwise pick a backend with the service's algorithm.
+//! - [`confirm`]: a resumption whose holder is uncertain is offered to further
+//!   backends until one resumes it, within the process-wide [`budget`].
 //! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
 //! - [`relay`]: replay the hello, watch the server's handshake, then pump bytes both
 //!   ways untouched.
@@ -25,11 +27,13 @@
 //!   [`upgrade`] (hitless binary upgrades);
 //! - [`server`]: the running balancer: builds services, owns listeners, reload and
 //!   shutdown;
-//! - [`conn`], [`health`] (active checks and passive failure counting: rise/fall) and
-//!   [`ticket_keys`] (learning backends' ticket-key names), all working on
+//! - [`conn`] (with [`confirm`]), [`health`] (active checks and passive failure
+//!   counting: rise/fall) and [`ticket_keys`] (learning backends' ticket-key names),
+//!   all working on
 //! - [`service`]: the runtime model (a service, a listen address's routing, what
-//!   connections share), built from [`config`] (YAML -> validated model) over
-//!   [`balance`], [`stick`], [`route`], [`metrics`] (with [`live`]: since-when,
+//!   connections share, among it the confirmation [`budget`]), built from [`config`]
+//!   (YAML -> validated model) over [`balance`], [`stick`], [`route`], [`metrics`]
+//!   (with [`live`]: since-when,
 //!   peaks, last check and reload for the status page) and [`access_log`];
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
