@@ -296,17 +296,8 @@ impl Row {
                 }
             }
         }
-        let results = [
-            "first",
-            "retried_resumed",
-            "none_resumed",
-            "budget_empty",
-            "not_eligible",
-            "hello_retry",
-            "ended",
-        ];
         let mut parts = Vec::new();
-        for res in results {
+        for res in crossbar::metrics::CONFIRM_RESULTS {
             let n: f64 = nodes
                 .iter()
                 .map(|n| n.metric("crossbar_stick_confirm_total", &[("result", res)]))

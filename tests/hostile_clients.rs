@@ -22,6 +22,8 @@ use tokio::task::JoinSet;
 /// Bound on anything that should happen "at once" on loopback, with slack for a
 /// loaded 2-core CI machine.
 const PROMPT: Duration = Duration::from_secs(3);
+/// Longest a raw admin request waits for the whole answer.
+const ADMIN_ANSWER: Duration = Duration::from_secs(12);
 
 /// Resident set size of this process (crossbar and the test clients) in KiB.
 fn rss_kib() -> u64 {
@@ -683,33 +685,11 @@ async fn admin_bed() -> Admin {
     }
 }
 
-/// Send raw bytes as one request; the status code of the answer, or `None` if the
-/// connection closed without one.
-async fn raw_request(addr: SocketAddr, request: &[u8]) -> (Option<u16>, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    // The server may answer (and close) before it has read everything we send.
-    let (mut r, mut w) = s.split();
-    let write = async {
-        let _ = w.write_all(request).await; // ok: an early close is a valid answer
-    };
-    let read = async {
-        let mut out = Vec::new();
-        let _ = tokio::time::timeout(PROMPT * 4, r.read_to_end(&mut out)).await; // ok: partial
-        out
-    };
-    let ((), out) = tokio::join!(write, read);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|t| t.get(..3))
-        .and_then(|c| c.parse().ok());
-    (status, text)
-}
-
 async fn healthz_ok(addr: SocketAddr) {
     let (status, body) = raw_request(
         addr,
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        ADMIN_ANSWER,
     )
     .await;
     assert_eq!(status, Some(200), "{body}");
@@ -723,7 +703,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
     let req = format!(
         "POST /api/reload HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 104857600\r\nConnection: close\r\n\r\n"
     );
-    let (status, body) = raw_request(bed.addr, req.as_bytes()).await;
+    let (status, body) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
     assert_eq!(status, Some(413), "{body}");
     // A chunked body that grows past the limit.
     let mut req = format!(
@@ -736,7 +716,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
         req.extend_from_slice(b"\r\n");
     }
     req.extend_from_slice(b"0\r\n\r\n");
-    let (status, body) = raw_request(bed.addr, &req).await;
+    let (status, body) = raw_request(bed.addr, &req, ADMIN_ANSWER).await;
     assert_eq!(status, Some(413), "{body}");
 
     // Long paths: 404 (no endpoint) or refused by the HTTP parser; never a crash.
@@ -745,7 +725,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
             "GET /api/tables/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
             "a".repeat(len)
         );
-        let (status, _) = raw_request(bed.addr, req.as_bytes()).await;
+        let (status, _) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
         println!("admin: GET with a {len}-byte path -> {status:?}");
         assert!(
             matches!(status, None | Some(400 | 404 | 414 | 431)),
@@ -757,7 +737,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
         "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
         "b".repeat(1024 * 1024)
     );
-    let (status, _) = raw_request(bed.addr, req.as_bytes()).await;
+    let (status, _) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
     println!("admin: a 1 MiB header -> {status:?}");
     assert!(matches!(status, None | Some(400 | 431)), "{status:?}");
     let mut req = String::from("GET /healthz HTTP/1.1\r\nHost: x\r\n");
@@ -765,7 +745,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
         req.push_str(&format!("X-H{i}: v\r\n"));
     }
     req.push_str("Connection: close\r\n\r\n");
-    let (status, _) = raw_request(bed.addr, req.as_bytes()).await;
+    let (status, _) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
     println!("admin: 5000 headers -> {status:?}");
     assert!(matches!(status, None | Some(400 | 431)), "{status:?}");
     // And it still answers.
@@ -799,7 +779,7 @@ async fn admin_path_traversal_is_404_and_reads_no_file() {
             let req = format!(
                 "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
             );
-            let (status, text) = raw_request(bed.addr, req.as_bytes()).await;
+            let (status, text) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
             assert!(
                 matches!(status, Some(400 | 404)),
                 "{method} {path}: {status:?} {text}"
@@ -855,8 +835,8 @@ async fn admin_token_refuses_every_near_miss() {
             "POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
     };
-    let (status, _) = raw_request(bed.addr, req(&wrong).as_bytes()).await;
+    let (status, _) = raw_request(bed.addr, req(&wrong).as_bytes(), ADMIN_ANSWER).await;
     assert_eq!(status, Some(401));
-    let (status, body) = raw_request(bed.addr, req(TOKEN).as_bytes()).await;
+    let (status, body) = raw_request(bed.addr, req(TOKEN).as_bytes(), ADMIN_ANSWER).await;
     assert_eq!(status, Some(200), "{body}");
 }

@@ -688,3 +688,32 @@ pub async fn tls_connect(
     .await
     .expect("TLS handshake through crossbar")
 }
+
+/// Send `request` on a fresh connection and read the answer until the server
+/// closes (bounded by `limit`): the status code (`None` if closed without one).
+pub async fn raw_request(
+    addr: SocketAddr,
+    request: &[u8],
+    limit: Duration,
+) -> (Option<u16>, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.split();
+    let write = async {
+        let _ = w.write_all(request).await; // ok: an early close is a valid answer
+    };
+    let read = async {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(limit, r.read_to_end(&mut out)).await; // ok: partial
+        out
+    };
+    let ((), out) = tokio::join!(write, read);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    (status_of(&text), text)
+}
+
+/// The status code of a raw HTTP/1.1 answer (`None` if it is not one).
+pub fn status_of(text: &str) -> Option<u16> {
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|t| t.get(..3))
+        .and_then(|c| c.parse().ok())
+}
