@@ -1049,4 +1049,147 @@ mod tests {
         assert_eq!(t.stats().entries, N as usize);
         assert!(per_entry < 200.0, "{per_entry} bytes per entry");
     }
+
+    // Hostile state files and concurrent saves (issue #16).
+
+    /// A saved table file of `entries` (backend index `backend` of `names`).
+    fn crafted_file(path: &std::path::Path, names: &[Arc<str>], hashes: &[u64], backend: u16) {
+        let entries: Vec<SavedEntry> = hashes
+            .iter()
+            .map(|&hash| SavedEntry {
+                hash,
+                kind: KeyKind::SessionId.code(),
+                flags: 0,
+                backend,
+                age: 1,
+                idle: 1,
+            })
+            .collect();
+        fs::write(path, encode_state((1, 2), names, &entries)).unwrap();
+    }
+
+    #[test]
+    fn saves_never_open_a_planted_file_or_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let planted = dir.path().join("t.tmp");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let t = table(10);
+        t.learn(sid(&t, 1), "b1");
+        t.save(&path).unwrap();
+        assert_eq!(
+            fs::read(&victim).unwrap(),
+            b"precious",
+            "the save wrote through a symlink"
+        );
+        assert!(!fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(table(10).load(&path).unwrap(), 1);
+        assert!(create_private(&planted).is_err(), "opened an existing path");
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn concurrent_saves_to_one_path_all_land_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let t = Arc::new(table(20_000));
+        for i in 0..20_000 {
+            t.learn(sid(&t, i), "b1");
+        }
+        let savers: Vec<_> = (0..4)
+            .map(|_| {
+                let (t, path) = (t.clone(), path.clone());
+                std::thread::spawn(move || {
+                    (0..10).map(|_| t.save(&path).map(drop)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for s in savers {
+            for r in s.join().unwrap() {
+                r.expect("every save succeeds");
+            }
+        }
+        assert_eq!(table(20_000).load(&path).unwrap(), 20_000);
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["t"], "temporary files left behind");
+    }
+
+    #[test]
+    fn names_a_file_lists_do_not_fill_the_name_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let mut names: Vec<Arc<str>> = (0..5000).map(|i| Arc::from(format!("x{i}"))).collect();
+        names.push(Arc::from("b1"));
+        let unknown: Vec<u64> = (0..5000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        crafted_file(&path, &names, &unknown, 17);
+        let t = table(10_000);
+        assert_eq!(
+            t.load(&path).unwrap(),
+            0,
+            "entries of backends not configured"
+        );
+        assert!(
+            t.backends.names.load().len() <= 1,
+            "names learned from the file"
+        );
+        // Duplicate hashes count once and don't grow the queue past its limit.
+        crafted_file(&path, &names, &[7; 3000], 5000);
+        assert_eq!(t.load(&path).unwrap(), 1);
+        assert_eq!(t.stats().entries, 1);
+        assert!(queue_len(&t) <= t.queue_limit());
+    }
+
+    #[test]
+    fn oversized_files_are_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let hashes: Vec<u64> = (0..100_000u64).collect();
+        crafted_file(&path, &[Arc::from("b1")], &hashes, 0);
+        let err = table(10).load(&path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("more than the"), "{err}");
+        assert_eq!(
+            table(100_000).load(&path).unwrap(),
+            100_000,
+            "a table of its size takes it"
+        );
+    }
+
+    /// Hashes that share their low 40 bits would all probe one bucket sequence of a
+    /// map that used them as they are: loading them must cost about what loading
+    /// random ones costs (best of three each, same run; a ratio, not a time).
+    #[test]
+    fn colliding_hashes_load_like_random_ones() {
+        const N: u64 = 300_000;
+        let dir = tempfile::tempdir().unwrap();
+        let names = [Arc::from("b1")];
+        let best = |hashes: &[u64]| {
+            let path = dir.path().join("t");
+            crafted_file(&path, &names, hashes, 0);
+            (0..3)
+                .map(|_| {
+                    let t = table(N as usize);
+                    let started = std::time::Instant::now();
+                    assert_eq!(t.load(&path).unwrap(), N as usize);
+                    started.elapsed()
+                })
+                .min()
+                .unwrap()
+        };
+        let random: Vec<u64> = (0..N).map(|_| fastrand::u64(..)).collect();
+        let colliding: Vec<u64> = (0..N).map(|i| (i + 1) << 40).collect();
+        let (r, c) = (best(&random), best(&colliding));
+        println!("load of {N} entries: random hashes {r:?}, colliding {c:?}");
+        assert!(c < r * 4, "colliding hashes took {c:?}, random ones {r:?}");
+    }
 }
