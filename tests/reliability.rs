@@ -689,15 +689,39 @@ fn saved_entries(path: &Path, size: usize) -> usize {
         expire: Duration::from_secs(3600),
         source_expire: Duration::from_secs(3600),
     });
-    t.load(path)
+    t.load(path, &["echo"])
         .unwrap_or_else(|e| panic!("{} must load whole: {e}", path.display()))
 }
 
-/// SIGTERM while periodic saves of a big table run back to back (`save_interval:
-/// 10ms`): the process waits for the running save, writes its last one, exits 0,
-/// and leaves one whole file and no temporary files (before: the shutdown save and a
-/// periodic one shared `<path>.tmp`, so one could write into the other's file or
-/// fail its rename). Three rounds, since the overlap is up to timing.
+/// Connect from ever new loopback addresses (each learns a `source` entry, so
+/// every save differs) until `stop`; bounded.
+fn churn(
+    to: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in 0..200_000u32 {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            let from = std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250 + 1) as u8);
+            let Ok(sock) = tokio::net::TcpSocket::new_v4() else {
+                continue;
+            };
+            if sock.bind(SocketAddr::from((from, 0))).is_ok() {
+                let _ = sock.connect(to).await; // ok: refused once the process stops
+            }
+        }
+    })
+}
+
+/// SIGTERM while periodic saves of a big, changing table run back to back
+/// (`save_interval: 10ms`, clients from new addresses all the while): the process
+/// waits for the running save, writes its last one, exits 0, and leaves one whole
+/// file and no temporary files (before: the shutdown save and a periodic one shared
+/// `<path>.tmp`, so two snapshots could be written into one file, or a rename
+/// failed with nobody left to log it). Three rounds, since the overlap is up to
+/// timing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_a_running_table_save() {
     const ENTRIES: u32 = 200_000;
@@ -720,6 +744,8 @@ async fn sigterm_waits_for_a_running_table_save() {
         let mut p = Proc::start(&cfg, &sock, Stdio::piped());
         let saved_at = std::fs::metadata(&table).unwrap().modified().unwrap();
         wait_until("serving", || std::net::TcpStream::connect(listen).is_ok()).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients = churn(listen, stop.clone());
         wait_until("a periodic save replaced the file", || {
             std::fs::metadata(&table).is_ok_and(|m| m.modified().ok() != Some(saved_at))
         })
@@ -729,6 +755,8 @@ async fn sigterm_waits_for_a_running_table_save() {
         let sent = unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGTERM) };
         assert_eq!(sent, 0);
         assert_eq!(p.exited().await, Some(0), "round {round}: exit code");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        clients.await.unwrap();
         let mut err = String::new();
         p.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
         assert!(!err.contains("failed"), "round {round}: {err}");

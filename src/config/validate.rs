@@ -315,6 +315,7 @@ impl Checker<'_> {
             services.push(self.service(name, svc, tuning, listen));
         }
         self.shared_listeners(&services);
+        self.state_files(&services);
         services
     }
 

@@ -27,9 +27,11 @@ pub(super) enum Found {
 /// once more than its lifetime has passed since its last use, so up to ~2 s late, never
 /// early; at most 65535 distinct backend names per table (more are not learned).
 pub struct StickTable {
+    /// `size` is fixed; `expire` and `source_expire` are as built (the lifetimes in
+    /// force are `ttl` and `source_ttl`, which a reload may change).
     pub(super) params: TableParams,
-    pub(super) ttl: u32,
-    pub(super) source_ttl: u32,
+    pub(super) ttl: AtomicU32,
+    pub(super) source_ttl: AtomicU32,
     pub(super) hash_key: [AtomicU64; 2],
     pub(super) map: DashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
     pub(super) queue: Mutex<Fifo>,
@@ -56,8 +58,8 @@ impl StickTable {
     /// An empty table with a fresh random hash key.
     pub fn new(params: TableParams) -> StickTable {
         StickTable {
-            ttl: ttl_secs(params.expire),
-            source_ttl: ttl_secs(params.source_expire),
+            ttl: AtomicU32::new(ttl_secs(params.expire)),
+            source_ttl: AtomicU32::new(ttl_secs(params.source_expire)),
             params,
             hash_key: [
                 AtomicU64::new(fastrand::u64(..)),
@@ -208,6 +210,14 @@ impl StickTable {
         removed
     }
 
+    /// Apply new idle lifetimes (a reload that keeps the table): every entry, old or
+    /// new, is judged by them from now on, as if they had always been in force (an
+    /// entry idle longer than a shortened lifetime expires at once).
+    pub fn set_lifetimes(&self, expire: Duration, source_expire: Duration) {
+        self.ttl.store(ttl_secs(expire), Relaxed);
+        self.source_ttl.store(ttl_secs(source_expire), Relaxed);
+    }
+
     /// Remove everything.
     ///
     /// Keeps the hash key, the counters and the backend names.
@@ -304,9 +314,9 @@ impl StickTable {
 
     pub(super) fn ttl_of(&self, kind: u8) -> u32 {
         if kind == KeyKind::Source.code() {
-            self.source_ttl
+            self.source_ttl.load(Relaxed)
         } else {
-            self.ttl
+            self.ttl.load(Relaxed)
         }
     }
 
@@ -474,6 +484,9 @@ mod tests {
 
     const EXPIRE: Duration = Duration::from_secs(60);
     const SOURCE_EXPIRE: Duration = Duration::from_secs(10);
+
+    /// The backends configured while a test loads a file.
+    const BACKENDS: &[&str] = &["b1", "compile1", "compile2"];
 
     fn table(size: usize) -> StickTable {
         StickTable::new(TableParams {
@@ -859,12 +872,16 @@ mod tests {
         a.learn_prefix(prefix, "compile2");
         a.advance_clock(Duration::from_secs(5));
         assert_eq!(a.save(&path).unwrap(), 4);
-        assert!(!tmp_path(&path).exists());
+        let files: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, ["puppet.table"], "no temporary file left");
 
         let b = table(100);
         b.learn(b.key(KeyKind::SessionId, b"gone"), "other"); // replaced by load
         b.learn(b.key(KeyKind::SessionId, b"gone2"), "compile2"); // interned at another index
-        assert_eq!(b.load(&path).unwrap(), 4);
+        assert_eq!(b.load(&path, BACKENDS).unwrap(), 4);
         assert_eq!(b.stats().entries, 4);
         assert_eq!(hit(&b, &b.key(KeyKind::SessionId, b"gone")), None);
         let mut views = b.entries(10);
@@ -910,7 +927,7 @@ mod tests {
         }
         a.save(&path).unwrap();
         let b = table(4);
-        assert_eq!(b.load(&path).unwrap(), 4);
+        assert_eq!(b.load(&path, BACKENDS).unwrap(), 4);
         for i in 0..10 {
             assert_eq!(lookup_name(&b, &sid(&b, i)).is_some(), i >= 6, "entry {i}");
         }
@@ -949,7 +966,7 @@ mod tests {
         b.learn(key, "mine");
         for (what, bytes) in cases {
             fs::write(&path, &bytes).unwrap();
-            let err = b.load(&path).unwrap_err();
+            let err = b.load(&path, BACKENDS).unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
             assert!(
                 err.get_ref().is_some_and(|e| e.is::<StateFileError>()),
@@ -963,7 +980,7 @@ mod tests {
             );
             assert_eq!(b.stats().entries, 1);
         }
-        let missing = b.load(&dir.path().join("missing")).unwrap_err();
+        let missing = b.load(&dir.path().join("missing"), BACKENDS).unwrap_err();
         assert_eq!(missing.kind(), io::ErrorKind::NotFound);
     }
 
@@ -976,7 +993,7 @@ mod tests {
         t.save(&path).unwrap();
         t.clear();
         assert_eq!(t.save(&path).unwrap(), 0);
-        assert_eq!(t.load(&path).unwrap(), 0);
+        assert_eq!(t.load(&path, BACKENDS).unwrap(), 0);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -1088,7 +1105,7 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
-        assert_eq!(table(10).load(&path).unwrap(), 1);
+        assert_eq!(table(10).load(&path, BACKENDS).unwrap(), 1);
         assert!(create_private(&planted).is_err(), "opened an existing path");
         assert_eq!(fs::read(&victim).unwrap(), b"precious");
     }
@@ -1114,7 +1131,7 @@ mod tests {
                 r.expect("every save succeeds");
             }
         }
-        assert_eq!(table(20_000).load(&path).unwrap(), 20_000);
+        assert_eq!(table(20_000).load(&path, BACKENDS).unwrap(), 20_000);
         let left: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -1134,7 +1151,7 @@ mod tests {
         crafted_file(&path, &names, &unknown, 17);
         let t = table(10_000);
         assert_eq!(
-            t.load(&path).unwrap(),
+            t.load(&path, BACKENDS).unwrap(),
             0,
             "entries of backends not configured"
         );
@@ -1144,7 +1161,7 @@ mod tests {
         );
         // Duplicate hashes count once and don't grow the queue past its limit.
         crafted_file(&path, &names, &[7; 3000], 5000);
-        assert_eq!(t.load(&path).unwrap(), 1);
+        assert_eq!(t.load(&path, BACKENDS).unwrap(), 1);
         assert_eq!(t.stats().entries, 1);
         assert!(queue_len(&t) <= t.queue_limit());
     }
@@ -1155,11 +1172,11 @@ mod tests {
         let path = dir.path().join("t");
         let hashes: Vec<u64> = (0..100_000u64).collect();
         crafted_file(&path, &[Arc::from("b1")], &hashes, 0);
-        let err = table(10).load(&path).unwrap_err();
+        let err = table(10).load(&path, BACKENDS).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert!(err.to_string().contains("more than the"), "{err}");
         assert_eq!(
-            table(100_000).load(&path).unwrap(),
+            table(100_000).load(&path, BACKENDS).unwrap(),
             100_000,
             "a table of its size takes it"
         );
@@ -1180,7 +1197,7 @@ mod tests {
                 .map(|_| {
                     let t = table(N as usize);
                     let started = std::time::Instant::now();
-                    assert_eq!(t.load(&path).unwrap(), N as usize);
+                    assert_eq!(t.load(&path, BACKENDS).unwrap(), N as usize);
                     started.elapsed()
                 })
                 .min()
