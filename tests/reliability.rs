@@ -750,6 +750,14 @@ async fn sigterm_waits_for_a_running_table_save() {
             std::fs::metadata(&table).is_ok_and(|m| m.modified().ok() != Some(saved_at))
         })
         .await;
+        // Signal while a save is writing its temporary file.
+        let writing = || {
+            std::fs::read_dir(dir.path()).is_ok_and(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            })
+        };
+        wait_until("a periodic save is writing", writing).await;
         // SAFETY: kill(2) on our own child's pid.
         #[allow(unsafe_code)]
         let sent = unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGTERM) };
