@@ -58,7 +58,7 @@ JDK_RESUMES=10
 JDK_SRC=127.0.0.150
 # resumed on the server of the client's full handshake, percent of attempts (#13)
 JDK_KEPT_MIN_PCT=99
-JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-300}
+JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-600}
 HOSTS_BEGIN="# BEGIN crossbar-puppet-e2e $$"
 HOSTS_END="# END crossbar-puppet-e2e $$"
 FACTER_CONF=/etc/facter/facter.conf
@@ -610,9 +610,15 @@ fi
 # which have different certificates: the Puppet Server -> PuppetDB pattern (#13).
 # A resumption sent to the other server would be a full handshake with another
 # certificate (SERVER-207: "server certificate change is restricted").
-jdk_resume() { # label vip sni protocol -> one summary line; RESULT/ERROR lines in $W/jdk-LABEL.txt
-    timeout 300 java -cp "$W/java" JdkResume "$W/ca.pem" "$3" "$4" $JDK_CLIENTS $JDK_RESUMES \
-        $JDK_SRC "$2:8140" > "$W/jdk-$1.txt" 2>&1
+# TLS 1.2 runs in session-ID mode (the client offers no session_ticket extension):
+# these Jetty/Java 17 servers answer a TLS 1.2 hello that offers the extension with
+# an empty NewSessionTicket and never resume it, straight or through crossbar; the
+# `direct` rows below measure that on ca1 itself.
+jdk_resume() { # label vip sni protocol tickets(on|off) -> one summary line; lines in $W/jdk-LABEL.txt
+    local props=()
+    [ "$5" = off ] && props=(-Djdk.tls.client.enableSessionTicketExtension=false)
+    timeout 300 java "${props[@]}" -cp "$W/java" JdkResume "$W/ca.pem" "$3" "$4" $JDK_CLIENTS \
+        $JDK_RESUMES $JDK_SRC "$2:8140" > "$W/jdk-$1.txt" 2>&1
     echo "rc=$? $(awk -v min=$JDK_KEPT_MIN_PCT '
         $1 == "RESULT" && $3 == 0 { home[$2] = $5; first[$5]++ }
         $1 == "RESULT" && $3 > 0 { n++; if ($4 == "true" && $5 == home[$2]) kept++;
@@ -625,8 +631,8 @@ jdk_resume() { # label vip sni protocol -> one summary line; RESULT/ERROR lines 
                      ok, kept, n, n ? kept * 100 / n : 0, moved, full, err, chg, f }' "$W/jdk-$1.txt")"
 }
 jdk_all_ok=1; jdk_lines=()
-for mode in "pdb13 $VIP_PDB puppetdb.$DOMAIN TLSv1.3" "pdb12 $VIP_PDB puppetdb.$DOMAIN TLSv1.2" \
-            "puppet13 $VIP_PUPPET puppet.$DOMAIN TLSv1.3" "puppet12 $VIP_PUPPET puppet.$DOMAIN TLSv1.2"; do
+for mode in "pdb13 $VIP_PDB puppetdb.$DOMAIN TLSv1.3 on" "pdb12 $VIP_PDB puppetdb.$DOMAIN TLSv1.2 off" \
+            "puppet13 $VIP_PUPPET puppet.$DOMAIN TLSv1.3 on" "puppet12 $VIP_PUPPET puppet.$DOMAIN TLSv1.2 off"; do
     # shellcheck disable=SC2086
     r=$(jdk_resume $mode)
     jdk_lines+=("${mode%% *}: $r")
@@ -640,8 +646,16 @@ done
 confirm=$(curl -s --max-time 5 "$ADMIN/metrics" | grep -E '^crossbar_stick_confirm_total\{' |
     grep -E 'service="(puppetdb|puppet)"' | grep -vE ' 0$' |
     sed -E 's/.*result="([a-z_]+)".*service="([a-z]+)".* ([0-9.]+)$/\2:\1=\3/; s/.*service="([a-z]+)".*result="([a-z_]+)".* ([0-9.]+)$/\1:\2=\3/' | tr '\n' ' ')
-extra=$(metric crossbar_stick_confirm_extra_handshakes_total 'service="puppetdb"')
-jdk_summary="$JDK_CLIENTS JDK clients x (1 + $JDK_RESUMES) from $JDK_SRC per mode; $(printf '%s; ' "${jdk_lines[@]}")crossbar_stick_confirm_total: ${confirm% }; puppetdb extra backend handshakes: $extra"
+extra_pdb=$(metric crossbar_stick_confirm_extra_handshakes_total 'service="puppetdb"')
+extra_puppet=$(metric crossbar_stick_confirm_extra_handshakes_total 'service="puppet"')
+# for comparison, not judged: straight to ca1, and TLS 1.2 with tickets offered
+for mode in "direct13 $IP_CA1 puppetdb.$DOMAIN TLSv1.3 on" "direct12 $IP_CA1 puppetdb.$DOMAIN TLSv1.2 off" \
+            "direct12tickets $IP_CA1 puppetdb.$DOMAIN TLSv1.2 on" "pdb12tickets $VIP_PDB puppetdb.$DOMAIN TLSv1.2 on"; do
+    # shellcheck disable=SC2086
+    r=$(jdk_resume $mode)
+    jdk_lines+=("${mode%% *} (not judged): ${r/ ok=[01]/}")
+done
+jdk_summary="$JDK_CLIENTS JDK clients x (1 + $JDK_RESUMES) from $JDK_SRC per mode; $(printf '%s; ' "${jdk_lines[@]}")crossbar_stick_confirm_total: ${confirm% }; crossbar_stick_confirm_extra_handshakes_total: puppetdb=$extra_pdb puppet=$extra_puppet"
 if [ $jdk_all_ok = 1 ] && [ $pdb_spread = 1 ]; then
     pass jdk-resume "$jdk_summary"
 else
