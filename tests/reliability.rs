@@ -6,7 +6,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -681,7 +681,7 @@ async fn sigterm_waits_for_a_running_table_save() {
         );
         std::fs::write(&cfg, yaml).unwrap();
         let sock = dir.path().join("run").join("upgrade.sock");
-        let mut p = Proc::start(&cfg, &sock, Stdio::piped());
+        let mut p = crossbar_run(&cfg, Some(&sock), Stdio::piped());
         let saved_at = std::fs::metadata(&table).unwrap().modified().unwrap();
         wait_until("serving", || std::net::TcpStream::connect(listen).is_ok()).await;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -702,7 +702,7 @@ async fn sigterm_waits_for_a_running_table_save() {
         #[allow(unsafe_code)]
         let sent = unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGTERM) };
         assert_eq!(sent, 0);
-        assert_eq!(p.exited().await, Some(0), "round {round}: exit code");
+        assert_eq!(p.exited(WAIT).await, Some(0), "round {round}: exit code");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         clients.await.unwrap();
         let mut err = String::new();
