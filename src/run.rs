@@ -11,7 +11,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin;
-use crate::config::Config;
+use crate::config::{Config, RelayMode};
 use crate::metrics::Metrics;
 use crate::server::Server;
 use crate::upgrade;
@@ -109,6 +109,11 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
             sockets = inherited.len(),
             "upgrade: took the predecessor's listening sockets"
         );
+    }
+    for s in config.services.iter().filter(|s| s.relay != RelayMode::SpliceAuto) {
+        // Loads the kernel relay now (logging once if it can't), not on the first connection.
+        let plan = crate::relay::plan(s.relay);
+        tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);
     }
     let server = Server::start_inheriting(config, metrics, inherited)
         .await

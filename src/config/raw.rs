@@ -181,6 +181,7 @@ pub(super) enum RawOnNonTls {
 pub(super) enum RawRelay {
     SpliceAuto,
     Kernel,
+    Auto,
 }
 
 /// `balance:`
