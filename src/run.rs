@@ -110,7 +110,11 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
             "upgrade: took the predecessor's listening sockets"
         );
     }
-    for s in config.services.iter().filter(|s| s.relay != RelayMode::SpliceAuto) {
+    for s in config
+        .services
+        .iter()
+        .filter(|s| s.relay != RelayMode::SpliceAuto)
+    {
         // Loads the kernel relay now (logging once if it can't), not on the first connection.
         let plan = crate::relay::plan(s.relay);
         tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);

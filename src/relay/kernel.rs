@@ -7,10 +7,11 @@
 //! [`pump`] forwards it with read/write, in order. That one mechanism covers the
 //! handshake (the server's direction is passed up until the watcher is done), a
 //! slow reader (bounded memory: past the limit, bytes wait in the source socket's
-//! receive buffer, and TCP flow control stops the sender; a sender that keeps the
-//! pipe full then stays on this copy path until it pauses), and sockets that can't
+//! receive buffer, and TCP flow control stops the sender), and sockets that can't
 //! join the map (a half-closed socket is refused by the kernel: that connection is
-//! copied in user space). A FIN still reaches user space (read returns 0): the pump
+//! copied in user space). After a slow reader's pause the kernel takes over again:
+//! the pump shuts the source's window, peeks and forwards the passed bytes, and
+//! reads them (reopening the window) only once they count as consumed ([`forward`]). A FIN still reaches user space (read returns 0): the pump
 //! waits until every redirected byte is in the peer socket, then half-closes it.
 //! Byte counts come from the BPF program's per-direction counters.
 #![allow(unsafe_code)]

@@ -473,7 +473,10 @@ pub fn plan(mode: crate::config::RelayMode) -> RelayPlan {
     match loaded {
         Ok(()) => RelayPlan {
             relay: "kernel",
-            why: format!("relay: {}; the BPF sockmap program loads here", mode.as_str()),
+            why: format!(
+                "relay: {}; the BPF sockmap program loads here",
+                mode.as_str()
+            ),
         },
         Err(why) => RelayPlan {
             relay: "splice-auto",
