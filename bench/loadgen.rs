@@ -245,6 +245,23 @@ async fn wait_for_stop(wait: &WaitArgs) -> Result<()> {
 
 // ---------------------------------------------------------------- backends
 
+/// Backlog of the plain backends: a proxy that accepts a burst of 200 connections
+/// dials the backend 200 times at once, and std's default of 128 would drop SYNs
+/// (a 1 s retransmit each), so the bench would measure the backend, not the proxy.
+const BACKEND_BACKLOG: u32 = 4096;
+
+/// A plain backend's listening socket with [`BACKEND_BACKLOG`].
+fn listen(addr: SocketAddr) -> Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    Ok(sock.listen(BACKEND_BACKLOG)?)
+}
+
 async fn backends(a: BackendsArgs) -> Result<()> {
     let mut addrs = Vec::new();
     let mut keep_tls = Vec::new();
@@ -269,7 +286,7 @@ async fn backends(a: BackendsArgs) -> Result<()> {
         }
         Kind::Echo | Kind::Sink => {
             for _ in 0..a.count {
-                let l = TcpListener::bind(a.bind).await?;
+                let l = listen(a.bind)?;
                 addrs.push(l.local_addr()?);
                 tokio::spawn(serve_plain(l, a.kind == Kind::Echo));
             }
