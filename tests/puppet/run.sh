@@ -8,18 +8,21 @@
 #   CROSSBAR_BIN   crossbar binary (default target/release/crossbar; built if missing)
 #   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
 #   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent
-#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|file|certs|serverlist|sni|failover)
+#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|file|certs|jdk|serverlist|sni|failover)
 #
 # Topology (at most 2 JVMs; see docs/puppet.md "Verified with"):
 #   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
 #   ca2 (127.0.0.22:8140) hot-standby CA (rsync copy of ca1's cadir) + compile 2 + files 2
-#   crossbar VIPs: puppet 127.0.0.10, puppetca 127.0.0.11, puppetfiles 127.0.0.12 (:8140)
+#   crossbar VIPs: puppet 127.0.0.10, puppetca 127.0.0.11, puppetfiles 127.0.0.12 (:8140),
+#     puppetdb 127.0.0.15 (the PuppetDB preset in front of ca1/ca2: JDK clients resume
+#     their sessions through it, the Puppet Server -> PuppetDB pattern)
 #   crossbar SNI variant: one shared listener 127.0.0.13:8140
 #   a second crossbar whose only service has every backend down: 127.0.0.14:8140
 #     (puppetdown.xb.test, the first entry of an agent's server_list)
 #   compile3 (127.0.0.23:8140): openssl s_server with a Puppet-signed certificate
 #     lacking the service names, for `crossbar doctor`'s error
 #   agents a1..aN: own confdir/ssldir/vardir, sourceaddress 127.0.0.10N
+#   JDK clients (tests/puppet/JdkResume.java): all from 127.0.0.150
 # Prints "PASS name: figures" / "FAIL name: why" per check, then "N passed, M failed".
 # Exit status: 0 when every check passed, 1 otherwise, 2 on a setup error.
 
@@ -33,6 +36,7 @@ VIP_CA=127.0.0.11
 VIP_FILES=127.0.0.12
 VIP_SNI=127.0.0.13
 VIP_DOWN=127.0.0.14
+VIP_PDB=127.0.0.15
 IP_COMPILE3=127.0.0.23
 IP_CA1=127.0.0.21
 IP_CA2=127.0.0.22
@@ -47,7 +51,14 @@ ADMIN_DOWN=http://127.0.0.1:$ADMIN_DOWN_PORT
 # must finish well before that: under half of it.
 SERVER_LIST_LIMIT_MS=60000
 NAGENTS=4
-JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-300}
+# JDK clients in parallel, each 1 full handshake + JDK_RESUMES resumption attempts,
+# all from one source address (as a Puppet Server's pool of connections to PuppetDB)
+JDK_CLIENTS=16
+JDK_RESUMES=10
+JDK_SRC=127.0.0.150
+# resumed on the server of the client's full handshake, percent of attempts (#13)
+JDK_KEPT_MIN_PCT=99
+JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-600}
 HOSTS_BEGIN="# BEGIN crossbar-puppet-e2e $$"
 HOSTS_END="# END crossbar-puppet-e2e $$"
 FACTER_CONF=/etc/facter/facter.conf
@@ -110,6 +121,7 @@ hosts_write() { # mode: vip | sni
         echo "$c puppetca.$DOMAIN"
         echo "$f puppetfiles.$DOMAIN"
         echo "$VIP_DOWN puppetdown.$DOMAIN"
+        echo "$VIP_PDB puppetdb.$DOMAIN"
         echo "$IP_CA1 ca1.$DOMAIN"
         echo "$IP_CA2 ca2.$DOMAIN"
         echo "$HOSTS_END"
@@ -288,7 +300,7 @@ fi
 if [ ! -x "$CROSSBAR" ]; then
     log "building crossbar"; (cd "$ROOT" && cargo build --release >/dev/null 2>&1) || die "cargo build failed"
 fi
-for c in curl rsync java openssl; do command -v $c >/dev/null || die "$c missing"; done
+for c in curl rsync java javac openssl; do command -v $c >/dev/null || die "$c missing"; done
 if [ ! -e "$FACTER_CONF" ]; then
     mkdir -p /etc/facter
     echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$FACTER_CONF"
@@ -297,6 +309,7 @@ fi
 
 W=$(mktemp -d /tmp/crossbar-puppet.XXXXXX)
 chmod 755 "$W"
+javac -d "$W/java" "$ROOT/tests/puppet/JdkResume.java" > "$W/javac.log" 2>&1 || { cat "$W/javac.log" >&2; die "javac JdkResume.java"; }
 log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
 hosts_write vip
 
@@ -314,7 +327,7 @@ node default {
 EOF
 chmod -R a+rX "$W/code"
 
-ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN"
+ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN"
 master_conf ca1 $IP_CA1 "ca1.$DOMAIN" "$ALT,ca1.$DOMAIN"
 master_conf ca2 $IP_CA2 "ca2.$DOMAIN" "$ALT,ca2.$DOMAIN"
 # primary CA, offline: root + intermediate, ca1's host cert with every service name
@@ -389,6 +402,19 @@ services:
     backends:
       - { name: files1, address: "ca1.$DOMAIN:8140" }
       - { name: files2, address: "ca2.$DOMAIN:8140" }
+  # conf/puppet.yaml's PuppetDB preset (session keys, no source) in front of the two
+  # puppetservers, each Jetty on Java 17 with its own certificate, as two PuppetDBs
+  puppetdb:
+    listen: ["$VIP_PDB:8140"]
+    names: ["puppetdb.$DOMAIN"]
+    balance: leastconn
+    stick:
+      on: [session_id, ticket, psk]
+      expire: 30m
+    health: { server_name: puppetdb.$DOMAIN }
+    backends:
+      - { name: pdb1, address: "ca1.$DOMAIN:8140" }
+      - { name: pdb2, address: "ca2.$DOMAIN:8140" }
 EOF
 cat > "$W/crossbar-sni.yaml" <<EOF
 # the same three services on ONE shared listener, routed by the SNI agents send
@@ -454,7 +480,7 @@ done
 PIDS[crossbar]=$!
 for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN/healthz" >/dev/null && break; sleep 0.2; done
 curl -sf --max-time 2 "$ADMIN/healthz" >/dev/null || die "crossbar did not come up (log: $W/crossbar.log)"
-for b in "puppetca ca1" "puppetca ca2" "puppet compile1" "puppet compile2"; do
+for b in "puppetca ca1" "puppetca ca2" "puppet compile1" "puppet compile2" "puppetdb pdb1" "puppetdb pdb2"; do
     wait_state $b up 20 || die "crossbar: $b not up: $(state $b) (log: $W/crossbar.log)"
 done
 log "crossbar up; setup took $(( $(date +%s) - T0 ))s"
@@ -467,9 +493,9 @@ t=$(now_ms)
 dms=$(( $(now_ms) - t ))
 "$CROSSBAR" doctor -c "$W/crossbar.yaml" --format json > "$W/doctor.json" 2>&1
 dcerts=$(grep -c '"subject": "CN=ca[12].xb.test"' "$W/doctor.json")
-if [ $drc = 0 ] && grep -q "0 error(s), 0 warning(s): exit 0" "$W/doctor.txt" && [ "$dcerts" -ge 6 ] &&
+if [ $drc = 0 ] && grep -q "0 error(s), 0 warning(s): exit 0" "$W/doctor.txt" && [ "$dcerts" -ge 8 ] &&
    grep -q "info     puppetca: ca1 and ca2 serve the same CA certificate" "$W/doctor.txt"; then
-    pass doctor-clean "crossbar doctor --status: exit $drc in ${dms}ms, 6 backends, $dcerts leaf certificates read, ca1 and ca2 serve the same CA certificate"
+    pass doctor-clean "crossbar doctor --status: exit $drc in ${dms}ms, 8 backends, $dcerts leaf certificates read, ca1 and ca2 serve the same CA certificate"
 else
     fail doctor-clean "exit $drc; report: $(tr '\n' '|' < "$W/doctor.txt") $(head -c 500 "$W/doctor.err")"
 fi
@@ -579,6 +605,63 @@ else
     fail client-cert "own=$own other=$other nocert=$anon (expected 200/403/403)"
 fi
 [ "${STOP_AFTER:-}" = certs ] && exit
+
+# 4b. JDK clients resume their sessions through crossbar to the two puppetservers,
+# which have different certificates: the Puppet Server -> PuppetDB pattern (#13).
+# A resumption sent to the other server would be a full handshake with another
+# certificate (SERVER-207: "server certificate change is restricted").
+# TLS 1.2 runs in session-ID mode (the client offers no session_ticket extension):
+# these Jetty/Java 17 servers answer a TLS 1.2 hello that offers the extension with
+# an empty NewSessionTicket and never resume it, straight or through crossbar; the
+# `direct` rows below measure that on ca1 itself.
+jdk_resume() { # label vip sni protocol tickets(on|off) -> one summary line; lines in $W/jdk-LABEL.txt
+    local props=()
+    [ "$5" = off ] && props=(-Djdk.tls.client.enableSessionTicketExtension=false)
+    timeout 300 java "${props[@]}" -cp "$W/java" JdkResume "$W/ca.pem" "$3" "$4" $JDK_CLIENTS \
+        $JDK_RESUMES $JDK_SRC "$2:8140" > "$W/jdk-$1.txt" 2>&1
+    echo "rc=$? $(awk -v min=$JDK_KEPT_MIN_PCT '
+        $1 == "RESULT" && $3 == 0 { home[$2] = $5; first[$5]++ }
+        $1 == "RESULT" && $3 > 0 { n++; if ($4 == "true" && $5 == home[$2]) kept++;
+                                   else if ($5 != home[$2]) moved++; else full++ }
+        $1 == "ERROR" { err++; if (tolower($0) ~ /certificate change/) chg++ }
+        $1 == "DONE" { done = 1 }
+        END { f = ""; for (s in first) f = f s "=" first[s] " ";
+              ok = done && n > 0 && kept * 100 >= min * n && err == 0;
+              printf "ok=%d kept=%d/%d (%.1f%%) moved=%d full-on-home=%d errors=%d certificate-change=%d first-handshakes: %s",
+                     ok, kept, n, n ? kept * 100 / n : 0, moved, full, err, chg, f }' "$W/jdk-$1.txt")"
+}
+jdk_all_ok=1; jdk_lines=()
+for mode in "pdb13 $VIP_PDB puppetdb.$DOMAIN TLSv1.3 on" "pdb12 $VIP_PDB puppetdb.$DOMAIN TLSv1.2 off" \
+            "puppet13 $VIP_PUPPET puppet.$DOMAIN TLSv1.3 on" "puppet12 $VIP_PUPPET puppet.$DOMAIN TLSv1.2 off"; do
+    # shellcheck disable=SC2086
+    r=$(jdk_resume $mode)
+    jdk_lines+=("${mode%% *}: $r")
+    [[ $r == "rc=0 ok=1 "* ]] || jdk_all_ok=0
+done
+# the PuppetDB pool must have used both servers, or it proved nothing about two certificates
+pdb_spread=1
+for m in pdb13 pdb12; do
+    grep -q ' ca1.xb.test ' "$W/jdk-$m.txt" && grep -q ' ca2.xb.test ' "$W/jdk-$m.txt" || pdb_spread=0
+done
+confirm=$(curl -s --max-time 5 "$ADMIN/metrics" | grep -E '^crossbar_stick_confirm_total\{' |
+    grep -E 'service="(puppetdb|puppet)"' | grep -vE ' 0$' |
+    sed -E 's/.*result="([a-z_]+)".*service="([a-z]+)".* ([0-9.]+)$/\2:\1=\3/; s/.*service="([a-z]+)".*result="([a-z_]+)".* ([0-9.]+)$/\1:\2=\3/' | tr '\n' ' ')
+extra_pdb=$(metric crossbar_stick_confirm_extra_handshakes_total 'service="puppetdb"')
+extra_puppet=$(metric crossbar_stick_confirm_extra_handshakes_total 'service="puppet"')
+# for comparison, not judged: straight to ca1, and TLS 1.2 with tickets offered
+for mode in "direct13 $IP_CA1 puppetdb.$DOMAIN TLSv1.3 on" "direct12 $IP_CA1 puppetdb.$DOMAIN TLSv1.2 off" \
+            "direct12tickets $IP_CA1 puppetdb.$DOMAIN TLSv1.2 on" "pdb12tickets $VIP_PDB puppetdb.$DOMAIN TLSv1.2 on"; do
+    # shellcheck disable=SC2086
+    r=$(jdk_resume $mode)
+    jdk_lines+=("${mode%% *} (not judged): ${r/ ok=[01]/}")
+done
+jdk_summary="$JDK_CLIENTS JDK clients x (1 + $JDK_RESUMES) from $JDK_SRC per mode; $(printf '%s; ' "${jdk_lines[@]}")crossbar_stick_confirm_total: ${confirm% }; crossbar_stick_confirm_extra_handshakes_total: puppetdb=$extra_pdb puppet=$extra_puppet"
+if [ $jdk_all_ok = 1 ] && [ $pdb_spread = 1 ]; then
+    pass jdk-resume "$jdk_summary"
+else
+    fail jdk-resume "spread over both servers in the puppetdb pool=$pdb_spread; $jdk_summary (output: $W/jdk-*.txt)"
+fi
+[ "${STOP_AFTER:-}" = jdk ] && exit
 
 # 5. timings: through crossbar vs straight to a master
 # a1 sticks to one master; run it direct against that one and through crossbar, 3 runs each
