@@ -738,7 +738,7 @@ async fn run<'k>(
         tokio::pin!(up, down);
         let refresh = || ticker.sample();
         tokio::select! {
-            r = drive(up, down, idle, &activity, &aborted, hard_stop, &refresh) => r,
+            r = drive(up, down, idle, &activity, &aborted, hard_stop, refresh) => r,
             never = ticker.run(idle) => match never {},
         }
     };

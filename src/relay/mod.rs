@@ -345,7 +345,7 @@ pub async fn relay(
         let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, &aborted, None);
         let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, &aborted, watch);
         tokio::pin!(c2s, s2c);
-        drive(c2s, s2c, idle, &activity, &aborted, hard_stop, &|| {}).await
+        drive(c2s, s2c, idle, &activity, &aborted, hard_stop, || {}).await
     };
     match abort {
         Some(a) if a.local => {
@@ -387,7 +387,7 @@ async fn drive(
     activity: &Activity,
     aborted: &AtomicBool,
     hard_stop: &CancellationToken,
-    refresh: &(dyn Fn() + Sync),
+    refresh: impl Fn() + Sync,
 ) -> (RelayEnd, Option<Abort>) {
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
