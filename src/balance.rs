@@ -41,15 +41,48 @@ impl AdminState {
     }
 }
 
-/// The live state a backend keeps across a reload when its address is unchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CarriedState {
-    /// Whether it is up.
-    pub healthy: bool,
-    /// The operator's state.
-    pub admin: AdminState,
-    /// Recovered, held back for manual failback.
-    pub standby: bool,
+/// The live state of a backend: connection count, health, the operator's state and
+/// the slow-start clock.
+///
+/// Shared (one `Arc`) by the pools of successive reloads while the backend's name
+/// and address are unchanged: a connection accepted under the old config releases
+/// its slot on the same counter the new pool reserves from, so `max_connections` and
+/// `leastconn` hold across a reload, and health seen by either pool is seen by both.
+#[derive(Debug)]
+pub struct BackendState {
+    active: AtomicU32,
+    healthy: AtomicBool,
+    standby: AtomicBool,
+    admin: AtomicU8,
+    /// When the backend last became available (for slow start), as ms since `epoch`
+    /// plus one; 0 = available since it was first configured (no ramp).
+    up_since_ms: AtomicU64,
+    epoch: Instant,
+    /// Consecutive check results (rise/fall), fed by active and passive checks.
+    health: HealthStreak,
+}
+
+impl BackendState {
+    fn new(admin: AdminState) -> BackendState {
+        BackendState {
+            active: AtomicU32::new(0),
+            healthy: AtomicBool::new(true),
+            standby: AtomicBool::new(false),
+            admin: AtomicU8::new(admin as u8),
+            up_since_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            health: HealthStreak::default(),
+        }
+    }
+}
+
+/// Connections waiting for a backend slot of a service, shared (like
+/// [`BackendState`]) by the pools of successive reloads, so that a slot freed by a
+/// connection of the old config wakes a connection queued under the new one.
+#[derive(Debug, Default)]
+struct Waiters {
+    slot_freed: Notify,
+    queued: AtomicUsize,
 }
 
 /// Consecutive check results of one backend (the rise/fall streaks).
@@ -99,19 +132,10 @@ pub struct Backend {
     pub config: BackendConfig,
     /// Position in the service's backend list.
     pub index: usize,
-    active: AtomicU32,
-    healthy: AtomicBool,
-    standby: AtomicBool,
-    admin: AtomicU8,
-    /// When the backend last became available (for slow start), as ms since `epoch`
-    /// plus one; 0 = available since the pool was built (no ramp).
-    up_since_ms: AtomicU64,
-    epoch: Instant,
+    state: Arc<BackendState>,
     /// Metric handles.
     pub metrics: BackendMetrics,
-    /// Consecutive check results (rise/fall), fed by active and passive checks.
-    pub health: HealthStreak,
-    slot_freed: Arc<Notify>,
+    waiters: Arc<Waiters>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -127,17 +151,17 @@ impl std::fmt::Debug for Backend {
 impl Backend {
     /// Is it healthy (by active and passive checks)?
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+        self.state.healthy.load(Ordering::Acquire)
     }
 
     /// The operator-set state.
     pub fn admin_state(&self) -> AdminState {
-        AdminState::from_u8(self.admin.load(Ordering::Acquire))
+        AdminState::from_u8(self.state.admin.load(Ordering::Acquire))
     }
 
     /// A recovered primary held back until the operator enables it (`failback: manual`).
     pub fn is_standby(&self) -> bool {
-        self.standby.load(Ordering::Acquire)
+        self.state.standby.load(Ordering::Acquire)
     }
 
     /// Takes new connections (ignoring its connection limit)?
@@ -145,9 +169,14 @@ impl Backend {
         self.is_healthy() && !self.is_standby() && self.admin_state() == AdminState::Enabled
     }
 
-    /// Open connections now.
+    /// Consecutive check results (rise/fall), fed by active and passive checks.
+    pub fn health(&self) -> &HealthStreak {
+        &self.state.health
+    }
+
+    /// Open connections now (under this and earlier configs: see [`BackendState`]).
     pub fn active(&self) -> u32 {
-        self.active.load(Ordering::Acquire)
+        self.state.active.load(Ordering::Acquire)
     }
 
     /// The state label: up, down, drain, disabled or standby.
@@ -168,7 +197,7 @@ impl Backend {
 
     /// Set health; returns true if it changed.
     pub fn set_healthy(&self, up: bool) -> bool {
-        let changed = self.healthy.swap(up, Ordering::AcqRel) != up;
+        let changed = self.state.healthy.swap(up, Ordering::AcqRel) != up;
         if changed && up {
             self.mark_up_now();
         }
@@ -178,8 +207,8 @@ impl Backend {
 
     /// Set the operator state; enabling also clears `standby`.
     pub fn set_admin_state(&self, s: AdminState) {
-        self.admin.store(s as u8, Ordering::Release);
-        if s == AdminState::Enabled && self.standby.swap(false, Ordering::AcqRel) {
+        self.state.admin.store(s as u8, Ordering::Release);
+        if s == AdminState::Enabled && self.state.standby.swap(false, Ordering::AcqRel) {
             self.mark_up_now();
         }
         self.publish_state();
@@ -187,15 +216,15 @@ impl Backend {
 
     /// Hold a recovered primary back (or release it).
     pub fn set_standby(&self, standby: bool) {
-        self.standby.store(standby, Ordering::Release);
+        self.state.standby.store(standby, Ordering::Release);
         self.publish_state();
     }
 
     fn mark_up_now(&self) {
         // Stored + 1 so that 0 keeps meaning "available since start" even for a
         // recovery in the pool's first millisecond.
-        let ms = self.epoch.elapsed().as_millis() as u64 + 1;
-        self.up_since_ms.store(ms, Ordering::Release);
+        let ms = self.state.epoch.elapsed().as_millis() as u64 + 1;
+        self.state.up_since_ms.store(ms, Ordering::Release);
     }
 
     /// Weight now, ramped over `slow_start` after the backend became available.
@@ -204,8 +233,8 @@ impl Backend {
         if slow_start.is_zero() {
             return w;
         }
-        let since = self.epoch.elapsed().as_millis() as u64;
-        let up = self.up_since_ms.load(Ordering::Acquire);
+        let since = self.state.epoch.elapsed().as_millis() as u64;
+        let up = self.state.up_since_ms.load(Ordering::Acquire);
         if up == 0 {
             return w; // available since start: no ramp
         }
@@ -221,12 +250,12 @@ impl Backend {
     /// Reserve a connection slot if below `max_connections`.
     fn try_reserve(self: &Arc<Self>) -> Option<Lease> {
         let max = self.config.max_connections.unwrap_or(u32::MAX);
-        let mut cur = self.active.load(Ordering::Acquire);
+        let mut cur = self.state.active.load(Ordering::Acquire);
         loop {
             if cur >= max {
                 return None;
             }
-            match self.active.compare_exchange_weak(
+            match self.state.active.compare_exchange_weak(
                 cur,
                 cur + 1,
                 Ordering::AcqRel,
@@ -264,9 +293,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.backend.active.fetch_sub(1, Ordering::AcqRel);
+        self.backend.state.active.fetch_sub(1, Ordering::AcqRel);
         self.backend.metrics.active.dec();
-        self.backend.slot_freed.notify_one();
+        self.backend.waiters.slot_freed.notify_one();
     }
 }
 
@@ -311,8 +340,7 @@ pub struct Pool {
     rr: Mutex<Vec<i64>>,
     /// Rotates leastconn tie-breaking so equal backends share the load.
     tie: AtomicUsize,
-    slot_freed: Arc<Notify>,
-    queued: AtomicUsize,
+    waiters: Arc<Waiters>,
     queue_size: usize,
     queue_timeout: Duration,
 }
@@ -340,47 +368,34 @@ pub struct PoolParams {
 }
 
 impl Pool {
-    /// Build a pool. `make` gives each backend's metric handles; `carry` may hand over
-    /// the live state (health, admin state) of a same-named backend from a previous pool.
+    /// Build a pool. `make` gives each backend's metric handles. `previous`, the
+    /// same service's pool of the running config, hands over the queue and the live
+    /// state ([`BackendState`]) of every backend whose name and address are unchanged;
+    /// the operator's drain or disable sticks unless the config now says `disabled`.
     pub fn new(
         configs: &[BackendConfig],
         params: PoolParams,
         make: impl Fn(&BackendConfig) -> BackendMetrics,
-        carry: impl Fn(&BackendConfig) -> Option<CarriedState>,
+        previous: Option<&Pool>,
     ) -> Pool {
-        let slot_freed = Arc::new(Notify::new());
-        let epoch = Instant::now();
+        let waiters = previous.map_or_else(Default::default, |p| p.waiters.clone());
         let backends: Vec<Arc<Backend>> = configs
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let CarriedState {
-                    healthy,
-                    admin,
-                    standby,
-                } = carry(c).unwrap_or(CarriedState {
-                    healthy: true,
-                    admin: if c.disabled {
-                        AdminState::Disabled
-                    } else {
-                        AdminState::Enabled
-                    },
-                    standby: false,
-                });
                 let b = Backend {
                     name: Arc::from(c.name.as_str()),
                     config: c.clone(),
                     index,
-                    active: AtomicU32::new(0),
-                    healthy: AtomicBool::new(healthy),
-                    standby: AtomicBool::new(standby),
-                    admin: AtomicU8::new(admin as u8),
-                    up_since_ms: AtomicU64::new(0),
-                    epoch,
+                    state: carried_state(previous, c),
                     metrics: make(c),
-                    health: Default::default(),
-                    slot_freed: slot_freed.clone(),
+                    waiters: waiters.clone(),
                 };
+                if c.disabled {
+                    b.state
+                        .admin
+                        .store(AdminState::Disabled as u8, Ordering::Release);
+                }
                 b.publish_state();
                 Arc::new(b)
             })
@@ -391,8 +406,7 @@ impl Pool {
             algo: params.algo,
             slow_start: params.slow_start,
             tie: AtomicUsize::new(0),
-            slot_freed,
-            queued: AtomicUsize::new(0),
+            waiters,
             queue_size: params.queue_size,
             queue_timeout: params.queue_timeout,
         }
@@ -405,7 +419,7 @@ impl Pool {
 
     /// Connections waiting for a slot now.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        self.waiters.queued.load(Ordering::Acquire)
     }
 
     /// Candidates: available primaries not yet tried; else (every primary down,
@@ -553,7 +567,7 @@ impl Pool {
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
         let mut waiting: Option<QueueSlot<'_>> = None;
         loop {
-            let notified = self.slot_freed.notified();
+            let notified = self.waiters.slot_freed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let mut full = false;
@@ -584,6 +598,22 @@ impl Pool {
     }
 }
 
+/// The live state of the backend `c` names: the previous pool's if it has a backend
+/// of that name at the same address, else a fresh one.
+fn carried_state(previous: Option<&Pool>, c: &BackendConfig) -> Arc<BackendState> {
+    let same = previous
+        .and_then(|p| p.get(&c.name))
+        .filter(|prev| prev.config.address == c.address);
+    match same {
+        Some(prev) => prev.state.clone(),
+        None => Arc::new(BackendState::new(if c.disabled {
+            AdminState::Disabled
+        } else {
+            AdminState::Enabled
+        })),
+    }
+}
+
 /// A place in a pool's queue, given back on drop.
 struct QueueSlot<'a> {
     pool: &'a Pool,
@@ -591,12 +621,12 @@ struct QueueSlot<'a> {
 
 impl<'a> QueueSlot<'a> {
     fn enter(pool: &'a Pool) -> Option<QueueSlot<'a>> {
-        let mut cur = pool.queued.load(Ordering::Acquire);
+        let mut cur = pool.waiters.queued.load(Ordering::Acquire);
         loop {
             if cur >= pool.queue_size {
                 return None;
             }
-            match pool.queued.compare_exchange_weak(
+            match pool.waiters.queued.compare_exchange_weak(
                 cur,
                 cur + 1,
                 Ordering::AcqRel,
@@ -611,7 +641,7 @@ impl<'a> QueueSlot<'a> {
 
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
-        self.pool.queued.fetch_sub(1, Ordering::AcqRel);
+        self.pool.waiters.queued.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -659,7 +689,7 @@ mod tests {
                 queue_timeout: Duration::from_millis(200),
             },
             |b| m.backend("t", &b.name),
-            |_| None,
+            None,
         )
     }
 
@@ -813,6 +843,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reloaded_pool_shares_counts_and_queue_with_the_old_one() {
+        let m = Metrics::new();
+        let params = PoolParams {
+            algo: Balance::RoundRobin,
+            slow_start: Duration::ZERO,
+            queue_size: 4,
+            queue_timeout: Duration::from_secs(60),
+        };
+        let configs = [backend("a", 1, false, Some(1))];
+        let old = Pool::new(&configs, params, |b| m.backend("t", &b.name), None);
+        let held = old.acquire(ip(1), &[]).await.unwrap();
+        old.backends[0].set_admin_state(AdminState::Drain);
+        let new = Arc::new(Pool::new(
+            &configs,
+            params,
+            |b| m.backend("t", &b.name),
+            Some(&old),
+        ));
+        assert_eq!(new.backends[0].active(), 1, "the old connection counts");
+        assert_eq!(new.backends[0].admin_state(), AdminState::Drain);
+        new.backends[0].set_admin_state(AdminState::Enabled);
+        let waiter = tokio::spawn({
+            let new = new.clone();
+            async move { new.acquire(ip(1), &[]).await.map(|l| l.backend().active()) }
+        });
+        for _ in 0..10_000 {
+            if new.queued() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(new.queued(), 1, "full: the new client queues");
+        drop(held); // released on the old pool: wakes the client queued on the new one
+        assert_eq!(waiter.await.unwrap(), Ok(1));
+        // Another address is another server: it starts from nothing.
+        let _kept = new.try_pick(ip(1), &[]).unwrap();
+        let mut moved = configs[0].clone();
+        moved.address.port = 2;
+        let fresh = Pool::new(&[moved], params, |b| m.backend("t", &b.name), Some(&new));
+        assert_eq!(fresh.backends[0].active(), 0);
+    }
+
+    #[tokio::test]
     async fn slow_start_ramps_a_recovered_backend() {
         let m = Metrics::new();
         let p = Pool::new(
@@ -824,7 +897,7 @@ mod tests {
                 queue_timeout: Duration::from_millis(200),
             },
             |b| m.backend("t", &b.name),
-            |_| None,
+            None,
         );
         p.backends[1].set_healthy(false);
         p.backends[1].set_healthy(true);

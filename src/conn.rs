@@ -45,8 +45,8 @@ pub(crate) enum ConnError {
     BackendWrite { backend: Arc<str>, error: io::Error },
     #[error("the client closed while waiting for a backend")]
     ClientGone,
-    #[error("the backend did not answer the ClientHello within the idle timeout")]
-    NoAnswer,
+    #[error("backend {backend} did not answer the ClientHello within {after:?}")]
+    ServerHelloTimeout { backend: Arc<str>, after: Duration },
 }
 
 impl ConnError {
@@ -58,7 +58,7 @@ impl ConnError {
             ConnError::Connect { .. } => "connect_failed".into(),
             ConnError::BackendWrite { .. } => "server_error".into(),
             ConnError::ClientGone => "client_closed".into(),
-            ConnError::NoAnswer => "idle_timeout".into(),
+            ConnError::ServerHelloTimeout { .. } => "server_hello_timeout".into(),
         }
     }
 }
@@ -281,7 +281,8 @@ async fn confirm_placement(
 
 /// Step 4: reserve a backend and connect (retrying elsewhere on failure), then send
 /// the PROXY header and the hello. In tls mode a backend that closes before its
-/// first byte is retried like a refused connect.
+/// first byte, or sends none within `timeouts.server_hello`, is retried like a
+/// refused connect (the client has seen nothing yet).
 ///
 /// Like HAProxy's abortonclose: a client that gives up while queued or while we
 /// connect gets no backend connection opened for nobody (a compile slot). A TLS
@@ -299,9 +300,13 @@ async fn connect_and_replay(
     let tls = hello.is_some();
     let ip = peer.ip().to_canonical();
     let mut tried: Vec<usize> = Vec::new();
+    let mut timed_out = None;
     loop {
         let (mut server, lease) = tokio::select! {
-            r = connect(svc, preferred.take(), ip, log, &mut tried) => r?,
+            r = connect(svc, preferred.take(), ip, log, &mut tried) => match (r, timed_out.take()) {
+                (Err(ConnError::Pick(PickError::NoBackendAvailable)), Some(e)) => return Err(e),
+                (r, _) => r?,
+            },
             () = client_gone(stream, tls) => return Err(ConnError::ClientGone),
         };
         let backend = lease.backend().clone();
@@ -313,9 +318,16 @@ async fn connect_and_replay(
             sent?;
             return Ok((server, lease, tried));
         }
-        match answered(&server, stream, sent, svc.config.timeouts.idle).await? {
+        match answered(&server, stream, sent, svc.config.timeouts.server_hello).await? {
             BackendAnswer::Bytes => return Ok((server, lease, tried)),
-            BackendAnswer::Idle => return Err(ConnError::NoAnswer),
+            BackendAnswer::Timeout => {
+                let e = server_hello_timeout(svc, &backend);
+                tried.push(backend.index);
+                if tried.len() > svc.config.retries as usize {
+                    return Err(e);
+                }
+                timed_out = Some(e);
+            }
             BackendAnswer::Closed(e) => {
                 backend.metrics.connect_errors.inc();
                 health::passive_failure(svc, &backend, &e);
@@ -326,6 +338,20 @@ async fn connect_and_replay(
     }
 }
 
+/// A backend sent nothing within `timeouts.server_hello` of the hello: counted
+/// (`crossbar_server_hello_timeouts_total`), a passive health failure, logged.
+fn server_hello_timeout(svc: &Service, backend: &Backend) -> ConnError {
+    let after = svc.config.timeouts.server_hello;
+    backend.metrics.server_hello_timeouts.inc();
+    let e = io::Error::new(io::ErrorKind::TimedOut, "no answer to the ClientHello");
+    health::passive_failure(svc, backend, &e);
+    tracing::warn!(service = %svc.name(), backend = %backend.name, "did not answer the ClientHello within {after:?}; trying another backend if one is left");
+    ConnError::ServerHelloTimeout {
+        backend: backend.name.clone(),
+        after,
+    }
+}
+
 /// What a backend did with the hello just sent. Until it answers, the client has
 /// sent nothing but its hello: a backend that closes or resets without a byte (it
 /// died with connections in its accept queue) can be retried, hello and all.
@@ -333,13 +359,13 @@ async fn answered(
     server: &TcpStream,
     client: &TcpStream,
     sent: Result<(), ConnError>,
-    idle: Duration,
+    limit: Duration,
 ) -> Result<BackendAnswer, ConnError> {
     match sent {
         Err(ConnError::BackendWrite { error, .. }) => Ok(BackendAnswer::Closed(error)),
         Err(e) => Err(e),
         Ok(()) => tokio::select! {
-            a = first_answer(server, idle) => Ok(a),
+            a = first_answer(server, limit) => Ok(a),
             () = client_gone(client, true) => Err(ConnError::ClientGone),
         },
     }
@@ -526,15 +552,15 @@ enum BackendAnswer {
     Bytes,
     /// It closed or reset the connection without a byte.
     Closed(io::Error),
-    /// Nothing within the idle timeout.
-    Idle,
+    /// Nothing within `timeouts.server_hello`.
+    Timeout,
 }
 
-/// Wait (peeking, not reading) for the backend's first byte.
-async fn first_answer(server: &TcpStream, idle: Duration) -> BackendAnswer {
+/// Wait (peeking, not reading) for the backend's first byte, up to `limit`.
+async fn first_answer(server: &TcpStream, limit: Duration) -> BackendAnswer {
     let mut probe = [0u8; 1];
-    match tokio::time::timeout(idle, server.peek(&mut probe)).await {
-        Err(_) => BackendAnswer::Idle,
+    match tokio::time::timeout(limit, server.peek(&mut probe)).await {
+        Err(_) => BackendAnswer::Timeout,
         Ok(Ok(0)) => BackendAnswer::Closed(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "connection closed",

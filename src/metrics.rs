@@ -45,6 +45,7 @@ pub struct Metrics {
     backend_state: IntGaugeVec,
     bytes: IntCounterVec,
     connect_errors: IntCounterVec,
+    server_hello_timeouts: IntCounterVec,
     hello_errors: IntCounterVec,
     connect_duration: HistogramVec,
     connection_duration: HistogramVec,
@@ -176,6 +177,12 @@ impl Metrics {
                 &r,
                 "crossbar_connect_errors_total",
                 "Failed connect attempts to a backend.",
+                &["service", "backend"],
+            ),
+            server_hello_timeouts: counter_vec(
+                &r,
+                "crossbar_server_hello_timeouts_total",
+                "Backends that sent nothing within timeouts.server_hello of the ClientHello (tls mode; the next backend is tried).",
                 &["service", "backend"],
             ),
             hello_errors: counter_vec(
@@ -322,6 +329,7 @@ impl Metrics {
                 .bytes
                 .with_label_values(&[service, backend, "server_to_client"]),
             connect_errors: self.connect_errors.with_label_values(&l),
+            server_hello_timeouts: self.server_hello_timeouts.with_label_values(&l),
             connect_duration: self.connect_duration.with_label_values(&l),
             resumed: self
                 .tls_handshakes
@@ -359,6 +367,7 @@ impl Metrics {
         for v in [
             &self.connections,
             &self.connect_errors,
+            &self.server_hello_timeouts,
             &self.stick_confirm_extra,
         ] {
             let _ = v.remove_label_values(&l); // ok: absent labels are fine
@@ -536,6 +545,8 @@ pub struct BackendMetrics {
     pub bytes_s2c: IntCounter,
     /// Failed connects.
     pub connect_errors: IntCounter,
+    /// Backends silent for `timeouts.server_hello` after the ClientHello.
+    pub server_hello_timeouts: IntCounter,
     /// Connect time.
     pub connect_duration: Histogram,
     /// Resumed handshakes.

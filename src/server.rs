@@ -77,6 +77,9 @@ pub struct Server {
     inherited: Mutex<HashMap<SocketAddr, std::net::TcpListener>>,
     shared: Arc<Shared>,
     tracker: TaskTracker,
+    /// The periodic stick-table savers: shutdown waits for a running save before the
+    /// last one (saves of one file never overlap: see [`crate::stick::StickTable::save`]).
+    savers: TaskTracker,
     accepting: CancellationToken,
 }
 
@@ -108,6 +111,7 @@ impl Server {
                 confirm_budget: crate::confirm::Budget::new(config.confirm_budget),
             }),
             tracker: TaskTracker::new(),
+            savers: TaskTracker::new(),
             accepting: CancellationToken::new(),
         });
         let probes = server.apply(config)?;
@@ -311,7 +315,7 @@ impl Server {
         for svc in &services {
             self.spawn_service_tasks(svc);
             probes.extend(crate::ticket_keys::spawn(svc));
-            spawn_saver(svc);
+            spawn_saver(svc, &self.savers);
         }
         self.shared.metrics.set_tables(
             services
@@ -408,6 +412,9 @@ impl Server {
         for s in self.services() {
             s.tasks.cancel();
         }
+        // A periodic save under way finishes first; none starts after this.
+        self.savers.close();
+        self.savers.wait().await;
         self.tracker.close();
         let open_before = self.tracker.len();
         if tokio::time::timeout(grace, self.tracker.wait())
@@ -446,8 +453,8 @@ impl Server {
 }
 
 /// Save a service's stick table every `save_interval` when it has a `state_file`
-/// (and once more at shutdown, by [`Server::shutdown`]).
-fn spawn_saver(svc: &Arc<Service>) {
+/// (and once more at shutdown, by [`Server::shutdown`], after this task ended).
+fn spawn_saver(svc: &Arc<Service>, savers: &TaskTracker) {
     let (Some(table), Some(stick)) = (svc.table.clone(), svc.config.stick.as_ref()) else {
         return;
     };
@@ -459,11 +466,14 @@ fn spawn_saver(svc: &Arc<Service>) {
         svc.tasks.clone(),
         svc.config.name.clone(),
     );
-    tokio::spawn(async move {
+    savers.spawn(async move {
         let mut tick = tokio::time::interval(every);
+        // Saves longer than the interval are followed by the next one, not a burst.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await; // the first tick is immediate: nothing new to save yet
         loop {
             tokio::select! {
+                biased;
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::access_log::LogLimiter;
-use crate::balance::{AdminState, CarriedState, Pool, PoolParams};
+use crate::balance::{Pool, PoolParams};
 use crate::config::{Keepalive, Mode, OnNonTls, ServiceConfig, StickConfig, StickOn};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::route::Routes;
@@ -56,8 +56,9 @@ impl Service {
     }
 
     /// Build a service from its config. `old`, the same-named service of the running
-    /// config, hands over its backends' live state (when their address is unchanged)
-    /// and its stick table (when size and expiry are unchanged).
+    /// config, hands over its backends' live state and queue (see [`Pool::new`])
+    /// and its stick table when its size is unchanged (with the new lifetimes applied:
+    /// `expire`, `source_expire`, `source` added to or removed from `stick.on`).
     pub fn build(
         sc: &ServiceConfig,
         old: Option<&Arc<Service>>,
@@ -72,32 +73,9 @@ impl Service {
                 queue_timeout: sc.timeouts.queue,
             },
             |b| metrics.backend(&sc.name, &b.name),
-            |b| {
-                let prev = old?.pool.get(&b.name)?;
-                (prev.config.address == b.address).then(|| CarriedState {
-                    healthy: prev.is_healthy(),
-                    admin: carry_admin(prev.admin_state(), b.disabled),
-                    standby: prev.is_standby(),
-                })
-            },
+            old.map(|o| &o.pool),
         );
-        let table = sc.stick.as_ref().map(|st| {
-            let reuse = old.and_then(|o| o.table.clone()).filter(|_| {
-                old.and_then(|o| o.config.stick.as_ref())
-                    .is_some_and(|prev| prev.size == st.size && prev.expire == st.expire)
-            });
-            reuse.unwrap_or_else(|| {
-                let t = StickTable::new(table_params(st));
-                if let Some(path) = &st.state_file {
-                    match t.load(path) {
-                        Ok(n) => tracing::info!(service = %sc.name, entries = n, "stick table loaded from {}", path.display()),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => tracing::warn!(service = %sc.name, "ignoring stick table file {}: {e}", path.display()),
-                    }
-                }
-                Arc::new(t)
-            })
-        });
+        let table = sc.stick.as_ref().map(|st| stick_table(sc, st, old));
         Arc::new(Service {
             config: sc.clone(),
             pool,
@@ -163,14 +141,34 @@ impl BackendIndex for Pool {
     }
 }
 
-/// The admin state to keep for a backend across a reload: the operator's drain or
-/// disable sticks unless the config now says `disabled`.
-fn carry_admin(prev: AdminState, disabled_now: bool) -> AdminState {
-    if disabled_now {
-        AdminState::Disabled
-    } else {
-        prev
+/// The stick table of a service being built: the running one if its size is
+/// unchanged (a reload keeps every entry; the new lifetimes apply to old entries too),
+/// else a new one filled from the `state_file` if there is one.
+fn stick_table(
+    sc: &ServiceConfig,
+    st: &StickConfig,
+    old: Option<&Arc<Service>>,
+) -> Arc<StickTable> {
+    let params = table_params(st);
+    let same_size = |o: &&Arc<Service>| o.config.stick.as_ref().is_some_and(|p| p.size == st.size);
+    if let Some(t) = old.filter(same_size).and_then(|o| o.table.clone()) {
+        t.set_lifetimes(params.expire, params.source_expire);
+        return t;
     }
+    let t = StickTable::new(params);
+    if let Some(path) = &st.state_file {
+        let names: Vec<&str> = sc.backends.iter().map(|b| b.name.as_str()).collect();
+        match t.load(path, &names) {
+            Ok(n) => {
+                tracing::info!(service = %sc.name, entries = n, "stick table loaded from {}", path.display())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(service = %sc.name, "ignoring stick table file {}: {e}", path.display())
+            }
+        }
+    }
+    Arc::new(t)
 }
 
 fn table_params(st: &StickConfig) -> TableParams {

@@ -161,7 +161,7 @@ fn version_and_help() {
 #[test]
 fn check_opens_the_files_the_config_names_and_names_their_lines() {
     // conf/crossbar.yaml names /etc/crossbar/admin.token (line 15), a CA bundle
-    // (line 66) and a state file under /var/lib/crossbar (line 55), none of which
+    // (line 67) and a state file under /var/lib/crossbar (line 56), none of which
     // exist on a build machine; --config-only skips them (previous test).
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/crossbar.yaml");
     let path = conf.to_str().unwrap();
@@ -175,7 +175,7 @@ fn check_opens_the_files_the_config_names_and_names_their_lines() {
         "{stderr}"
     );
     assert!(
-        stderr.contains(&format!("{path}:66:16: services.puppet.health.ca_file: cannot read /etc/crossbar/puppet-ca.pem as PEM certificates: ")),
+        stderr.contains(&format!("{path}:67:16: services.puppet.health.ca_file: cannot read /etc/crossbar/puppet-ca.pem as PEM certificates: ")),
         "{stderr}"
     );
 }

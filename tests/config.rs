@@ -263,6 +263,11 @@ services:
     assert_eq!(s.timeouts.connect, Duration::from_secs(1));
     assert_eq!(s.timeouts.idle, Duration::from_secs(7200));
     assert_eq!(s.timeouts.client_hello, Duration::from_secs(5));
+    assert_eq!(
+        s.timeouts.server_hello,
+        Duration::from_secs(5),
+        "a few seconds"
+    );
     let a = &s.backends[0].health;
     assert_eq!(
         (a.interval, a.timeout, a.rise, a.fall),

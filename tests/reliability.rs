@@ -381,3 +381,405 @@ async fn bulk_data_survives_running_out_of_descriptors() {
     assert_eq!(n, data.len() as u64, "bytes echoed");
     assert_eq!(digest, sha(&data), "content intact");
 }
+
+// ---------------------------------------------------------------------------
+// Reload while backends are at their limit
+
+/// `POST /api/reload` on the admin endpoint at `admin` (the SIGHUP path); its status.
+async fn post_reload(admin: SocketAddr) -> Option<u16> {
+    let req =
+        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    raw_request(admin, req, WAIT).await.0
+}
+
+/// Backend `a` is full (`max_connections: 2`, two held connections) when the config
+/// is reloaded: new clients queue instead of getting a third slot (before: the new
+/// pool counted from 0 and let two more in), releasing one held connection lets
+/// exactly one queued client in, and the active-connections gauge stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_a_full_backend_full() {
+    let a = Backend::echo("a", true).await;
+    let config = |extra: &str| {
+        one_service(
+            &format!("    mode: tcp\n    queue_size: 4\n    timeouts: {{ queue: 1h }}\n{extra}"),
+            &[backend_line("a", a.addr, "max_connections: 2")],
+        )
+    };
+    let lb = Crossbar::start(&config("")).await;
+    let admin = lb.serve_admin(None).await;
+    let gauge = |lb: &Crossbar| lb.metric("crossbar_active_connections", &[("backend", "a")]);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (name, s) = who(lb.addr("svc")).await;
+        assert_eq!(name, "a");
+        held.push(s);
+    }
+    assert_eq!(gauge(&lb), 2.0);
+
+    std::fs::write(&lb.path, config("    retries: 3\n")).unwrap();
+    assert_eq!(post_reload(admin.addr).await, Some(200), "reload");
+    assert_eq!(lb.config().services[0].retries, 3, "the new config runs");
+    assert_eq!(
+        lb.active("svc", "a"),
+        2,
+        "the new pool counts the old connections"
+    );
+    assert_eq!(gauge(&lb), 2.0);
+
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        waiting.push(TcpStream::connect(lb.addr("svc")).await.unwrap());
+    }
+    let queued = || lb.service("svc").map_or(0, |s| s.pool.queued());
+    wait_until("both new clients queued (or let in)", || {
+        queued() == 2 || a.accepted() > 2
+    })
+    .await;
+    assert_eq!(
+        a.accepted(),
+        2,
+        "a full backend took a connection after the reload"
+    );
+    assert_eq!(gauge(&lb), 2.0);
+
+    drop(held.pop());
+    wait_until("a queued client gets the freed slot", || a.accepted() == 3).await;
+    wait_until("the other stays queued", || queued() == 1).await;
+    assert_eq!(lb.active("svc", "a"), 2, "exactly one queued client let in");
+    assert_eq!(gauge(&lb), 2.0);
+
+    drop(held);
+    wait_until("the last queued client gets a slot", || a.accepted() == 4).await;
+    drop(waiting);
+    wait_until("every connection closed", || {
+        lb.active("svc", "a") == 0 && queued() == 0
+    })
+    .await;
+    assert_eq!(gauge(&lb), 0.0, "the gauge ends exactly at 0");
+}
+
+/// `leastconn` remembers the load across a reload: `a` holds two connections when
+/// `b` is added, so the next two connections both go to `b` (before: both counted 0
+/// and one of them went to `a`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_leastconn_load() {
+    let a = Backend::echo("a", true).await;
+    let b = Backend::echo("b", true).await;
+    let lines = |with_b: bool| {
+        let mut l = vec![backend_line("a", a.addr, "")];
+        if with_b {
+            l.push(backend_line("b", b.addr, ""));
+        }
+        one_service("    mode: tcp\n    balance: leastconn\n", &l)
+    };
+    let lb = Crossbar::start(&lines(false)).await;
+    let admin = lb.serve_admin(None).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(who(lb.addr("svc")).await);
+    }
+    std::fs::write(&lb.path, lines(true)).unwrap();
+    assert_eq!(post_reload(admin.addr).await, Some(200), "reload");
+    for i in 0..2 {
+        let (name, s) = who(lb.addr("svc")).await;
+        assert_eq!(name, "b", "connection {i} after the reload");
+        held.push((name, s));
+    }
+    assert_eq!(lb.active("svc", "a"), 2);
+    assert_eq!(lb.active("svc", "b"), 2);
+}
+
+// ---------------------------------------------------------------------------
+// A backend that accepts and never answers the ClientHello
+
+/// Log output kept in memory (the access log and warnings of this test process).
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    /// Capture every log line of this test process (nextest runs one test per process).
+    fn install() -> LogBuffer {
+        let log = LogBuffer::default();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(log.clone())
+            .try_init()
+            .expect("this test's process has no other subscriber (nextest)");
+        log
+    }
+
+    fn contains(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.0.lock().expect("log")).contains(text)
+    }
+}
+
+impl Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
+
+/// `quiet` accepts and never answers the hello: after `timeouts.server_hello` the
+/// client's hello goes to the next backend and its handshake completes there (before:
+/// it waited for the 30-minute idle timeout). With no backend left, the client is
+/// closed with `end=server_hello_timeout`. Both are counted on the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_answers_the_hello_is_timed_out() {
+    let log = LogBuffer::install();
+    let ca = crossbar::testbed::TestCa::new("answer CA").expect("CA");
+    let quiet = Backend::silent("quiet").await;
+    let good = Backend::tls_echo(&ca, "good").await;
+    let settings =
+        "    balance: first\n    retries: 1\n    timeouts: { server_hello: 300ms, idle: 1h }\n";
+    let lb = Crossbar::start(&one_service(
+        settings,
+        &[
+            backend_line("quiet", quiet.addr, ""),
+            backend_line("good", good.addr, ""),
+        ],
+    ))
+    .await;
+    let mut tls = tls_connect(&ca, lb.addr("svc")).await;
+    tls.write_all(b"ping").await.unwrap();
+    let mut echoed = [0u8; 4];
+    within("the echo", tls.read_exact(&mut echoed))
+        .await
+        .unwrap();
+    assert_eq!(&echoed, b"ping");
+    assert_eq!((quiet.accepted(), good.accepted()), (1, 1));
+    let timeouts = |lb: &Crossbar| {
+        lb.metric(
+            "crossbar_server_hello_timeouts_total",
+            &[("backend", "quiet")],
+        )
+    };
+    assert_eq!(timeouts(&lb), 1.0);
+    assert!(log.contains("did not answer the ClientHello within 300ms"));
+    drop(tls);
+
+    let only = Crossbar::start(&one_service(
+        "    retries: 0\n    timeouts: { server_hello: 300ms, idle: 1h }\n",
+        &[backend_line("quiet", quiet.addr, "")],
+    ))
+    .await;
+    let mut client = TcpStream::connect(only.addr("svc")).await.unwrap();
+    client
+        .write_all(&hello_fixture("openssl3_tls13.bin"))
+        .await
+        .unwrap();
+    let (got, _) = within("the client is closed", read_to_end_or_error(&mut client)).await;
+    assert!(got.is_empty(), "nothing came from the silent backend");
+    wait_until("end=server_hello_timeout logged", || {
+        log.contains("end=server_hello_timeout")
+    })
+    .await;
+    assert_eq!(timeouts(&only), 1.0);
+}
+
+// ---------------------------------------------------------------------------
+// A reload that keeps a stick table applies its new lifetimes
+
+/// The remaining lifetime of the only entry of `svc`'s table.
+fn only_entry_expires_in(lb: &Crossbar) -> Duration {
+    let svc = lb.service("svc").expect("svc");
+    let entries = svc.table.as_ref().expect("a stick table").entries(10);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    entries[0].expires_in
+}
+
+/// `source_expire` shortened by a reload that keeps the table (same size and
+/// expire) applies to the entry already learned at once (before: the old lifetime
+/// stayed in force until restart), and lengthened again, too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_a_new_source_lifetime() {
+    let a = Backend::echo("a", true).await;
+    let config = |source_expire: &str| {
+        one_service(
+            &format!("    mode: tcp\n    stick: {{ on: [source], expire: 2h, source_expire: {source_expire} }}\n"),
+            &[backend_line("a", a.addr, "")],
+        )
+    };
+    let lb = Crossbar::start(&config("1h")).await;
+    let (name, _held) = who(lb.addr("svc")).await;
+    assert_eq!(name, "a");
+    let table = lb.service("svc").unwrap().table.clone().unwrap();
+    assert!(only_entry_expires_in(&lb) > Duration::from_secs(50 * 60));
+
+    lb.reload(&config("10s"));
+    let kept = lb.service("svc").unwrap().table.clone().unwrap();
+    assert!(std::sync::Arc::ptr_eq(&table, &kept), "the table is kept");
+    let left = only_entry_expires_in(&lb);
+    assert!(
+        left <= Duration::from_secs(10),
+        "expires in {left:?} after the reload"
+    );
+
+    lb.reload(&config("3h"));
+    let left = only_entry_expires_in(&lb);
+    assert!(
+        left > Duration::from_secs(2 * 3600),
+        "expires in {left:?} after the second reload"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// State files
+
+/// Two services naming one state file would overwrite each other's table: `check`
+/// refuses it at the second one's line.
+#[test]
+fn check_refuses_a_state_file_shared_by_two_services() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("shared.table");
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  a:\n    listen: [\"127.0.0.1:0\"]\n    \
+         stick: {{ state_file: {t} }}\n    backends: [{{ name: x, address: \"127.0.0.1:1\" }}]\n  \
+         b:\n    listen: [\"127.0.0.1:0\"]\n    stick: {{ state_file: {t} }}\n    \
+         backends: [{{ name: y, address: \"127.0.0.1:2\" }}]\n",
+        t = table.display()
+    );
+    let path = dir.path().join("crossbar.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .expect("run crossbar check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let at = format!("{}:9:", path.display());
+    let what = format!(
+        "services.b.stick.state_file: {} is already the state file of service a",
+        table.display()
+    );
+    assert!(err.contains(&at) && err.contains(&what), "{err}");
+}
+
+/// A stick table of `n` source entries on backend `echo`, saved to `path`.
+fn write_table(path: &Path, n: u32) {
+    use crossbar::stick::{KeyKind, StickTable, TableParams};
+    let t = StickTable::new(TableParams {
+        size: n as usize,
+        expire: Duration::from_secs(3600),
+        source_expire: Duration::from_secs(3600),
+    });
+    for i in 0..n {
+        t.learn(t.key(KeyKind::Source, &i.to_be_bytes()), "echo");
+    }
+    assert_eq!(t.save(path).unwrap(), n as usize);
+}
+
+/// Entries in a saved table (it must load whole).
+fn saved_entries(path: &Path, size: usize) -> usize {
+    use crossbar::stick::{StickTable, TableParams};
+    let t = StickTable::new(TableParams {
+        size,
+        expire: Duration::from_secs(3600),
+        source_expire: Duration::from_secs(3600),
+    });
+    t.load(path, &["echo"])
+        .unwrap_or_else(|e| panic!("{} must load whole: {e}", path.display()))
+}
+
+/// Connect from ever new loopback addresses (each learns a `source` entry, so
+/// every save differs) until `stop`; bounded.
+fn churn(
+    to: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in 0..200_000u32 {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            let from = std::net::Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250 + 1) as u8);
+            let Ok(sock) = tokio::net::TcpSocket::new_v4() else {
+                continue;
+            };
+            if sock.bind(SocketAddr::from((from, 0))).is_ok() {
+                let _ = sock.connect(to).await; // ok: refused once the process stops
+            }
+        }
+    })
+}
+
+/// SIGTERM while periodic saves of a big, changing table run back to back
+/// (`save_interval: 10ms`, clients from new addresses all the while): the process
+/// waits for the running save, writes its last one, exits 0, and leaves one whole
+/// file and no temporary files (before: the shutdown save and a periodic one shared
+/// `<path>.tmp`, so two snapshots could be written into one file, or a rename
+/// failed with nobody left to log it). Three rounds, since the overlap is up to
+/// timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_a_running_table_save() {
+    const ENTRIES: u32 = 200_000;
+    let echo = Backend::echo("echo", false).await;
+    for round in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let table = dir.path().join("svc.table");
+        write_table(&table, ENTRIES);
+        let (cfg, listen) = tcp_config(dir.path(), echo.addr);
+        let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
+            "    mode: tcp\n",
+            &format!(
+                "    mode: tcp\n    stick: {{ on: [source], size: {}, save_interval: 10ms, state_file: {} }}\n",
+                ENTRIES + 100,
+                table.display()
+            ),
+        );
+        std::fs::write(&cfg, yaml).unwrap();
+        let sock = dir.path().join("run").join("upgrade.sock");
+        let mut p = Proc::start(&cfg, &sock, Stdio::piped());
+        let saved_at = std::fs::metadata(&table).unwrap().modified().unwrap();
+        wait_until("serving", || std::net::TcpStream::connect(listen).is_ok()).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients = churn(listen, stop.clone());
+        wait_until("a periodic save replaced the file", || {
+            std::fs::metadata(&table).is_ok_and(|m| m.modified().ok() != Some(saved_at))
+        })
+        .await;
+        // Signal while a save is writing its temporary file.
+        let writing = || {
+            std::fs::read_dir(dir.path()).is_ok_and(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            })
+        };
+        wait_until("a periodic save is writing", writing).await;
+        // SAFETY: kill(2) on our own child's pid.
+        #[allow(unsafe_code)]
+        let sent = unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(sent, 0);
+        assert_eq!(p.exited().await, Some(0), "round {round}: exit code");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        clients.await.unwrap();
+        let mut err = String::new();
+        p.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(!err.contains("failed"), "round {round}: {err}");
+        let n = saved_entries(&table, ENTRIES as usize + 100);
+        assert!(n >= ENTRIES as usize, "round {round}: {n} entries");
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let mut names = names;
+        names.sort();
+        assert_eq!(
+            names,
+            ["crossbar.yaml", "run", "svc.table"],
+            "round {round}"
+        );
+    }
+}

@@ -80,6 +80,11 @@ pub struct Timeouts {
     pub client_hello: Duration,
     /// How long one connect attempt to a backend may take (default 3s).
     pub connect: Duration,
+    /// `mode: tls`: how long a backend has to start answering the ClientHello once
+    /// it is sent (default 5s, like `client_hello`); then it counts as failed and the
+    /// next backend is tried, as after a refused connect. Not applied in `mode: tcp`,
+    /// where a server may rightly wait for the client to speak first.
+    pub server_hello: Duration,
     /// Close a connection after this long with no bytes either way (default 30m,
     /// longer than a big site's catalog compile).
     pub idle: Duration,
@@ -94,6 +99,7 @@ impl Default for Timeouts {
         Timeouts {
             client_hello: Duration::from_secs(5),
             connect: Duration::from_secs(3),
+            server_hello: Duration::from_secs(5),
             idle: Duration::from_secs(30 * 60),
             queue: Duration::from_secs(10),
             shutdown: Duration::from_secs(30),

@@ -87,6 +87,7 @@ pub(super) struct RawKeepalive {
 pub(super) struct RawTimeouts {
     pub client_hello: Option<RawDuration>,
     pub connect: Option<RawDuration>,
+    pub server_hello: Option<RawDuration>,
     pub idle: Option<RawDuration>,
     pub queue: Option<RawDuration>,
     pub shutdown: Option<RawDuration>,

@@ -129,6 +129,30 @@ impl Checker<'_> {
         })
     }
 
+    /// Each `stick.state_file` belongs to one service: two tables saved to one file
+    /// would overwrite each other, and each would load the other's entries. Paths are
+    /// compared as written, normalised (`a//b`, `a/./b`), not through symlinks.
+    pub(super) fn state_files(&mut self, services: &[ServiceConfig]) {
+        let mut owners: Vec<(PathBuf, &str)> = Vec::new();
+        for svc in services {
+            let Some(file) = svc.stick.as_ref().and_then(|s| s.state_file.as_ref()) else {
+                continue;
+            };
+            let normal: PathBuf = file.components().collect();
+            match owners.iter().find(|(f, _)| *f == normal) {
+                Some((_, owner)) => {
+                    let p = format!("services.{}.stick.state_file", svc.name);
+                    let msg = format!(
+                        "{} is already the state file of service {owner}",
+                        file.display()
+                    );
+                    self.err(&p, msg);
+                }
+                None => owners.push((normal, &svc.name)),
+            }
+        }
+    }
+
     /// `stick.on`; the default is every key in `tls` mode and `[source]` in `tcp` mode.
     pub(super) fn stick_on(
         &mut self,

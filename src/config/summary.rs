@@ -147,9 +147,10 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
     let t = &s.timeouts;
     writeln!(
         f,
-        "  timeouts  hello {}, connect {}, idle {}, queue {}, shutdown {}",
+        "  timeouts  hello {}, connect {}, server hello {}, idle {}, queue {}, shutdown {}",
         dur(t.client_hello),
         dur(t.connect),
+        dur(t.server_hello),
         dur(t.idle),
         dur(t.queue),
         dur(t.shutdown)

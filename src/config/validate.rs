@@ -281,6 +281,7 @@ impl Checker<'_> {
         Timeouts {
             client_hello: d(&raw.client_hello, "client_hello", base.client_hello),
             connect: d(&raw.connect, "connect", base.connect),
+            server_hello: d(&raw.server_hello, "server_hello", base.server_hello),
             idle: d(&raw.idle, "idle", base.idle),
             queue: d(&raw.queue, "queue", base.queue),
             shutdown: d(&raw.shutdown, "shutdown", base.shutdown),
@@ -314,6 +315,7 @@ impl Checker<'_> {
             services.push(self.service(name, svc, tuning, listen));
         }
         self.shared_listeners(&services);
+        self.state_files(&services);
         services
     }
 

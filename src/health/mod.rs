@@ -174,7 +174,7 @@ mod tests {
                 queue_timeout: Duration::from_millis(10),
             },
             |b| m.backend("s", &b.name),
-            |_| None,
+            None,
         );
         Service {
             metrics: m.service("s"),
@@ -247,7 +247,7 @@ mod tests {
             passive_failure(&svc, &p, &err);
             passive_failure(&svc, &p, &err);
             passive_success(&p);
-            assert_eq!(p.health.failures() == 0, resets, "{check}");
+            assert_eq!(p.health().failures() == 0, resets, "{check}");
             passive_failure(&svc, &p, &err);
             assert_eq!(p.is_healthy(), resets, "{check}");
         }

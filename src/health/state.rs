@@ -21,7 +21,7 @@ pub enum Flip {
 /// the flip, if this result caused one (exactly one caller sees each flip).
 pub fn observe(svc: &Service, b: &Backend, ok: bool) -> Option<Flip> {
     let h = &b.config.health;
-    let streak = b.health.record(ok);
+    let streak = b.health().record(ok);
     if ok {
         if b.is_healthy() || streak < h.rise {
             return None;
@@ -82,8 +82,9 @@ pub fn passive_failure(svc: &Service, b: &Backend, err: &io::Error) {
 /// `https` it proves less (a hung puppetserver still accepts TCP), so only a
 /// passing check ends it; otherwise traffic would keep such a backend up forever.
 pub fn passive_success(b: &Backend) {
-    if matches!(b.config.health.check, CheckKind::Tcp | CheckKind::None) && b.health.failures() != 0
+    if matches!(b.config.health.check, CheckKind::Tcp | CheckKind::None)
+        && b.health().failures() != 0
     {
-        b.health.reset_failures();
+        b.health().reset_failures();
     }
 }

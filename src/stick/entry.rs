@@ -1,9 +1,9 @@
 //! One table entry (16 bytes) and the CLOCK queue that ages entries out, with the
-//! pass-through hasher and the backend-name interner the table is built from.
+//! seeded pass-through hasher and the backend-name interner the table is built from.
 use std::collections::VecDeque;
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
@@ -141,14 +141,25 @@ impl Fifo {
     }
 }
 
-/// Hasher for keys that already are keyed SipHash outputs: hashing them again would only
-/// cost time.
+/// A per-process secret mixed into the map's bucket choice. Keys are keyed SipHash
+/// outputs when crossbar computes them, but a state file supplies them as stored: a
+/// crafted file could give every entry the same low bits, one long probe sequence that
+/// makes loading and every later lookup quadratic. Mixed with a secret, no file can
+/// aim at a bucket.
+static BUCKET_SEED: LazyLock<u64> = LazyLock::new(|| fastrand::u64(..));
+
+/// Hasher for keys that already are (nearly always) keyed SipHash outputs: one
+/// xor and the SplitMix64 finaliser (bijective, so distinct keys stay distinct)
+/// instead of hashing them again.
 #[derive(Default, Clone, Copy)]
 pub(super) struct PassThrough(u64);
 
 impl Hasher for PassThrough {
     fn finish(&self) -> u64 {
-        self.0
+        let mut z = self.0 ^ *BUCKET_SEED;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
     }
 
     fn write(&mut self, bytes: &[u8]) {

@@ -1,12 +1,13 @@
 //! The saved form of a stick table (`state_file`): versioned, checksummed, written
 //! atomically, and read back only if it is whole.
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::hash::Hasher;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use siphasher::sip::SipHasher13;
 
@@ -24,6 +25,28 @@ pub(super) const CHECKSUM_KEY: (u64, u64) = (0x6372_6f73_7362_6172, 0x7374_6963_
 pub(super) const SAVED_ENTRY_BYTES: usize = 20;
 /// Bytes of the trailing checksum.
 pub(super) const CHECKSUM_BYTES: usize = 8;
+/// Bytes before the names: magic, version, hash key, name count.
+const HEADER_BYTES: usize = 8 + 4 + 16 + 4;
+/// Most backend names a file may list: entries index them with a `u16` below
+/// `NO_BACKEND`.
+const MAX_FILE_NAMES: usize = NO_BACKEND as usize;
+/// Bytes of backend names a file may hold: 65535 names of 16 bytes; configured
+/// names are a few dozen short words.
+const MAX_NAME_BYTES: usize = 1 << 20;
+/// Most entries a file may hold, as a multiple of the loading table's `size`: a table
+/// shrunk to a quarter still takes its old file (keeping the most recent entries);
+/// a bigger file is refused before it is read, so loading is bounded in memory and
+/// time by the configured size.
+const MAX_FILE_ENTRIES_PER_SIZE: usize = 4;
+/// Attempts at a fresh temporary name (each one random): another only after a
+/// leftover of a crashed save happens to have the same name.
+const TEMP_NAME_TRIES: usize = 8;
+
+/// One lock per state-file path: saves of one file (periodic, at reload, at
+/// shutdown, from an old and a new table alike) run one at a time, and each takes
+/// its snapshot under the lock, so the last one written is the newest.
+static SAVE_LOCKS: LazyLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> =
+    LazyLock::new(Default::default);
 
 /// Why a saved table was rejected; `load` returns it inside an `io::Error` of kind
 /// `InvalidData` (get it back with `io::Error::get_ref` + `downcast_ref`).
@@ -52,6 +75,17 @@ pub enum StateFileError {
     /// A backend name that is not UTF-8.
     #[error("stick table file backend name #{0} is not UTF-8")]
     BadName(usize),
+    /// Larger than a table of this size can have written (see `load`).
+    #[error("stick table file is {found} bytes, more than the {max} a table of this size writes")]
+    TooLarge {
+        /// The file's size.
+        found: u64,
+        /// The most accepted.
+        max: u64,
+    },
+    /// More backend names than entries can refer to.
+    #[error("stick table file lists {0} backend names (at most {MAX_FILE_NAMES})")]
+    TooManyNames(usize),
     /// An entry with an unknown kind, flags or backend index.
     #[error("stick table file entry #{index}: {reason}")]
     BadEntry {
@@ -82,14 +116,19 @@ pub(super) struct StateFile {
 }
 
 impl StickTable {
-    /// Save the table atomically (temp file + rename).
+    /// Save the table atomically (temp file + rename), one save per path at a time.
     ///
-    /// Writes `<path>.tmp` in the same directory (mode 0600 on Unix: the file holds the
-    /// table's hash key), fsyncs it, renames it over `path` and fsyncs the directory.
-    /// Each entry keeps its remaining lifetime (idle seconds are stored). Returns the
-    /// number of entries saved. The format is versioned binary: magic, version, hash
-    /// key, backend names, entries, SipHash checksum.
+    /// Writes a fresh temporary file next to `path` (`<path>.<random>.tmp`, created
+    /// with `O_CREAT|O_EXCL|O_NOFOLLOW` and mode 0600: the file holds the table's hash
+    /// key, and nothing already there, a symlink included, is ever opened), fsyncs it,
+    /// renames it over `path` and fsyncs the directory. Concurrent saves to one path
+    /// wait for each other (blocking: call it off the async workers). Each entry keeps
+    /// its remaining lifetime (idle seconds are stored). Returns the number of entries
+    /// saved. The format is versioned binary: magic, version, hash key, backend names,
+    /// entries, SipHash checksum.
     pub fn save(&self, path: &Path) -> io::Result<usize> {
+        let lock = save_lock(path);
+        let _one_at_a_time = lock.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.now();
         let entries: Vec<SavedEntry> = self
             .map
@@ -119,28 +158,32 @@ impl StickTable {
     ///
     /// Replaces the table's contents and adopts the saved hash key (hashes can't be
     /// recomputed without the raw keys), so call it at startup before traffic. Keeps the
-    /// `size` most recently used unexpired entries. A missing file is the `NotFound`
-    /// error of the read; a corrupt, truncated or other-version file is `InvalidData`
-    /// (wrapping a [`StateFileError`]) and leaves the table unchanged.
-    pub fn load(&self, path: &Path) -> io::Result<usize> {
-        let bytes = fs::read(path)?;
+    /// `size` most recently used unexpired entries, and only entries of the `backends`
+    /// configured now: other names in the file are not learned (logged with how many
+    /// entries they had), so a file can't fill the table's name list. The file is
+    /// untrusted input, bounded before it is read: at most `4 × size` entries and 1 MiB
+    /// of names. A missing file is the `NotFound` error of the open; a corrupt,
+    /// truncated, oversized or other-version file is `InvalidData` (wrapping a
+    /// [`StateFileError`]) and leaves the table unchanged.
+    pub fn load(&self, path: &Path, backends: &[&str]) -> io::Result<usize> {
+        let bytes = read_bounded(path, self.max_file_bytes())?;
         let file =
             decode_state(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        Ok(self.install(file))
+        Ok(self.install(file, backends))
+    }
+
+    /// The largest state file this table accepts.
+    fn max_file_bytes(&self) -> u64 {
+        let entries = self.params.size.saturating_mul(MAX_FILE_ENTRIES_PER_SIZE);
+        let bytes = entries
+            .saturating_mul(SAVED_ENTRY_BYTES)
+            .saturating_add(HEADER_BYTES + MAX_NAME_BYTES + 8 + CHECKSUM_BYTES);
+        u64::try_from(bytes).unwrap_or(u64::MAX)
     }
 
     /// Replaces the contents with a decoded file's (see `load`).
-    pub(super) fn install(&self, file: StateFile) -> usize {
-        let mut live: Vec<&SavedEntry> = file
-            .entries
-            .iter()
-            .filter(|e| e.idle <= self.ttl_of(e.kind))
-            .collect();
-        live.sort_by_key(|e| e.idle);
-        live.truncate(self.params.size);
-        let backends: Vec<Option<u16>> =
-            file.names.iter().map(|n| self.backends.intern(n)).collect();
-
+    pub(super) fn install(&self, file: StateFile, configured: &[&str]) -> usize {
+        let live = self.usable_entries(&file, configured);
         let mut queue = self.lock_queue();
         self.remove_where(|_| true);
         queue.records = VecDeque::new();
@@ -150,15 +193,7 @@ impl StickTable {
         let limit = self.queue_limit();
         let mut loaded = 0;
         // Oldest first, so the queue front holds the least recently used.
-        for saved in live.into_iter().rev() {
-            let backend = if saved.backend == NO_BACKEND {
-                NO_BACKEND
-            } else {
-                match backends.get(usize::from(saved.backend)).copied().flatten() {
-                    Some(index) => index,
-                    None => continue, // interner full
-                }
-            };
+        for (saved, backend) in live.into_iter().rev() {
             let gen = queue.next_gen();
             let (learned, last_used) = (
                 now.saturating_sub(saved.age),
@@ -175,6 +210,81 @@ impl StickTable {
         }
         loaded
     }
+
+    /// The entries of a file worth loading, each with its backend's index in this
+    /// table: unexpired, of a configured backend (or a shared prefix), the `size` most
+    /// recently used. Only configured names are interned; entries of other names are
+    /// skipped with one log line.
+    fn usable_entries<'f>(
+        &self,
+        file: &'f StateFile,
+        configured: &[&str],
+    ) -> Vec<(&'f SavedEntry, u16)> {
+        let backends: Vec<Option<u16>> = file
+            .names
+            .iter()
+            .map(|n| {
+                configured
+                    .contains(&n.as_str())
+                    .then(|| self.backends.intern(n))
+                    .flatten()
+            })
+            .collect();
+        let mut unknown = 0usize;
+        let mut live: Vec<(&SavedEntry, u16)> = file
+            .entries
+            .iter()
+            .filter(|e| e.idle <= self.ttl_of(e.kind))
+            .filter_map(|e| {
+                let backend = match e.backend {
+                    NO_BACKEND => Some(NO_BACKEND),
+                    i => backends.get(usize::from(i)).copied().flatten(),
+                };
+                unknown += usize::from(backend.is_none());
+                Some((e, backend?))
+            })
+            .collect();
+        if unknown > 0 {
+            let names = backends.iter().filter(|b| b.is_none()).count();
+            tracing::warn!(
+                names,
+                entries = unknown,
+                "stick table file: skipped the entries of backends that are not configured"
+            );
+        }
+        live.sort_by_key(|(e, _)| e.idle);
+        live.truncate(self.params.size);
+        live
+    }
+}
+
+/// The lock of saves to `path` (see [`SAVE_LOCKS`]).
+fn save_lock(path: &Path) -> Arc<Mutex<()>> {
+    let mut locks = SAVE_LOCKS.lock().unwrap_or_else(PoisonError::into_inner);
+    locks.entry(path.to_path_buf()).or_default().clone()
+}
+
+/// Read a whole file of at most `max` bytes; a longer one is `InvalidData`
+/// ([`StateFileError::TooLarge`]) without reading it.
+fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let file = File::open(path)?;
+    let found = file.metadata()?.len();
+    let too_large = |found| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            StateFileError::TooLarge { found, max },
+        )
+    };
+    if found > max {
+        return Err(too_large(found));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(found).unwrap_or(0));
+    // Bounded again while reading: the file may grow after the size check.
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 pub(super) fn checksum(bytes: &[u8]) -> u64 {
@@ -286,6 +396,9 @@ pub(super) fn decode_state(bytes: &[u8]) -> Result<StateFile, StateFileError> {
     };
     let hash_key = (r.u64()?, r.u64()?);
     let name_count = r.u32()? as usize;
+    if name_count > MAX_FILE_NAMES {
+        return Err(StateFileError::TooManyNames(name_count));
+    }
     let mut names = Vec::with_capacity(name_count.min(r.bytes.len() / 2));
     for index in 0..name_count {
         let len = usize::from(r.u16()?);
@@ -334,18 +447,19 @@ pub(super) fn decode_state(bytes: &[u8]) -> Result<StateFile, StateFileError> {
     })
 }
 
-/// `<path>.tmp`, in the same directory so the rename is atomic.
+/// A fresh temporary name next to `path` (the same directory, so the rename is
+/// atomic): `<path>.<16 random hex digits>.tmp`.
 pub(super) fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
+    name.push(format!(".{:016x}.tmp", fastrand::u64(..)));
     PathBuf::from(name)
 }
 
-/// Writes `bytes` to `path` via a fsynced temp file and a rename, then fsyncs the directory.
+/// Writes `bytes` to `path` via a new fsynced temp file and a rename, then fsyncs
+/// the directory. The temp file is removed if anything fails.
 pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = tmp_path(path);
+    let (mut file, tmp) = create_temp(path)?;
     let result = (|| {
-        let mut file = create_private(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);
@@ -366,11 +480,28 @@ pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
-/// Creates (truncating) a file readable only by its owner: it holds the hash key.
+/// Creates a new temporary file for `path` (see [`create_private`]); retries with
+/// another random name only if one already exists.
+fn create_temp(path: &Path) -> io::Result<(File, PathBuf)> {
+    let mut last = None;
+    for _ in 0..TEMP_NAME_TRIES {
+        let tmp = tmp_path(path);
+        match create_private(&tmp) {
+            Ok(file) => return Ok((file, tmp)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)))
+}
+
+/// Creates a new file readable only by its owner (it holds the hash key): never an
+/// existing file, and never through a symlink (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600).
 pub(super) fn create_private(path: &Path) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(path)
 }

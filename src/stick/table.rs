@@ -27,9 +27,11 @@ pub(super) enum Found {
 /// once more than its lifetime has passed since its last use, so up to ~2 s late, never
 /// early; at most 65535 distinct backend names per table (more are not learned).
 pub struct StickTable {
+    /// `size` is fixed; `expire` and `source_expire` are as built (the lifetimes in
+    /// force are `ttl` and `source_ttl`, which a reload may change).
     pub(super) params: TableParams,
-    pub(super) ttl: u32,
-    pub(super) source_ttl: u32,
+    pub(super) ttl: AtomicU32,
+    pub(super) source_ttl: AtomicU32,
     pub(super) hash_key: [AtomicU64; 2],
     pub(super) map: DashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
     pub(super) queue: Mutex<Fifo>,
@@ -56,8 +58,8 @@ impl StickTable {
     /// An empty table with a fresh random hash key.
     pub fn new(params: TableParams) -> StickTable {
         StickTable {
-            ttl: ttl_secs(params.expire),
-            source_ttl: ttl_secs(params.source_expire),
+            ttl: AtomicU32::new(ttl_secs(params.expire)),
+            source_ttl: AtomicU32::new(ttl_secs(params.source_expire)),
             params,
             hash_key: [
                 AtomicU64::new(fastrand::u64(..)),
@@ -208,6 +210,14 @@ impl StickTable {
         removed
     }
 
+    /// Apply new idle lifetimes (a reload that keeps the table): every entry, old or
+    /// new, is judged by them from now on, as if they had always been in force (an
+    /// entry idle longer than a shortened lifetime expires at once).
+    pub fn set_lifetimes(&self, expire: Duration, source_expire: Duration) {
+        self.ttl.store(ttl_secs(expire), Relaxed);
+        self.source_ttl.store(ttl_secs(source_expire), Relaxed);
+    }
+
     /// Remove everything.
     ///
     /// Keeps the hash key, the counters and the backend names.
@@ -304,9 +314,9 @@ impl StickTable {
 
     pub(super) fn ttl_of(&self, kind: u8) -> u32 {
         if kind == KeyKind::Source.code() {
-            self.source_ttl
+            self.source_ttl.load(Relaxed)
         } else {
-            self.ttl
+            self.ttl.load(Relaxed)
         }
     }
 
@@ -474,6 +484,9 @@ mod tests {
 
     const EXPIRE: Duration = Duration::from_secs(60);
     const SOURCE_EXPIRE: Duration = Duration::from_secs(10);
+
+    /// The backends configured while a test loads a file.
+    const BACKENDS: &[&str] = &["b1", "compile1", "compile2"];
 
     fn table(size: usize) -> StickTable {
         StickTable::new(TableParams {
@@ -859,12 +872,16 @@ mod tests {
         a.learn_prefix(prefix, "compile2");
         a.advance_clock(Duration::from_secs(5));
         assert_eq!(a.save(&path).unwrap(), 4);
-        assert!(!tmp_path(&path).exists());
+        let files: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, ["puppet.table"], "no temporary file left");
 
         let b = table(100);
         b.learn(b.key(KeyKind::SessionId, b"gone"), "other"); // replaced by load
         b.learn(b.key(KeyKind::SessionId, b"gone2"), "compile2"); // interned at another index
-        assert_eq!(b.load(&path).unwrap(), 4);
+        assert_eq!(b.load(&path, BACKENDS).unwrap(), 4);
         assert_eq!(b.stats().entries, 4);
         assert_eq!(hit(&b, &b.key(KeyKind::SessionId, b"gone")), None);
         let mut views = b.entries(10);
@@ -910,7 +927,7 @@ mod tests {
         }
         a.save(&path).unwrap();
         let b = table(4);
-        assert_eq!(b.load(&path).unwrap(), 4);
+        assert_eq!(b.load(&path, BACKENDS).unwrap(), 4);
         for i in 0..10 {
             assert_eq!(lookup_name(&b, &sid(&b, i)).is_some(), i >= 6, "entry {i}");
         }
@@ -949,7 +966,7 @@ mod tests {
         b.learn(key, "mine");
         for (what, bytes) in cases {
             fs::write(&path, &bytes).unwrap();
-            let err = b.load(&path).unwrap_err();
+            let err = b.load(&path, BACKENDS).unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
             assert!(
                 err.get_ref().is_some_and(|e| e.is::<StateFileError>()),
@@ -963,7 +980,7 @@ mod tests {
             );
             assert_eq!(b.stats().entries, 1);
         }
-        let missing = b.load(&dir.path().join("missing")).unwrap_err();
+        let missing = b.load(&dir.path().join("missing"), BACKENDS).unwrap_err();
         assert_eq!(missing.kind(), io::ErrorKind::NotFound);
     }
 
@@ -976,7 +993,7 @@ mod tests {
         t.save(&path).unwrap();
         t.clear();
         assert_eq!(t.save(&path).unwrap(), 0);
-        assert_eq!(t.load(&path).unwrap(), 0);
+        assert_eq!(t.load(&path, BACKENDS).unwrap(), 0);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -1048,5 +1065,148 @@ mod tests {
         println!("stick table: {per_entry:.1} bytes/entry (RSS) for {N} entries");
         assert_eq!(t.stats().entries, N as usize);
         assert!(per_entry < 200.0, "{per_entry} bytes per entry");
+    }
+
+    // Hostile state files and concurrent saves (issue #16).
+
+    /// A saved table file of `entries` (backend index `backend` of `names`).
+    fn crafted_file(path: &std::path::Path, names: &[Arc<str>], hashes: &[u64], backend: u16) {
+        let entries: Vec<SavedEntry> = hashes
+            .iter()
+            .map(|&hash| SavedEntry {
+                hash,
+                kind: KeyKind::SessionId.code(),
+                flags: 0,
+                backend,
+                age: 1,
+                idle: 1,
+            })
+            .collect();
+        fs::write(path, encode_state((1, 2), names, &entries)).unwrap();
+    }
+
+    #[test]
+    fn saves_never_open_a_planted_file_or_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let planted = dir.path().join("t.tmp");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let t = table(10);
+        t.learn(sid(&t, 1), "b1");
+        t.save(&path).unwrap();
+        assert_eq!(
+            fs::read(&victim).unwrap(),
+            b"precious",
+            "the save wrote through a symlink"
+        );
+        assert!(!fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(table(10).load(&path, BACKENDS).unwrap(), 1);
+        assert!(create_private(&planted).is_err(), "opened an existing path");
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn concurrent_saves_to_one_path_all_land_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let t = Arc::new(table(20_000));
+        for i in 0..20_000 {
+            t.learn(sid(&t, i), "b1");
+        }
+        let savers: Vec<_> = (0..4)
+            .map(|_| {
+                let (t, path) = (t.clone(), path.clone());
+                std::thread::spawn(move || {
+                    (0..10).map(|_| t.save(&path).map(drop)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for s in savers {
+            for r in s.join().unwrap() {
+                r.expect("every save succeeds");
+            }
+        }
+        assert_eq!(table(20_000).load(&path, BACKENDS).unwrap(), 20_000);
+        let left: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["t"], "temporary files left behind");
+    }
+
+    #[test]
+    fn names_a_file_lists_do_not_fill_the_name_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let mut names: Vec<Arc<str>> = (0..5000).map(|i| Arc::from(format!("x{i}"))).collect();
+        names.push(Arc::from("b1"));
+        let unknown: Vec<u64> = (0..5000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        crafted_file(&path, &names, &unknown, 17);
+        let t = table(10_000);
+        assert_eq!(
+            t.load(&path, BACKENDS).unwrap(),
+            0,
+            "entries of backends not configured"
+        );
+        assert!(
+            t.backends.names.load().len() <= 1,
+            "names learned from the file"
+        );
+        // Duplicate hashes count once and don't grow the queue past its limit.
+        crafted_file(&path, &names, &[7; 3000], 5000);
+        assert_eq!(t.load(&path, BACKENDS).unwrap(), 1);
+        assert_eq!(t.stats().entries, 1);
+        assert!(queue_len(&t) <= t.queue_limit());
+    }
+
+    #[test]
+    fn oversized_files_are_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let hashes: Vec<u64> = (0..100_000u64).collect();
+        crafted_file(&path, &[Arc::from("b1")], &hashes, 0);
+        let err = table(10).load(&path, BACKENDS).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("more than the"), "{err}");
+        assert_eq!(
+            table(100_000).load(&path, BACKENDS).unwrap(),
+            100_000,
+            "a table of its size takes it"
+        );
+    }
+
+    /// Hashes that share their low 40 bits would all probe one bucket sequence of a
+    /// map that used them as they are: loading them must cost about what loading
+    /// random ones costs (best of three each, same run; a ratio, not a time).
+    #[test]
+    fn colliding_hashes_load_like_random_ones() {
+        const N: u64 = 300_000;
+        let dir = tempfile::tempdir().unwrap();
+        let names = [Arc::from("b1")];
+        let best = |hashes: &[u64]| {
+            let path = dir.path().join("t");
+            crafted_file(&path, &names, hashes, 0);
+            (0..3)
+                .map(|_| {
+                    let t = table(N as usize);
+                    let started = std::time::Instant::now();
+                    assert_eq!(t.load(&path, BACKENDS).unwrap(), N as usize);
+                    started.elapsed()
+                })
+                .min()
+                .unwrap()
+        };
+        let random: Vec<u64> = (0..N).map(|_| fastrand::u64(..)).collect();
+        let colliding: Vec<u64> = (0..N).map(|i| (i + 1) << 40).collect();
+        let (r, c) = (best(&random), best(&colliding));
+        println!("load of {N} entries: random hashes {r:?}, colliding {c:?}");
+        assert!(c < r * 4, "colliding hashes took {c:?}, random ones {r:?}");
     }
 }
