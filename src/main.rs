@@ -233,9 +233,16 @@ fn main() -> ExitCode {
         } {
             Ok(cfg) => {
                 print!("{}", cfg.summary());
-                #[cfg(target_os = "linux")]
-                if cfg.services.iter().any(|s| s.relay == RelayMode::Kernel) {
-                    println!("{}", crossbar::relay::kernel::status());
+                for s in cfg
+                    .services
+                    .iter()
+                    .filter(|s| s.relay != RelayMode::SpliceAuto)
+                {
+                    let plan = crossbar::relay::plan(s.relay);
+                    println!(
+                        "relay: service {} uses {} ({})",
+                        s.name, plan.relay, plan.why
+                    );
                 }
                 println!("{}: OK", config.display());
                 ExitCode::SUCCESS

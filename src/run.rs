@@ -11,7 +11,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin;
-use crate::config::Config;
+use crate::config::{Config, RelayMode};
 use crate::metrics::Metrics;
 use crate::server::Server;
 use crate::upgrade;
@@ -79,6 +79,12 @@ async fn handed_over_signal(rx: &mut Option<tokio::sync::oneshot::Receiver<()>>)
 /// Run with options until a termination signal or a handover to a successor.
 pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     let metrics = Metrics::new();
+    // Before any socket is bound: a SIGTERM that arrives once clients can connect
+    // must drain them (it waits in the stream for the loop below), not kill the
+    // process by the default action (seen under load, the BPF load in between).
+    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let source = config.source.clone();
     let wanted: u64 = config
         .services
@@ -110,6 +116,15 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
             "upgrade: took the predecessor's listening sockets"
         );
     }
+    for s in config
+        .services
+        .iter()
+        .filter(|s| s.relay != RelayMode::SpliceAuto)
+    {
+        // Loads the kernel relay now (logging once if it can't), not on the first connection.
+        let plan = crate::relay::plan(s.relay);
+        tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);
+    }
     let server = Server::start_inheriting(config, metrics, inherited)
         .await
         .context("starting")?;
@@ -133,9 +148,6 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     });
     tracing::info!(config = %source.display(), "crossbar {} running", env!("CARGO_PKG_VERSION"));
     crate::system::sd_notify("READY=1");
-    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     loop {
         tokio::select! {
             _ = hup.recv() => {

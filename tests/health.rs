@@ -24,8 +24,12 @@ const INTERVAL: Duration = Duration::from_millis(150);
 const TIMEOUT: Duration = Duration::from_millis(150);
 const RISE: u32 = 2;
 const FALL: u32 = 2;
-/// Scheduling slack on a loaded machine, added to every timing bound.
-const SLACK: Duration = Duration::from_millis(250);
+/// How many times its configured duration a health transition (or a check's
+/// timeout) may take before the test calls it missing: a guard against "never",
+/// not a performance claim (a busy 2-core CI machine has taken 839 ms for a 450 ms
+/// detection). Timing is asserted by events instead: the counted checks, and a
+/// lower bound, which load can only make safer.
+const GENEROUS: u32 = 20;
 /// Upper bound on one client exchange and on rebinding a port (waits on a state use
 /// common's `wait_until`).
 const LIMIT: Duration = Duration::from_secs(10);
@@ -38,13 +42,15 @@ fn health_yaml(check: &str) -> String {
     )
 }
 
-/// `fall` checks, each up to `interval` + 10% jitter apart, the last taking `timeout`.
-fn detection_bound() -> Duration {
-    INTERVAL.mul_f64(1.1) * FALL + TIMEOUT + SLACK
+/// The configured detection time: `fall` checks `interval` apart, the last taking
+/// up to `timeout`.
+fn detection_time() -> Duration {
+    INTERVAL * FALL + TIMEOUT
 }
 
-fn rise_bound() -> Duration {
-    INTERVAL.mul_f64(1.1) * RISE + TIMEOUT + SLACK
+/// The configured time to re-admit: `rise` checks `interval` apart.
+fn rise_time() -> Duration {
+    INTERVAL * RISE + TIMEOUT
 }
 
 /// Start crossbar with one service `puppet` in front of `backends` (name, addr, backup).
@@ -195,11 +201,14 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
     tokio::time::sleep(Duration::from_millis(50)).await;
     let errors_at_detection = dead.metrics.connect_errors.get();
     eprintln!(
-        "b2 down after {detected:?} under load (bound fall x interval + timeout = {:?}); \
+        "b2 down after {detected:?} under load (configured fall x interval + timeout = {:?}); \
          connects refused before: {errors_at_detection}",
-        detection_bound() - SLACK
+        detection_time()
     );
-    assert!(detected <= detection_bound(), "detection took {detected:?}");
+    assert!(
+        detected <= detection_time() * GENEROUS,
+        "detection took {detected:?}"
+    );
     assert_eq!(dead.state_name(), "down");
     // After detection no new connection is sent to it: its connect errors stop growing
     // while clients keep connecting, and nothing answers as b2.
@@ -226,10 +235,10 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
     let restarted = Instant::now();
     let rose = wait_until("b2 to be up again", || dead.is_healthy()).await;
     eprintln!(
-        "b2 up again {rose:?} after its restart (bound rise x interval + timeout = {:?})",
-        rise_bound() - SLACK
+        "b2 up again {rose:?} after its restart (configured rise x interval + timeout = {:?})",
+        rise_time()
     );
-    assert!(rose <= rise_bound(), "rise took {rose:?}");
+    assert!(rose <= rise_time() * GENEROUS, "rise took {rose:?}");
     wait_until("b2 to serve again", || {
         load.served_by_since("b2", restarted) > 0
     })
@@ -256,11 +265,22 @@ async fn active_checks_alone_take_a_dead_backend_down_in_time() {
     wait_until("checks to pass", || b.metrics.check_ok.get() >= 2).await;
     b1.stop();
     let detected = wait_until("b1 to be marked down", || !b.is_healthy()).await;
+    let failed_checks = b.metrics.check_fail.get();
     eprintln!(
-        "no traffic: b1 down after {detected:?} (bound {:?})",
-        detection_bound() - SLACK
+        "no traffic: b1 down after {detected:?} and {failed_checks} failed checks \
+         (configured {:?}, fall {FALL})",
+        detection_time()
     );
-    assert!(detected <= detection_bound(), "detection took {detected:?}");
+    // Taken down by `fall` failed checks, not by the first one (a busy machine may
+    // let one more fail before the state is read).
+    assert!(
+        failed_checks >= u64::from(FALL),
+        "down after {failed_checks} failed checks, fall is {FALL}"
+    );
+    assert!(
+        detected <= detection_time() * GENEROUS,
+        "detection took {detected:?}"
+    );
     assert_eq!(b.metrics.connect_errors.get(), 0, "only checks saw it");
     assert!(lb.backend("puppet", "b2").is_healthy());
 }
@@ -420,7 +440,8 @@ async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
     let took = t.elapsed();
     eprintln!("silent backend: tls-hello failed after {took:?} (timeout {TIMEOUT:?})");
     assert!(matches!(err, CheckError::Timeout(_)), "{err}");
-    assert!(took >= TIMEOUT && took <= TIMEOUT + SLACK, "{took:?}");
+    assert!(took >= TIMEOUT, "failed after {took:?}, before the timeout");
+    assert!(took <= TIMEOUT * GENEROUS, "failed after {took:?}");
 
     // A closed port fails fast.
     let closed = {
@@ -617,13 +638,18 @@ async fn black_hole() -> (SocketAddr, socket2::Socket, Vec<TcpStream>) {
     panic!("the accept queue of {addr} never filled");
 }
 
+/// The connect timeout toward the black hole: long enough that ten of them in a
+/// row (what serialized accepts would cost) dwarf any scheduling delay.
+const HOLE_CONNECT: Duration = Duration::from_secs(1);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepts_continue_while_a_backend_is_black_holed() {
     let ca = TestCa::new("health CA").unwrap();
     let (hole, _sock, _fillers) = black_hole().await;
     let good = tls_backend(&ca, "good", any_port()).await;
     let extra = format!(
-        "    balance: roundrobin\n    retries: 2\n    timeouts: {{ connect: 300ms }}\n    health: {}\n",
+        "    balance: roundrobin\n    retries: 2\n    timeouts: {{ connect: {}ms }}\n    health: {}\n",
+        HOLE_CONNECT.as_millis(),
         health_yaml("tcp")
     );
     let lb = puppet_lb(&extra, &[("hole", hole, false), ("good", good.addr, false)]).await;
@@ -647,27 +673,38 @@ async fn accepts_continue_while_a_backend_is_black_holed() {
         slowest = slowest.max(took);
     }
     let all = started.elapsed();
-    eprintln!("20 concurrent clients with a black-holed backend: all served in {all:?}, slowest {slowest:?}");
-    // Serialized accepts would need ~10 x 300 ms.
-    assert!(all < Duration::from_millis(1500), "{all:?}");
     let b = lb.backend("puppet", "hole");
+    let timed_out = b.metrics.connect_errors.get();
+    eprintln!(
+        "20 concurrent clients with a black-holed backend: all served in {all:?}, \
+         slowest {slowest:?}, {timed_out} connects timed out at the hole"
+    );
+    // The waits overlapped: accepts handled one at a time would have spent at least
+    // one whole connect timeout per connect that went to the hole, in a row (a lower
+    // bound on the serial time, which load can only lengthen).
+    assert!(timed_out >= 2, "only {timed_out} connects went to the hole");
+    let serial = HOLE_CONNECT * u32::try_from(timed_out).unwrap();
+    assert!(
+        all < serial,
+        "{all:?}: the {timed_out} connect waits did not overlap"
+    );
     wait_until("the black hole to be marked down", || !b.is_healthy()).await;
     let detected = started.elapsed();
     eprintln!(
         "black-holed backend down {detected:?} after start (checks time out after {TIMEOUT:?})"
     );
-    assert!(detected <= detection_bound(), "{detected:?}");
-    // Once it is down, clients are no longer delayed.
+    assert!(detected <= detection_time() * GENEROUS, "{detected:?}");
+    // Once it is down, clients are no longer sent there (so not delayed).
+    let at_down = b.metrics.connect_errors.get();
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
     for _ in 0..5 {
-        let t = Instant::now();
         assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "good");
-        assert!(
-            t.elapsed() < Duration::from_millis(300),
-            "{:?}",
-            t.elapsed()
-        );
     }
+    assert_eq!(
+        b.metrics.connect_errors.get(),
+        at_down,
+        "a connect went to the hole"
+    );
 }
 
 /// `check: none`: connect failures take a backend down; it is re-admitted after
@@ -694,7 +731,7 @@ async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
         INTERVAL * RISE
     );
     assert!(readmitted >= INTERVAL.mul_f64(0.9) * (RISE - 1));
-    assert!(readmitted <= rise_bound());
+    assert!(readmitted <= rise_time() * GENEROUS, "{readmitted:?}");
     // Still dead: the traffic takes it down again.
     wait_until("b1 down again", || !b.is_healthy()).await;
     assert!(down_at.elapsed() < LIMIT);

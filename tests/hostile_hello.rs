@@ -25,8 +25,6 @@ const NAMES: &[&str] = &[
     "nomatch.example.com",
     "localhost",
 ];
-/// Bound on anything that should happen "at once" on loopback.
-const PROMPT: Duration = Duration::from_millis(500);
 /// Bound on a whole exchange that should succeed.
 const EXCHANGE: Duration = Duration::from_secs(10);
 
@@ -234,7 +232,9 @@ async fn tcp_capture() -> (SocketAddr, TcpListener) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_tls_bytes_are_closed_and_counted() {
     let raw = tcp_capture().await;
-    let (server, addr) = single(&[("raw".into(), raw.0)], "").await;
+    // A hello timeout far beyond the exchange: a close before it is the parser's.
+    let extra = "    timeouts: { client_hello: 60s }\n";
+    let (server, addr) = single(&[("raw".into(), raw.0)], extra).await;
     let mut garbage: Vec<u8> = (0..300).map(|_| fastrand::u8(..)).collect();
     if garbage[0] == 0x16 {
         garbage[0] = 0x17;
@@ -249,9 +249,11 @@ async fn non_tls_bytes_are_closed_and_counted() {
         c.write_all(input).await.unwrap();
         let (took, answer) = until_closed(&mut c, EXCHANGE).await;
         assert!(answer.is_empty(), "nothing is answered to non-TLS bytes");
-        assert!(took < PROMPT, "closed after {took:?}");
+        eprintln!("{} non-TLS bytes: closed after {took:?}", input.len());
     }
+    // Closed for what was sent, not by the hello timer.
     assert_eq!(hello_errors(&server, "not_tls"), 3.0);
+    assert_eq!(hello_errors(&server, "timeout"), 0.0);
     let reached = tokio::time::timeout(Duration::from_millis(100), raw.1.accept()).await;
     assert!(reached.is_err(), "non-TLS bytes never reach the backend");
 }
@@ -282,8 +284,10 @@ async fn oversized_hellos_are_too_large() {
     .await
     .unwrap();
     let (took, _) = until_closed(&mut c, EXCHANGE).await;
-    assert!(took < PROMPT, "closed after {took:?}");
+    eprintln!("a declared-oversized record: closed after {took:?}");
+    // Closed on the declared length, not by the (10 s) hello timer.
     assert_eq!(hello_errors(&server, "too_large"), 2.0);
+    assert_eq!(hello_errors(&server, "timeout"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,10 +296,12 @@ async fn a_silent_client_is_closed_at_the_hello_timeout() {
     let extra = "    timeouts: { client_hello: 1s }\n";
     let (server, addr) = single(&[("raw".into(), raw.0)], extra).await;
     let mut c = TcpStream::connect(addr).await.unwrap();
-    let (took, _) = until_closed(&mut c, Duration::from_secs(5)).await;
+    // until_closed's limit is a guard against "never", not a performance bound.
+    let (took, _) = until_closed(&mut c, EXCHANGE).await;
+    eprintln!("a silent client: closed after {took:?}, timeout 1s");
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
-        "closed after {took:?}, timeout 1s"
+        took >= Duration::from_millis(900),
+        "closed after {took:?}, before the 1s timeout"
     );
     wait_until("the timeout counted", || {
         hello_errors(&server, "timeout") == 1.0

@@ -92,62 +92,67 @@ async fn tls_session_intact_and_handshake_seen() {
     );
 }
 
-/// A reader that keeps up: the kernel moves the bytes. (A reader that falls behind
-/// by more than the queue cap sends the rest of that burst through user space, so
-/// on a loaded machine the kernel's share varies: the test requires a real share
-/// and prints it.)
+/// 1 GiB one way into a reader that checks every byte: the kernel moves nearly all
+/// of it. Whenever the reader falls 4 MiB behind, the program passes bytes up and
+/// crossbar shuts the client's window until it has forwarded them; then the kernel
+/// takes over again (before, the rest of the transfer stayed in user space).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_is_moved_by_the_kernel() {
     loaded();
+    const CHUNKS: u64 = 1024;
     let sink = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = sink.local_addr().unwrap();
+    let chunk = Arc::new(payload(MIB, 11));
+    let want = chunk.clone();
+    // Each MiB carries its index in its first 8 bytes: loss, reordering or a
+    // corrupted byte shows as the first bad chunk.
     let reader = std::thread::spawn(move || {
         let (mut s, _) = sink.accept().unwrap();
-        let mut buf = vec![0u8; 1 << 20];
-        let (mut n, mut hash) = (0u64, sha2_new());
-        loop {
-            match s.read(&mut buf).unwrap() {
-                0 => break,
-                m => {
-                    n += m as u64;
-                    sha2::Digest::update(&mut hash, &buf[..m]);
-                }
-            }
+        let mut buf = vec![0u8; MIB];
+        for i in 0..CHUNKS {
+            s.read_exact(&mut buf).unwrap();
+            assert_eq!(buf[..8], i.to_le_bytes(), "chunk {i}: wrong index");
+            assert!(buf[8..] == want[8..], "chunk {i}: bytes differ");
         }
-        (n, sha2::Digest::finalize(hash).to_vec())
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{} bytes after the last chunk", rest.len());
     });
     let lb = Crossbar::start(&kernel_service_at("sink", addr, "")).await;
-    let len = 64 * MIB;
-    let data = Arc::new(payload(len, 11));
-    let before = kernel::redirected_total();
+    let (kernel_before, user_before) = (kernel::redirected_total(), kernel::copied_total());
     let to = lb.addr("svc");
-    let sent = data.clone();
     tokio::task::spawn_blocking(move || {
         let mut c = std::net::TcpStream::connect(to).unwrap();
-        c.write_all(&sent).unwrap();
+        let mut block = chunk.to_vec();
+        for i in 0..CHUNKS {
+            block[..8].copy_from_slice(&i.to_le_bytes());
+            c.write_all(&block).unwrap();
+        }
         c.shutdown(std::net::Shutdown::Write).unwrap();
         let mut rest = Vec::new();
         c.read_to_end(&mut rest).unwrap();
     })
     .await
     .unwrap();
-    let (n, digest) = reader.join().unwrap();
-    assert_eq!(n, len as u64);
-    assert_eq!(hex(&digest), hex(&sha(&data)));
+    reader.join().unwrap();
+    let len = CHUNKS * MIB as u64;
     wait_until("the connection's end is accounted", || {
         lb.metric("crossbar_bytes_total", &[("direction", "client_to_server")]) == len as f64
     })
     .await;
-    let by_kernel = kernel::redirected_total() - before;
-    println!("the kernel moved {by_kernel} of {len} bytes");
+    let by_kernel = kernel::redirected_total() - kernel_before;
+    let by_user = kernel::copied_total() - user_before;
+    println!("the kernel moved {by_kernel} of {len} bytes, crossbar copied {by_user}");
+    // (Bytes crossbar read before the relay started, if any, are in neither count.)
+    assert!(by_kernel + by_user <= len);
+    // Each time the reader falls 4 MiB behind, crossbar copies what reached the
+    // client socket before it shut the window: at most its receive buffer (1 MiB
+    // after the first pause). So the kernel moves at least 4 of every 5 MiB, however
+    // loaded the machine (88% measured on an idle one).
     assert!(
-        by_kernel >= MIB as u64,
-        "the kernel moved only {by_kernel} bytes"
+        by_kernel >= len / 4 * 3,
+        "the kernel moved only {by_kernel} of {len} bytes"
     );
-}
-
-fn sha2_new() -> sha2::Sha256 {
-    <sha2::Sha256 as sha2::Digest>::new()
 }
 
 /// Client half-closes first: the backend sees EOF, then still answers through the
@@ -212,8 +217,10 @@ async fn idle_timeout_closes() {
     assert!(back == data, "echoed bytes differ");
     let (rest, _) = within("the idle close", read_to_end_or_error(&mut c)).await;
     assert!(rest.is_empty());
-    // tokio's timer wheel has millisecond slots: a deadline can fire up to one
-    // slot before the same instant measured here (seen: 399.35 ms for 400 ms).
+    // The relay keeps the last activity in whole milliseconds (and tokio's timer
+    // wheel has millisecond slots), so the close may come up to that before the
+    // same instant measured here. (Closes a full slot early, seen under load, came
+    // from the idle check not sampling the kernel's counters: it now does.)
     let slot = Duration::from_millis(2);
     assert!(
         quiet.elapsed() + slot >= idle,
@@ -337,4 +344,75 @@ fn committed_object_matches_its_source() {
         disasm(&committed),
         "run bpf/build.sh and commit the object"
     );
+}
+
+/// `relay: auto` takes the kernel relay where it loads (here: root, sockmap): the
+/// kernel moves the bytes, and `crossbar check` and `crossbar doctor` say so per
+/// service, next to a `splice-auto` service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_uses_the_kernel_where_it_loads_and_check_and_doctor_say_so() {
+    loaded();
+    let echo = Backend::echo("echo", false).await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    relay: auto\n",
+        &[backend_line(&echo.name, echo.addr, "")],
+    ))
+    .await;
+    let before = kernel::redirected_total();
+    let data = payload(8 * MIB, 21);
+    let client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    let (got_len, got_sha) = exchange(client, &data).await;
+    assert_eq!(got_len, data.len() as u64);
+    assert_eq!(hex(&got_sha), hex(&sha(&data)));
+    wait_until("the kernel's bytes are counted", || {
+        kernel::redirected_total() > before
+    })
+    .await;
+
+    let two = format!(
+        "{}  plain:\n    listen: [\"127.0.0.1:0\"]\n    mode: tcp\n    health: {{ check: none }}\n    backends:\n{}",
+        one_service("    mode: tcp\n    relay: auto\n", &[backend_line("a", echo.addr, "")]),
+        backend_line("b", echo.addr, "")
+    );
+    let path = lb.dir().join("two.yaml");
+    std::fs::write(&path, &two).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(
+            "relay: service svc uses kernel (relay: auto; the BPF sockmap program loads here)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("service plain uses"), "{stdout}");
+
+    let cfg = load_config(lb.dir(), &two);
+    let report = crossbar::doctor::run(&cfg, crossbar::doctor::Options::default()).await;
+    let relays: Vec<(String, &str)> = report
+        .relays
+        .iter()
+        .map(|r| (r.service.clone(), r.plan.relay))
+        .collect();
+    assert_eq!(
+        relays,
+        [
+            ("svc".to_string(), "kernel"),
+            ("plain".to_string(), "splice-auto")
+        ]
+    );
+    let table = report.table();
+    assert!(
+        table.contains("svc: kernel (relay: auto; the BPF sockmap program loads here)"),
+        "{table}"
+    );
+    assert!(
+        table.contains("plain: splice-auto (relay: splice-auto (the default))"),
+        "{table}"
+    );
+    assert!(report.json().contains("\"relay\": \"kernel\""));
 }

@@ -215,6 +215,20 @@ pub enum RelayMode {
     /// BPF sockmap: the kernel forwards between the two sockets (docs/performance.md);
     /// falls back to `SpliceAuto` where the BPF program can't be loaded.
     Kernel,
+    /// The kernel relay where it loads (privilege, kernel version, seccomp), else
+    /// `SpliceAuto`: as `Kernel`, for configs shared by machines that differ.
+    Auto,
+}
+
+impl RelayMode {
+    /// The YAML spelling.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RelayMode::SpliceAuto => "splice-auto",
+            RelayMode::Kernel => "kernel",
+            RelayMode::Auto => "auto",
+        }
+    }
 }
 
 /// `balance:` algorithm.

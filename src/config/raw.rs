@@ -182,6 +182,7 @@ pub(super) enum RawOnNonTls {
 pub(super) enum RawRelay {
     SpliceAuto,
     Kernel,
+    Auto,
 }
 
 /// `balance:`

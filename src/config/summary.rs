@@ -80,10 +80,11 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
         (Mode::Tls, OnNonTls::Forward) => "tls, non-TLS forwarded",
     };
     writeln!(f, "service {} ({mode})", s.name)?;
-    if s.relay == RelayMode::Kernel {
+    if s.relay != RelayMode::SpliceAuto {
         writeln!(
             f,
-            "  relay     kernel (BPF sockmap; splice-auto if it can't load)"
+            "  relay     {} (BPF sockmap; splice-auto where it can't load)",
+            s.relay.as_str()
         )?;
     }
     for l in &s.listen {

@@ -238,6 +238,7 @@ impl Checker<'_> {
                 None => base.relay,
                 Some(RawRelay::SpliceAuto) => RelayMode::SpliceAuto,
                 Some(RawRelay::Kernel) => RelayMode::Kernel,
+                Some(RawRelay::Auto) => RelayMode::Auto,
             },
         }
     }

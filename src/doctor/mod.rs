@@ -1,7 +1,7 @@
 //! `crossbar doctor`: connects to every backend of a configuration and reports
 //! what will break agents before traffic is switched: certificates (names agents
 //! dial, issuer, expiry), the Puppet CA each backend serves, TLS versions and how
-//! stickiness will work, and the status page.
+//! stickiness will work, the status page, and which relay each service uses here.
 //!
 //! Findings carry a severity; the exit code is 0 (clean), 1 (warnings) or 2
 //! (errors), so the command can gate CI or run as `ExecStartPre`.
@@ -71,11 +71,23 @@ pub struct BackendReport {
     pub inspection: Inspection,
 }
 
+/// The relay one service will use on this machine.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceRelay {
+    /// The service.
+    pub service: String,
+    /// Which relay and why.
+    #[serde(flatten)]
+    pub plan: crate::relay::RelayPlan,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// The configuration file.
     pub config: String,
+    /// Every service's relay (`kernel` where asked for and the BPF program loads).
+    pub relays: Vec<ServiceRelay>,
     /// Every backend, in configuration order.
     pub backends: Vec<BackendReport>,
     /// Findings, most severe first.
@@ -145,8 +157,17 @@ fn report(config: &Config, backends: Vec<BackendReport>, mut findings: Vec<Findi
         (0, _) => 1,
         _ => 2,
     };
+    let relays = config
+        .services
+        .iter()
+        .map(|s| ServiceRelay {
+            service: s.name.clone(),
+            plan: crate::relay::plan(s.relay),
+        })
+        .collect();
     Report {
         config: config.source.display().to_string(),
+        relays,
         backends,
         findings,
         errors,

@@ -22,6 +22,11 @@ pub fn table(r: &Report) -> String {
     let mut rows = vec![HEADER.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     rows.extend(r.backends.iter().map(row));
     let mut out = crate::admin_client::columns(&rows);
+    out.push_str("\nrelay:\n");
+    for s in &r.relays {
+        // ok: writing to a String cannot fail
+        let _ = writeln!(out, "  {}: {} ({})", s.service, s.plan.relay, s.plan.why);
+    }
     if !r.findings.is_empty() {
         out.push_str("\nfindings:\n");
     }

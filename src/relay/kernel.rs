@@ -7,10 +7,11 @@
 //! [`pump`] forwards it with read/write, in order. That one mechanism covers the
 //! handshake (the server's direction is passed up until the watcher is done), a
 //! slow reader (bounded memory: past the limit, bytes wait in the source socket's
-//! receive buffer, and TCP flow control stops the sender; a sender that keeps the
-//! pipe full then stays on this copy path until it pauses), and sockets that can't
+//! receive buffer, and TCP flow control stops the sender), and sockets that can't
 //! join the map (a half-closed socket is refused by the kernel: that connection is
-//! copied in user space). A FIN still reaches user space (read returns 0): the pump
+//! copied in user space). After a slow reader's pause the kernel takes over again:
+//! the pump shuts the source's window, peeks and forwards the passed bytes, and
+//! reads them (reopening the window) only once they count as consumed ([`forward`]). A FIN still reaches user space (read returns 0): the pump
 //! waits until every redirected byte is in the peer socket, then half-closes it.
 //! Byte counts come from the BPF program's per-direction counters.
 #![allow(unsafe_code)]
@@ -24,6 +25,7 @@ use std::time::Duration;
 use aya::maps::{HashMap as BpfHashMap, MapData, SockHash};
 use aya::programs::SkSkb;
 use aya::Ebpf;
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +45,16 @@ const MAX_SOCKETS: usize = 65_536;
 /// passes bytes up instead: a reader that keeps up leaves the queue near empty,
 /// while one that stops costs at most this plus the two sockets' own buffers.
 const QUEUE_LIMIT: u64 = 4 << 20;
+/// Most bytes user space peeks at once when it catches up with bytes the program
+/// passed up (the source's window is clamped meanwhile, so that is rarely more
+/// than what was in flight when the peer's queue filled).
+const PEEK_MAX: usize = 1 << 20;
+/// SO_RCVBUF of a source after its first pause (see [`Dir::resume`]; Linux doubles
+/// it for overhead): bytes passed up while crossbar wakes stay a fraction of the
+/// [`QUEUE_LIMIT`] the kernel moves per cycle. Redirected bytes leave the buffer at
+/// once, so it bounds only the window: still 2.5 GB/s at a LAN's 0.2 ms round trip,
+/// but 10 MB/s for a sender 50 ms away once it has outrun its reader.
+const RESUMED_RCVBUF: usize = 512 << 10;
 /// First and longest pause between checks that redirected bytes have reached the
 /// peer socket (the kernel gives no event for that; only a slow reader's connection
 /// or a half-close waits here).
@@ -120,13 +132,63 @@ pub struct KernelRelay {
 
 static KERNEL: OnceLock<Result<KernelRelay, String>> = OnceLock::new();
 
-/// Bytes the kernel redirected for connections that have ended (both directions).
-static REDIRECTED: AtomicU64 = AtomicU64::new(0);
+/// Process-wide counters of the kernel relay (exported by [`register_metrics`]).
+struct KernelMetrics {
+    /// `crossbar_kernel_relay_bytes_total{path}`.
+    bytes: IntCounterVec,
+    /// `crossbar_kernel_relay_pauses_total`.
+    pauses: IntCounter,
+}
+
+fn metrics() -> &'static KernelMetrics {
+    static M: OnceLock<KernelMetrics> = OnceLock::new();
+    M.get_or_init(|| {
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "crossbar_kernel_relay_bytes_total",
+                "Bytes kernel-relayed connections moved, by path: kernel (redirected by \
+                 the BPF program) or user (passed up and copied by crossbar), counted \
+                 when each connection ends.",
+            ),
+            &["path"],
+        )
+        .expect("static metric definition"); // ok: static
+        for path in ["kernel", "user"] {
+            bytes.with_label_values(&[path]);
+        }
+        let pauses = IntCounter::new(
+            "crossbar_kernel_relay_pauses_total",
+            "Times a kernel-relayed direction's destination fell behind by the queue \
+             cap, so crossbar shut the source's TCP window until it caught up.",
+        )
+        .expect("static metric definition"); // ok: static
+        KernelMetrics { bytes, pauses }
+    })
+}
+
+/// Add the kernel relay's process-wide counters to a registry (every registry
+/// shares them: they count for the whole process).
+pub fn register_metrics(r: &Registry) {
+    let m = metrics();
+    for c in [
+        Box::new(m.bytes.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(m.pauses.clone()),
+    ] {
+        if let Err(e) = r.register(c) {
+            tracing::warn!("kernel relay metrics: {e}");
+        }
+    }
+}
 
 /// Bytes the kernel (not user space) moved for all kernel-relayed connections that
 /// have ended, since start: tells operators and tests the BPF path carries the data.
 pub fn redirected_total() -> u64 {
-    REDIRECTED.load(Ordering::Relaxed)
+    metrics().bytes.with_label_values(&["kernel"]).get()
+}
+
+/// Bytes user space copied for kernel-relayed connections that have ended.
+pub fn copied_total() -> u64 {
+    metrics().bytes.with_label_values(&["user"]).get()
 }
 
 /// The kernel relay, loading it on first use; `Err` says why it can't be used (the
@@ -145,16 +207,6 @@ pub fn get() -> Result<&'static KernelRelay, &'static str> {
         })
         .as_ref()
         .map_err(String::as_str)
-}
-
-/// One line for `crossbar check`: which relay `relay: kernel` services will get here.
-pub fn status() -> String {
-    match get() {
-        Ok(_) => "relay: kernel relay loads here (BPF sockmap): `relay: kernel` services use it".into(),
-        Err(why) => format!(
-            "relay: kernel relay unavailable here ({why}): `relay: kernel` services will use splice-auto"
-        ),
-    }
 }
 
 fn load() -> Result<KernelRelay, KernelError> {
@@ -266,6 +318,57 @@ fn kick(fd: RawFd) {
     }
 }
 
+/// Set `TCP_WINDOW_CLAMP` on `s` (`None`: the kernel's minimum, half of
+/// SOCK_MIN_RCVBUF) and return the value it had.
+fn window_clamp(s: &TcpStream, to: Option<libc::c_int>) -> io::Result<libc::c_int> {
+    let fd = s.as_raw_fd();
+    let mut was: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes one int we own; fd is a TCP socket the caller keeps open.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            (&mut was as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let value: libc::c_int = to.unwrap_or(1);
+    // SAFETY: setsockopt reads one int we own from a socket the caller keeps open.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(was)
+}
+
+/// `recv(2)` into `buf` without blocking; `peek` leaves the bytes in the socket.
+fn recv(s: &TcpStream, buf: &mut [u8], peek: bool) -> io::Result<usize> {
+    let flags = if peek { libc::MSG_PEEK } else { 0 };
+    s.try_io(Interest::READABLE, || {
+        // SAFETY: recv writes at most buf.len() bytes into `buf` (ours) from a socket
+        // the caller keeps open.
+        let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    })
+}
+
 /// One direction's keys and state; `src` is the socket bytes come from.
 struct Dir<'k> {
     k: &'k KernelRelay,
@@ -277,9 +380,32 @@ struct Dir<'k> {
     /// A `redirected` count known to be all in the peer socket (it only grows, and
     /// stays put while user space holds passed bytes).
     drained_at: u64,
+    /// Both sockets are in the map: with `ctl.limit` set the kernel may redirect
+    /// this direction, and bytes passed up then mean the peer's queue is full.
+    joined: bool,
+    /// The source socket's `TCP_WINDOW_CLAMP` before [`Dir::pause`], while paused.
+    paused_from: Option<libc::c_int>,
 }
 
-impl Dir<'_> {
+impl<'k> Dir<'k> {
+    /// A direction in the maps: `base` bytes were written to its destination before
+    /// the relay; the program may redirect once `limit` is non-zero.
+    fn new(k: &'k KernelRelay, key: Tuple, base: u64, limit: u64) -> Self {
+        Dir {
+            k,
+            key,
+            ctl: Ctl {
+                base,
+                consumed: 0,
+                limit,
+            },
+            mapped: true,
+            drained_at: 0,
+            joined: false,
+            paused_from: None,
+        }
+    }
+
     fn flow(&self) -> Flow {
         if !self.mapped {
             return Flow::default();
@@ -301,10 +427,47 @@ impl Dir<'_> {
             .map_err(io::Error::other)
     }
 
+    /// Bytes the program passed up that user space has not forwarded yet.
+    fn held(&self) -> u64 {
+        self.flow().passed.saturating_sub(self.ctl.consumed)
+    }
+
     /// Let the kernel redirect this direction from now on.
     fn enable(&mut self) -> io::Result<()> {
         self.ctl.limit = QUEUE_LIMIT;
         self.publish()
+    }
+
+    /// The peer's queue is full (the program passed bytes up): shrink the source's
+    /// receive window to its minimum, so the sender stops after what it already has
+    /// in flight and user space can catch up with the passed bytes (then the kernel
+    /// takes over again, see [`Dir::resume`]).
+    fn pause(&mut self, src: &TcpStream) {
+        if !self.joined || self.ctl.limit == 0 || self.paused_from.is_some() {
+            return;
+        }
+        match window_clamp(src, None) {
+            Ok(was) => {
+                self.paused_from = Some(was);
+                metrics().pauses.inc();
+            }
+            Err(e) => tracing::debug!("kernel relay: clamping the window: {e}"),
+        }
+    }
+
+    /// User space holds no passed bytes any more: give the source its window back,
+    /// with a receive buffer of [`RESUMED_RCVBUF`]: this sender has outrun its reader
+    /// once, and what reaches the buffer before crossbar wakes up the next time the
+    /// queue fills is what crossbar copies then.
+    fn resume(&mut self, src: &TcpStream) {
+        if let Some(was) = self.paused_from.take() {
+            if let Err(e) = socket2::SockRef::from(src).set_recv_buffer_size(RESUMED_RCVBUF) {
+                tracing::debug!("kernel relay: setting the receive buffer: {e}");
+            }
+            if let Err(e) = window_clamp(src, Some(was)) {
+                tracing::debug!("kernel relay: restoring the window: {e}");
+            }
+        }
     }
 
     /// Wait until every byte the kernel redirected is in `dst` (so what user space
@@ -349,43 +512,31 @@ impl Drop for Entries<'_> {
     }
 }
 
-/// Put a connection into the maps: `c`/`s` are the client and backend sockets.
-/// Returns the two directions (client->server, server->client) and the guard.
+/// Put a connection into the maps: `c`/`s` are the client and backend sockets;
+/// `watched`: the server's bytes go to the handshake watcher first, so that
+/// direction starts passed up. Returns the two directions (client->server,
+/// server->client) and the guard.
 fn enter<'k>(
     k: &'k KernelRelay,
     c: &TcpStream,
     s: &TcpStream,
+    watched: bool,
 ) -> io::Result<(Dir<'k>, Dir<'k>, Entries<'k>)> {
+    let (kc, ks) = (tuple_of(c)?, tuple_of(s)?);
     if k.active.fetch_add(1, Ordering::Relaxed) * 2 + 2 > MAX_SOCKETS {
         k.active.fetch_sub(1, Ordering::Relaxed);
         return Err(io::Error::other("kernel relay maps full"));
     }
-    let (kc, ks) = (tuple_of(c)?, tuple_of(s)?);
     let mut entries = Entries {
         k,
         keys: [kc, ks],
         peers_in: [false; 2],
     };
-    let mut c2s = Dir {
-        k,
-        key: kc,
-        ctl: Ctl {
-            base: written(s.as_raw_fd())?,
-            ..Ctl::default()
-        },
-        mapped: true,
-        drained_at: 0,
-    };
-    let mut s2c = Dir {
-        k,
-        key: ks,
-        ctl: Ctl {
-            base: written(c.as_raw_fd())?,
-            ..Ctl::default()
-        },
-        mapped: true,
-        drained_at: 0,
-    };
+    let mut c2s = Dir::new(k, kc, written(s.as_raw_fd())?, QUEUE_LIMIT);
+    let s2c_limit = if watched { 0 } else { QUEUE_LIMIT };
+    let mut s2c = Dir::new(k, ks, written(c.as_raw_fd())?, s2c_limit);
+    // Limits first: bytes that arrived before the sockets joined the map go through
+    // the program at the kick below, and are redirected at once.
     for d in [&mut c2s, &mut s2c] {
         lock(&k.flows)
             .insert(d.key, Flow::default(), 0)
@@ -398,6 +549,9 @@ fn enter<'k>(
     if entries.peers_in[1] {
         entries.peers_in[0] = lock(&k.peers).insert(kc, s.as_raw_fd(), 0).is_ok();
     }
+    let joined = entries.peers_in == [true, true];
+    c2s.joined = joined;
+    s2c.joined = joined;
     kick(c.as_raw_fd());
     kick(s.as_raw_fd());
     Ok((c2s, s2c, entries))
@@ -419,7 +573,10 @@ async fn pump(
 }
 
 /// The passed-up bytes of one direction, until `src`'s EOF and the kernel's bytes
-/// are all in `dst`.
+/// are all in `dst`. Passed bytes are peeked, written to `dst`, counted as consumed
+/// and only then read: reading reopens the source's window, and by the time the
+/// sender's next bytes arrive the program sees user space caught up and redirects
+/// them again (while user space catches up, [`Dir::pause`] keeps the window shut).
 async fn forward(
     src: &TcpStream,
     dst: &TcpStream,
@@ -427,19 +584,25 @@ async fn forward(
     activity: &Activity,
     mut watch: Option<Box<Watch<'_>>>,
 ) -> Result<(), Side> {
+    let mut buf = Vec::new();
     loop {
         src.readable().await.map_err(Side::Read)?;
-        let mut buf = vec![0u8; BUF_SIZE];
-        let n = match src.try_read(&mut buf) {
+        let want = usize::try_from(dir.held()).unwrap_or(PEEK_MAX);
+        buf.resize(want.clamp(BUF_SIZE, PEEK_MAX), 0);
+        let n = match recv(src, &mut buf, true) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(Side::Read(e)),
         };
-        if n == 0 && dir.flow().passed > dir.ctl.consumed {
+        let held = dir.held();
+        if n == 0 && held > 0 {
             // The psock's queue still holds passed bytes (it delivers them late when
             // the receive buffer is full): not the end yet.
             tokio::time::sleep(DRAIN_POLL_FIRST).await;
             continue;
+        }
+        if n > 0 {
+            dir.pause(src);
         }
         dir.drained(dst).await.map_err(Side::Write)?;
         if n == 0 {
@@ -452,6 +615,12 @@ async fn forward(
         activity.touch();
         dir.ctl.consumed += n as u64;
         dir.publish().map_err(Side::Local)?;
+        let caught_up = n as u64 >= held;
+        if caught_up {
+            // Before the read: the window update it sends carries the full window.
+            dir.resume(src);
+        }
+        take(src, &mut buf[..n]).await.map_err(Side::Read)?;
         if let Some(w) = watch.as_mut() {
             if w.watcher.feed(&buf[..n]) {
                 if let Some(w) = watch.take() {
@@ -460,7 +629,24 @@ async fn forward(
                 dir.enable().map_err(Side::Local)?;
             }
         }
+        if caught_up && buf.len() > BUF_SIZE {
+            buf = Vec::new();
+        }
     }
+}
+
+/// Read exactly `buf.len()` bytes that a peek already showed are there.
+async fn take(src: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match recv(src, &mut buf[got..], false) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(m) => got += m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => src.readable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
@@ -499,23 +685,14 @@ pub async fn relay(
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
-    let (mut c2s, mut s2c, entries) = match enter(k, client, server) {
+    let watched = watch.is_some();
+    let (mut c2s, mut s2c, entries) = match enter(k, client, server, watched) {
         Ok(v) => v,
         Err(e) => {
             tracing::debug!("kernel relay: {e}; using splice for this connection");
             return super::relay(client, server, idle, counters, watch, hard_stop).await;
         }
     };
-    let both_in = entries.peers_in == [true, true];
-    if both_in {
-        let watched = watch.is_some();
-        let enabled = c2s
-            .enable()
-            .and_then(|()| if watched { Ok(()) } else { s2c.enable() });
-        if let Err(e) = enabled {
-            tracing::debug!("kernel relay: {e}; copying this connection");
-        }
-    }
     let stats = run(
         client, server, &mut c2s, &mut s2c, idle, counters, watch, hard_stop,
     )
@@ -540,20 +717,20 @@ async fn run<'k>(
 ) -> RelayStats {
     let activity = Activity::new();
     let aborted = AtomicBool::new(false);
-    let reported = Mutex::new((0u64, 0u64));
     let ticker = Ticker {
         k: c2s.k,
         keys: [(c2s.key, c2s.mapped), (s2c.key, s2c.mapped)],
         counters,
-        reported: &reported,
+        reported: Mutex::new((0, 0)),
         activity: &activity,
     };
     let (end, abort) = {
         let up = pump(client, server, c2s, &activity, &aborted, None);
         let down = pump(server, client, s2c, &activity, &aborted, watch);
         tokio::pin!(up, down);
+        let refresh = || ticker.sample();
         tokio::select! {
-            r = drive(up, down, idle, &activity, &aborted, hard_stop) => r,
+            r = drive(up, down, idle, &activity, &aborted, hard_stop, refresh) => r,
             never = ticker.run(idle) => match never {},
         }
     };
@@ -562,8 +739,12 @@ async fn run<'k>(
     }
     let (c2s_total, s2c_total) = (c2s.moved(), s2c.moved());
     let by_kernel = c2s.flow().redirected + s2c.flow().redirected;
-    REDIRECTED.fetch_add(by_kernel, Ordering::Relaxed);
-    let reported = *lock(&reported);
+    let m = metrics();
+    m.bytes.with_label_values(&["kernel"]).inc_by(by_kernel);
+    m.bytes
+        .with_label_values(&["user"])
+        .inc_by(c2s.ctl.consumed + s2c.ctl.consumed);
+    let reported = *lock(&ticker.reported);
     counters.c2s.inc_by(c2s_total.saturating_sub(reported.0));
     counters.s2c.inc_by(s2c_total.saturating_sub(reported.1));
     RelayStats::new((c2s_total, s2c_total), end, abort)
@@ -603,14 +784,20 @@ async fn pass_on_abort<'k>(
 }
 
 /// Turns the kernel's per-direction counters into activity (for the idle timeout)
-/// and metrics, every [`METRICS_TICK`] (or the idle timeout, if shorter).
+/// and metrics: at every idle check, and every [`METRICS_TICK`] (or a quarter of
+/// the idle timeout, if shorter).
 struct Ticker<'a> {
     k: &'a KernelRelay,
     keys: [(Tuple, bool); 2],
     counters: &'a RelayCounters<'a>,
-    reported: &'a Mutex<(u64, u64)>,
+    /// The redirected counts (per direction) already in the metrics and activity.
+    reported: Mutex<(u64, u64)>,
     activity: &'a Activity,
 }
+
+/// The ticker's samples per idle timeout: crossbar notices kernel-moved bytes at
+/// most this fraction of the timeout late (and the idle check samples first).
+const SAMPLES_PER_IDLE: u32 = 4;
 
 impl Ticker<'_> {
     fn redirected(&self, (key, mapped): (Tuple, bool)) -> u64 {
@@ -623,21 +810,27 @@ impl Ticker<'_> {
             .unwrap_or(0)
     }
 
+    /// If the kernel moved bytes since the last sample: count them and note activity
+    /// now (the bytes moved at or before now, so the idle timeout never fires early).
+    fn sample(&self) {
+        let now = (self.redirected(self.keys[0]), self.redirected(self.keys[1]));
+        let mut last = lock(&self.reported);
+        if now.0 > last.0 || now.1 > last.1 {
+            self.activity.touch();
+            self.counters.c2s.inc_by(now.0.saturating_sub(last.0));
+            self.counters.s2c.inc_by(now.1.saturating_sub(last.1));
+            *last = (now.0.max(last.0), now.1.max(last.1));
+        }
+    }
+
     /// Never returns.
     async fn run(&self, idle: Duration) -> std::convert::Infallible {
-        let period = idle.min(METRICS_TICK).max(Duration::from_millis(1));
-        let mut last = (0u64, 0u64);
+        let period = (idle / SAMPLES_PER_IDLE)
+            .min(METRICS_TICK)
+            .max(Duration::from_millis(1));
         loop {
             tokio::time::sleep(period).await;
-            let now = (self.redirected(self.keys[0]), self.redirected(self.keys[1]));
-            if now != last {
-                self.activity.touch();
-                self.counters.c2s.inc_by(now.0 - last.0);
-                self.counters.s2c.inc_by(now.1 - last.1);
-                let mut r = lock(self.reported);
-                *r = (r.0 + now.0 - last.0, r.1 + now.1 - last.1);
-                last = now;
-            }
+            self.sample();
         }
     }
 }

@@ -375,7 +375,7 @@ pub async fn relay(
         let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, &aborted, None);
         let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, &aborted, watch);
         tokio::pin!(c2s, s2c);
-        drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
+        drive(c2s, s2c, idle, &activity, &aborted, hard_stop, || {}).await
     };
     if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
         ending::pass_on(to, idle, hard_stop).await;
@@ -414,6 +414,8 @@ fn abort_goes_to<'s>(
 /// Poll both directions until both are done, the relay is idle for `idle`, or
 /// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
 /// direction from it runs on until it has delivered what the aborting peer sent.
+/// `refresh` runs before each idle check, so traffic crossbar does not see itself
+/// (the kernel relay's) is noted in `activity` before it is judged.
 async fn drive(
     mut c2s: Pin<&mut impl std::future::Future<Output = Ending>>,
     mut s2c: Pin<&mut impl std::future::Future<Output = Ending>>,
@@ -421,6 +423,7 @@ async fn drive(
     activity: &Activity,
     aborted: &AtomicBool,
     hard_stop: &CancellationToken,
+    refresh: impl Fn() + Sync,
 ) -> (RelayEnd, Option<Abort>) {
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
@@ -432,6 +435,7 @@ async fn drive(
             r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
+                refresh();
                 let quiet = activity.idle_for();
                 if quiet >= idle {
                     return (RelayEnd::IdleTimeout, abort);
@@ -478,8 +482,50 @@ async fn drive(
     }
 }
 
-/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for and
-/// loaded (else, having said why once, splice-auto).
+/// Which relay a service gets on this machine, and why: what `crossbar check` and
+/// `crossbar doctor` print.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RelayPlan {
+    /// `kernel` or `splice-auto`.
+    pub relay: &'static str,
+    /// The configured mode and, for `kernel`/`auto`, whether the BPF program loads.
+    pub why: String,
+}
+
+/// The relay a service configured with `mode` uses here (loading the kernel relay's
+/// program on first use: loading needs the privileges `crossbar run` will have).
+pub fn plan(mode: crate::config::RelayMode) -> RelayPlan {
+    use crate::config::RelayMode;
+    if mode == RelayMode::SpliceAuto {
+        return RelayPlan {
+            relay: "splice-auto",
+            why: "relay: splice-auto (the default)".into(),
+        };
+    }
+    #[cfg(target_os = "linux")]
+    let loaded = kernel::get().map(|_| ());
+    #[cfg(not(target_os = "linux"))]
+    let loaded: Result<(), &str> = Err("not Linux");
+    match loaded {
+        Ok(()) => RelayPlan {
+            relay: "kernel",
+            why: format!(
+                "relay: {}; the BPF sockmap program loads here",
+                mode.as_str()
+            ),
+        },
+        Err(why) => RelayPlan {
+            relay: "splice-auto",
+            why: format!(
+                "relay: {}, but the kernel relay can't load here: {why}",
+                mode.as_str()
+            ),
+        },
+    }
+}
+
+/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for
+/// (`kernel` or `auto`) and loaded (else, having said why once, splice-auto).
 #[allow(clippy::too_many_arguments)]
 pub async fn relay_as(
     mode: crate::config::RelayMode,
@@ -491,7 +537,7 @@ pub async fn relay_as(
     hard_stop: &CancellationToken,
 ) -> RelayStats {
     #[cfg(target_os = "linux")]
-    if mode == crate::config::RelayMode::Kernel {
+    if mode != crate::config::RelayMode::SpliceAuto {
         if let Ok(k) = kernel::get() {
             // Boxed: inline, it would enlarge every connection's future, splice ones too.
             let kernel = kernel::relay(k, client, server, idle, counters, watch, hard_stop);
