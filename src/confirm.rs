@@ -12,7 +12,7 @@
 //! - only the ClientHello reaches more than one backend: a hello announcing early
 //!   data, client bytes after the hello, or a HelloRetryRequest end the search;
 //! - the client receives exactly one backend's bytes: answers are held, bounded by
-//!   [`ANSWER_LIMIT`] bytes and `timeouts.connect` per backend, and only the chosen
+//!   [`ANSWER_LIMIT`] bytes and `timeouts.server_hello` per backend, and only the chosen
 //!   one is forwarded;
 //! - the first backend's full-handshake answer is kept rather than asking it twice;
 //! - a global token bucket ([`crate::budget::Budget`]) bounds the extra handshakes
@@ -153,7 +153,7 @@ impl Search<'_> {
     /// Read the first backend's verdict and, if it did a full handshake, offer the
     /// hello to further candidates until one resumes it.
     pub async fn run(mut self, mut server: TcpStream, lease: Lease) -> Committed {
-        let limit = self.svc.config.timeouts.connect;
+        let limit = self.svc.config.timeouts.server_hello;
         let (verdict, pending) = answer(&mut server, self.client, limit).await;
         let outcome = match verdict {
             Verdict::Resumed => Outcome::First,
@@ -247,7 +247,8 @@ impl Search<'_> {
         if tokio::time::timeout(limit, sent).await.ok()?.is_err() {
             return None;
         }
-        let (verdict, bytes) = answer(&mut s, self.client, limit).await;
+        let (verdict, bytes) =
+            answer(&mut s, self.client, self.svc.config.timeouts.server_hello).await;
         Some((s, verdict, bytes))
     }
 }
