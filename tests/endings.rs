@@ -461,12 +461,7 @@ async fn reset_after_reload_is_still_a_reset() {
 /// backend reset, `end=client_reset` when the client did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_names_the_side_that_reset() {
-    let log = LogBuffer::default();
-    tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(log.clone())
-        .try_init()
-        .expect("this test's process has no other subscriber (nextest)");
+    let log = LogBuffer::install();
     let ca = TestCa::new("endings CA").expect("CA");
     let script = Script::EchoThen(SMALL, BackendEnd::Reset);
     let resetting = TestBackend::start(Mode::Tcp, &ca, script, None).await;
@@ -491,33 +486,6 @@ async fn access_log_names_the_side_that_reset() {
         log.contains("end=client_reset")
     })
     .await;
-}
-
-/// Log output kept in memory for [`access_log_names_the_side_that_reset`].
-#[derive(Clone, Default)]
-struct LogBuffer(Arc<Mutex<Vec<u8>>>);
-
-impl LogBuffer {
-    fn contains(&self, text: &str) -> bool {
-        String::from_utf8_lossy(&self.0.lock().expect("log")).contains(text)
-    }
-}
-
-impl std::io::Write for LogBuffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
-    type Writer = LogBuffer;
-    fn make_writer(&'a self) -> LogBuffer {
-        self.clone()
-    }
 }
 
 fn resets(lb: &Crossbar, side: &str) -> f64 {

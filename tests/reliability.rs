@@ -432,44 +432,6 @@ async fn reload_keeps_leastconn_load() {
 // ---------------------------------------------------------------------------
 // A backend that accepts and never answers the ClientHello
 
-/// Log output kept in memory (the access log and warnings of this test process).
-#[derive(Clone, Default)]
-struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl LogBuffer {
-    /// Capture every log line of this test process (nextest runs one test per process).
-    fn install() -> LogBuffer {
-        let log = LogBuffer::default();
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(log.clone())
-            .try_init()
-            .expect("this test's process has no other subscriber (nextest)");
-        log
-    }
-
-    fn contains(&self, text: &str) -> bool {
-        String::from_utf8_lossy(&self.0.lock().expect("log")).contains(text)
-    }
-}
-
-impl Write for LogBuffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
-    type Writer = LogBuffer;
-    fn make_writer(&'a self) -> LogBuffer {
-        self.clone()
-    }
-}
-
 /// `quiet` accepts and never answers the hello: after `timeouts.server_hello` the
 /// client's hello goes to the next backend and its handshake completes there (before:
 /// it waited for the 30-minute idle timeout). With no backend left, the client is

@@ -7,10 +7,13 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod java;
+pub mod log;
 pub mod netns;
 pub mod process;
 pub mod tls;
 
+#[allow(unused_imports)] // see above
+pub use log::LogBuffer;
 #[allow(unused_imports)] // each test binary uses a different part of this module
 pub use process::{crossbar_run, free_port};
 #[allow(unused_imports)] // see above
