@@ -424,7 +424,6 @@ async fn relay_watched(
     let idle = svc.config.timeouts.idle;
     let stats = relay::relay_as(
         svc.config.relay,
-        hello.is_some(),
         stream,
         server,
         idle,

@@ -238,7 +238,7 @@ fn main() -> ExitCode {
                     .iter()
                     .filter(|s| s.relay != RelayMode::SpliceAuto)
                 {
-                    let plan = crossbar::relay::plan(s.relay, s.mode);
+                    let plan = crossbar::relay::plan(s.relay);
                     println!(
                         "relay: service {} uses {} ({})",
                         s.name, plan.relay, plan.why

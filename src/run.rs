@@ -122,7 +122,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         .filter(|s| s.relay != RelayMode::SpliceAuto)
     {
         // Loads the kernel relay now (logging once if it can't), not on the first connection.
-        let plan = crate::relay::plan(s.relay, s.mode);
+        let plan = crate::relay::plan(s.relay);
         tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);
     }
     let server = Server::start_inheriting(config, metrics, inherited)

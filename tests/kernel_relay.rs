@@ -396,13 +396,13 @@ fn committed_object_matches_its_source() {
 /// kernel moves the bytes, and `crossbar check` and `crossbar doctor` say so per
 /// service, next to a `splice-auto` service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auto_uses_the_kernel_for_tls_only_and_check_and_doctor_say_so() {
+async fn auto_chooses_splice_kernel_only_by_name_and_check_and_doctor_say_so() {
     loaded();
     let ca = crossbar::testbed::TestCa::new("kernel relay CA").unwrap();
     let tls_echo = Backend::tls_echo(&ca, "tls-echo").await;
     let echo = Backend::echo("echo", false).await;
     let two = format!(
-        "{}  plain:\n    listen: [\"127.0.0.1:0\"]\n    mode: tcp\n    relay: auto\n    health: {{ check: none }}\n    backends:\n{}",
+        "{}  plain:\n    listen: [\"127.0.0.1:0\"]\n    mode: tcp\n    relay: kernel\n    health: {{ check: none }}\n    backends:\n{}",
         one_service(
             &format!("    server_names: [\"{SNI}\"]\n    relay: auto\n"),
             &[backend_line(&tls_echo.name, tls_echo.addr, "")]
@@ -410,37 +410,37 @@ async fn auto_uses_the_kernel_for_tls_only_and_check_and_doctor_say_so() {
         backend_line(&echo.name, echo.addr, "")
     );
     let lb = Crossbar::start(&two).await;
-
-    // TLS: the kernel carries the bytes.
-    let before = kernel::redirected_total();
     let data = payload(8 * MIB, 21);
+
+    // relay: auto: splice, the kernel relay's counters stay put.
+    let before = (kernel::redirected_total(), kernel::copied_total());
     let tls = tls_connect(&ca, lb.addr("svc")).await;
     let (got_len, got_sha) = exchange(tls, &data).await;
+    assert_eq!(got_len, data.len() as u64);
+    assert_eq!(hex(&got_sha), hex(&sha(&data)));
+    let seen = tls_echo.next_report().await;
+    assert_eq!(seen.received, data.len() as u64);
+    wait_until("the TLS connection's end is counted", || {
+        lb.metric("crossbar_connections_total", &[("backend", "tls-echo")]) >= 1.0
+            && lb.metric("crossbar_active_connections", &[("backend", "tls-echo")]) == 0.0
+    })
+    .await;
+    assert_eq!(
+        (kernel::redirected_total(), kernel::copied_total()),
+        before,
+        "a relay: auto connection went through the kernel relay"
+    );
+
+    // relay: kernel: the kernel carries the bytes.
+    let before = kernel::redirected_total();
+    let client = TcpStream::connect(lb.addr("plain")).await.unwrap();
+    let (got_len, got_sha) = exchange(client, &data).await;
     assert_eq!(got_len, data.len() as u64);
     assert_eq!(hex(&got_sha), hex(&sha(&data)));
     wait_until("the kernel's bytes are counted", || {
         kernel::redirected_total() > before
     })
     .await;
-
-    // Plain TCP: splice, the kernel relay's counters stay put.
-    let before = (kernel::redirected_total(), kernel::copied_total());
-    let client = TcpStream::connect(lb.addr("plain")).await.unwrap();
-    let (got_len, got_sha) = exchange(client, &data).await;
-    assert_eq!(got_len, data.len() as u64);
-    assert_eq!(hex(&got_sha), hex(&sha(&data)));
-    wait_until("the plain connection's bytes are counted", || {
-        lb.metric(
-            "crossbar_bytes_total",
-            &[("backend", "echo"), ("direction", "server_to_client")],
-        ) == data.len() as f64
-    })
-    .await;
-    assert_eq!(
-        (kernel::redirected_total(), kernel::copied_total()),
-        before,
-        "a mode: tcp connection went through the kernel relay"
-    );
 
     let path = lb.dir().join("two.yaml");
     std::fs::write(&path, &two).unwrap();
@@ -452,13 +452,13 @@ async fn auto_uses_the_kernel_for_tls_only_and_check_and_doctor_say_so() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(
-        stdout.contains(
-            "relay: service svc uses kernel (relay: auto; the BPF sockmap program loads here)"
-        ),
+        stdout.contains("relay: service svc uses splice-auto (relay: auto chooses splice-auto:"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("relay: service plain uses splice-auto (relay: auto, and mode: tcp"),
+        stdout.contains(
+            "relay: service plain uses kernel (relay: kernel; the BPF sockmap program loads here)"
+        ),
         "{stdout}"
     );
 
@@ -472,17 +472,17 @@ async fn auto_uses_the_kernel_for_tls_only_and_check_and_doctor_say_so() {
     assert_eq!(
         relays,
         [
-            ("svc".to_string(), "kernel"),
-            ("plain".to_string(), "splice-auto")
+            ("svc".to_string(), "splice-auto"),
+            ("plain".to_string(), "kernel")
         ]
     );
     let table = report.table();
     assert!(
-        table.contains("svc: kernel (relay: auto; the BPF sockmap program loads here)"),
+        table.contains("svc: splice-auto (relay: auto chooses splice-auto:"),
         "{table}"
     );
     assert!(
-        table.contains("plain: splice-auto (relay: auto, and mode: tcp has no end-to-end"),
+        table.contains("plain: kernel (relay: kernel; the BPF sockmap program loads here)"),
         "{table}"
     );
     assert!(report.json().contains("\"relay\": \"kernel\""));

@@ -215,8 +215,9 @@ pub enum RelayMode {
     /// BPF sockmap: the kernel forwards between the two sockets (docs/performance.md);
     /// falls back to `SpliceAuto` where the BPF program can't be loaded.
     Kernel,
-    /// The kernel relay where it loads (privilege, kernel version, seccomp), else
-    /// `SpliceAuto`: as `Kernel`, for configs shared by machines that differ.
+    /// crossbar chooses: for now `SpliceAuto` everywhere (the kernel relay costs
+    /// more CPU and the kernel's sockmap can deliver a segment twice; see
+    /// docs/performance.md). Only `Kernel` by name turns the kernel relay on.
     Auto,
 }
 

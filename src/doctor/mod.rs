@@ -162,7 +162,7 @@ fn report(config: &Config, backends: Vec<BackendReport>, mut findings: Vec<Findi
         .iter()
         .map(|s| ServiceRelay {
             service: s.name.clone(),
-            plan: crate::relay::plan(s.relay, s.mode),
+            plan: crate::relay::plan(s.relay),
         })
         .collect();
     Report {

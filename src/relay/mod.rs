@@ -492,24 +492,24 @@ pub struct RelayPlan {
     pub why: String,
 }
 
-/// The relay a service configured with `mode` (and `service_mode`) uses here
-/// (loading the kernel relay's program on first use: loading needs the privileges
-/// `crossbar run` will have).
-pub fn plan(mode: crate::config::RelayMode, service_mode: crate::config::Mode) -> RelayPlan {
+/// The relay a service configured with `mode` uses here (loading the kernel relay's
+/// program on first use: loading needs the privileges `crossbar run` will have).
+pub fn plan(mode: crate::config::RelayMode) -> RelayPlan {
     use crate::config::RelayMode;
-    if mode == RelayMode::SpliceAuto {
-        return RelayPlan {
-            relay: "splice-auto",
-            why: "relay: splice-auto (the default)".into(),
-        };
-    }
-    if mode == RelayMode::Auto && service_mode == crate::config::Mode::Tcp {
-        return RelayPlan {
-            relay: "splice-auto",
-            why: "relay: auto, and mode: tcp has no end-to-end check that would catch \
-                  a segment the kernel delivered twice"
-                .into(),
-        };
+    match mode {
+        RelayMode::SpliceAuto => {
+            return RelayPlan {
+                relay: "splice-auto",
+                why: "relay: splice-auto (the default)".into(),
+            }
+        }
+        RelayMode::Auto => {
+            return RelayPlan {
+                relay: "splice-auto",
+                why: AUTO_WHY.into(),
+            }
+        }
+        RelayMode::Kernel => {}
     }
     #[cfg(target_os = "linux")]
     let loaded = kernel::get().map(|_| ());
@@ -533,15 +533,16 @@ pub fn plan(mode: crate::config::RelayMode, service_mode: crate::config::Mode) -
     }
 }
 
-/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for and
-/// loaded (else, having said why once, splice-auto). `kernel` uses it for every
-/// connection; `auto` only for TLS ones (`tls`: a ClientHello was read), whose
-/// records' MACs turn a segment the kernel delivered twice into a TLS error instead
-/// of silently wrong bytes (see [`kernel`]'s integrity check).
-#[allow(clippy::too_many_arguments)]
+/// Why `relay: auto` chooses splice-auto on every machine for now.
+const AUTO_WHY: &str = "relay: auto chooses splice-auto: measured, the kernel relay costs \
+                        more CPU per connection and per GB than splice, and the kernel's \
+                        sockmap can deliver a segment twice (docs/performance.md)";
+
+/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for by
+/// name (`kernel`) and loaded (else, having said why once, splice-auto). `auto`
+/// chooses splice-auto (see [`plan`]).
 pub async fn relay_as(
     mode: crate::config::RelayMode,
-    tls: bool,
     client: &mut TcpStream,
     server: &mut TcpStream,
     idle: Duration,
@@ -549,20 +550,15 @@ pub async fn relay_as(
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
-    let wanted = match mode {
-        crate::config::RelayMode::SpliceAuto => false,
-        crate::config::RelayMode::Kernel => true,
-        crate::config::RelayMode::Auto => tls,
-    };
     #[cfg(target_os = "linux")]
-    if wanted {
+    if mode == crate::config::RelayMode::Kernel {
         if let Ok(k) = kernel::get() {
             // Boxed: inline, it would enlarge every connection's future, splice ones too.
             let kernel = kernel::relay(k, client, server, idle, counters, watch, hard_stop);
             return Box::pin(kernel).await;
         }
     }
-    let _ = wanted;
+    let _ = mode;
     relay(client, server, idle, counters, watch, hard_stop).await
 }
 
