@@ -462,11 +462,13 @@ impl<'k> Dir<'k> {
             return Ok(());
         }
         metrics().integrity_errors.inc();
-        Err(io::Error::other(format!(
+        let e = io::Error::other(format!(
             "kernel relay integrity: the kernel handed on {seen} bytes but TCP received \
              {received}: {} bytes were delivered twice; resetting the connection",
             seen - received
-        )))
+        ));
+        tracing::error!("{e}");
+        Err(e)
     }
 
     /// Wait until every byte the kernel redirected is in `dst` (so what user space
@@ -593,16 +595,14 @@ async fn forward(
     let mut fallen_back = false;
     // A long transfer the kernel carries gives user space no event: check its
     // integrity every METRICS_TICK too, so a damaged stream is cut within one.
-    let mut next_check = tokio::time::Instant::now() + METRICS_TICK;
+    let check = tokio::time::sleep(METRICS_TICK);
+    tokio::pin!(check);
     loop {
         tokio::select! {
             r = src.readable() => r.map_err(Side::Read)?,
-            () = tokio::time::sleep_until(next_check) => {
-                next_check += METRICS_TICK;
-                if let Err(e) = dir.intact(src) {
-                    tracing::error!("{e}");
-                    return Err(Side::Local(e));
-                }
+            () = &mut check => {
+                check.as_mut().reset(tokio::time::Instant::now() + METRICS_TICK);
+                dir.intact(src).map_err(Side::Local)?;
                 continue;
             }
         }
@@ -638,10 +638,7 @@ async fn forward(
         }
         dir.drained(dst).await.map_err(Side::Write)?;
         if n == 0 {
-            if let Err(e) = dir.intact(src) {
-                tracing::error!("{e}");
-                return Err(Side::Local(e));
-            }
+            dir.intact(src).map_err(Side::Local)?;
             if let Some(w) = watch.take() {
                 (w.on_handshake)(w.watcher.info());
             }
