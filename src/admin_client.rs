@@ -205,10 +205,17 @@ pub async fn request(
             .await
             .map_err(|e| transport(e.to_string()))?;
         let driver = tokio::spawn(conn);
+        // An IPv6 address in brackets, as RFC 9110 writes it (the admin endpoint
+        // checks Host: it must name the address or a loopback/allowed host).
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
         let mut req = Request::builder()
             .method(method)
             .uri(format!("{prefix}{path}"))
-            .header(HOST, format!("{host}:{port}"));
+            .header(HOST, authority);
         if let Some(t) = token {
             req = req.header(AUTHORIZATION, format!("Bearer {}", t.expose()));
         }

@@ -28,7 +28,7 @@ pub struct BindError {
     /// The OS error; part of the message, not a chained source, so that a report
     /// of the whole chain (`{:#}`) names it once.
     pub error: io::Error,
-    hint: &'static str,
+    hint: String,
 }
 
 impl BindError {
@@ -37,36 +37,39 @@ impl BindError {
         BindError {
             addr,
             error,
-            hint: "",
+            hint: String::new(),
         }
     }
 }
 
-/// Create a listening socket with crossbar's options: SO_REUSEADDR, SO_REUSEPORT
-/// (so a new crossbar process can bind next to the old one during an upgrade),
-/// IPV6_V6ONLY for IPv6 addresses (so `[::]` and `0.0.0.0` can both be bound),
+/// What a bind error usually means, as a parenthesized hint after the OS error.
+pub fn bind_hint(error: &io::Error, addr: SocketAddr) -> String {
+    match error.kind() {
+        io::ErrorKind::AddrInUse => {
+            format!(" (address in use: another crossbar (or program) holds {addr})")
+        }
+        io::ErrorKind::AddrNotAvailable => {
+            " (address not on this host: set `freebind: true` for a VIP)".into()
+        }
+        io::ErrorKind::PermissionDenied => " (ports below 1024 need CAP_NET_BIND_SERVICE)".into(),
+        _ => String::new(),
+    }
+}
+
+/// Create a listening socket with crossbar's options: SO_REUSEADDR (not
+/// SO_REUSEPORT: a second crossbar must fail to bind, not share the address and
+/// take half its connections; an upgrade hands the socket itself over, see
+/// [`crate::upgrade`]), IPV6_V6ONLY for IPv6 addresses (so `[::]` and `0.0.0.0` can both be bound),
 /// IP_FREEBIND when asked (a keepalived VIP not yet on this host), and the backlog.
 pub fn bind(cfg: &ListenConfig) -> Result<TcpListener, BindError> {
-    let err = |error: io::Error| {
-        let hint = match error.kind() {
-            io::ErrorKind::AddrInUse => " (another process listens there)",
-            io::ErrorKind::AddrNotAvailable => {
-                " (address not on this host: set `freebind: true` for a VIP)"
-            }
-            io::ErrorKind::PermissionDenied => " (ports below 1024 need CAP_NET_BIND_SERVICE)",
-            _ => "",
-        };
-        BindError {
-            addr: cfg.addr,
-            error,
-            hint,
-        }
+    let err = |error: io::Error| BindError {
+        addr: cfg.addr,
+        hint: bind_hint(&error, cfg.addr),
+        error,
     };
     let domain = Domain::for_address(cfg.addr);
     let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
     socket.set_reuse_address(true).map_err(err)?;
-    #[cfg(all(unix, not(any(target_os = "solaris", target_os = "illumos"))))]
-    socket.set_reuse_port(true).map_err(err)?;
     if cfg.addr.is_ipv6() {
         socket.set_only_v6(true).map_err(err)?;
     }

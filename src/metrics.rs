@@ -61,6 +61,8 @@ pub struct Metrics {
     pub process: crate::live::ProcessLive,
     /// Backend facts by (service, backend): kept across reloads like the counters.
     live: Mutex<HashMap<(String, String), Arc<BackendLive>>>,
+    /// The admin endpoint's refusals and connection slots.
+    pub admin: AdminMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -252,6 +254,7 @@ impl Metrics {
             tables,
             process: Default::default(),
             live: Mutex::new(HashMap::new()),
+            admin: AdminMetrics::register(&r),
             registry: r,
         });
         metrics.zero_fixed_labels();
@@ -575,6 +578,73 @@ impl BackendMetrics {
                 .with_label_values(&[&self.service, &self.backend, s])
                 .set(i64::from(s == state));
         }
+    }
+}
+
+/// Why the admin endpoint refused a request (`crossbar_admin_requests_refused_total`).
+pub const ADMIN_REFUSED_REASONS: [&str; 6] = [
+    "host",
+    "origin",
+    "fetch_site",
+    "form_content_type",
+    "not_loopback",
+    "token",
+];
+
+/// The admin endpoint's own counters: refused requests, and its connection slots.
+#[derive(Clone)]
+pub struct AdminMetrics {
+    requests_refused: IntCounterVec,
+    /// Connections closed at accept because every slot held a request in progress.
+    pub connections_refused: IntCounter,
+    /// Connections without a request in progress closed to make room for a new one.
+    pub connections_evicted: IntCounter,
+    /// Requests being handled now (headers read, answer not yet produced).
+    pub requests_in_progress: IntGauge,
+}
+
+impl AdminMetrics {
+    fn register(r: &Registry) -> AdminMetrics {
+        let requests_refused = counter_vec(
+            r,
+            "crossbar_admin_requests_refused_total",
+            "Admin requests refused by reason (host, origin, fetch_site, \
+             form_content_type, not_loopback, token).",
+            &["reason"],
+        );
+        for reason in ADMIN_REFUSED_REASONS {
+            requests_refused.with_label_values(&[reason]);
+        }
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("static metric definition"); // ok: static
+            r.register(Box::new(c.clone())).expect("unique metric name"); // ok: static
+            c
+        };
+        let in_progress = IntGauge::new(
+            "crossbar_admin_requests_in_progress",
+            "Admin requests being handled now.",
+        )
+        .expect("static metric definition"); // ok: static
+        r.register(Box::new(in_progress.clone()))
+            .expect("unique metric name"); // ok: static
+        AdminMetrics {
+            requests_refused,
+            connections_refused: counter(
+                "crossbar_admin_connections_refused_total",
+                "Admin connections closed at accept: every slot held a request in progress.",
+            ),
+            connections_evicted: counter(
+                "crossbar_admin_connections_evicted_total",
+                "Admin connections without a request in progress (idle, or silent since \
+                 connecting) closed to make room for a new connection.",
+            ),
+            requests_in_progress: in_progress,
+        }
+    }
+
+    /// Count a refused admin request (`reason`: one of [`ADMIN_REFUSED_REASONS`]).
+    pub fn refused(&self, reason: &str) {
+        self.requests_refused.with_label_values(&[reason]).inc();
     }
 }
 

@@ -2,6 +2,9 @@
 //! file (a bad file keeps the old config), SIGTERM/SIGINT drain and exit (a second
 //! signal exits at once). The admin endpoint runs next to the balancer and stops
 //! after the drain.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +45,7 @@ async fn serve_upgrades(
     path: Option<PathBuf>,
     handover: Option<upgrade::Handover>,
     server: &Arc<Server>,
+    extra: Vec<(SocketAddr, OwnedFd)>,
 ) -> Result<Option<tokio::sync::oneshot::Receiver<()>>> {
     let Some(path) = path else { return Ok(None) };
     let listener = match handover {
@@ -59,7 +63,7 @@ async fn serve_upgrades(
     std::thread::Builder::new()
         .name("crossbar-upgrade".into())
         .spawn(move || {
-            upgrade::serve(listener, path, server);
+            upgrade::serve(listener, path, server, extra);
             let _ = done.send(()); // ok: the receiver may be gone at exit
         })
         .context("starting the upgrade thread")?;
@@ -94,19 +98,11 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     if let Err(e) = crate::system::raise_nofile(wanted) {
         tracing::warn!("cannot read the open-file limit: {e}");
     }
-    // Token and admin socket first: a bad token file or a taken port stops the start
-    // before any service address is bound.
-    let admin_setup = match &config.admin {
-        Some(a) => {
-            // Both errors name the admin address or token file themselves.
-            let token = admin::load_token(a)?;
-            let listener = admin::bind(a.listen).await?;
-            Some((listener, token))
-        }
-        None => None,
-    };
+    // The token first: a bad token file stops the start before anything is bound.
+    // Both errors name the admin address or token file themselves.
+    let token = config.admin.as_ref().map(admin::load_token).transpose()?;
     let mut handover = take_over(opts.upgrade_socket.as_ref()).await?;
-    let inherited = handover
+    let mut inherited = handover
         .as_mut()
         .map(|h| std::mem::take(&mut h.listeners))
         .unwrap_or_default();
@@ -116,6 +112,15 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
             "upgrade: took the predecessor's listening sockets"
         );
     }
+    // The admin socket before any service address: a taken port stops the start.
+    let admin_setup = match (&config.admin, token) {
+        (Some(a), Some(token)) => {
+            let listener =
+                admin_listener(a.listen, &mut inherited, handover.is_some()).await?;
+            Some((a.listen, listener, token))
+        }
+        _ => None,
+    };
     for s in config
         .services
         .iter()
@@ -128,9 +133,19 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     let server = Server::start_inheriting(config, metrics, inherited)
         .await
         .context("starting")?;
-    let mut handed_over = serve_upgrades(opts.upgrade_socket.clone(), handover, &server).await?;
+    // A copy of the admin socket goes to a successor with the services' sockets.
+    let admin_fd = admin_setup
+        .as_ref()
+        .and_then(|(addr, l, _)| Some((*addr, l.as_fd().try_clone_to_owned().ok()?)));
+    let mut handed_over = serve_upgrades(
+        opts.upgrade_socket.clone(),
+        handover,
+        &server,
+        admin_fd.into_iter().collect(),
+    )
+    .await?;
     let admin_stop = CancellationToken::new();
-    let admin_task = admin_setup.map(|(listener, token)| {
+    let admin_task = admin_setup.map(|(_, listener, token)| {
         if let Ok(addr) = listener.local_addr() {
             let auth = if token.is_some() {
                 "token"
@@ -156,7 +171,12 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
-            () = handed_over_signal(&mut handed_over) => break,
+            () = handed_over_signal(&mut handed_over) => {
+                // The successor answers on the admin socket now (this process would
+                // say "draining" to a health check): stop accepting there at once.
+                admin_stop.cancel();
+                break;
+            }
         }
     }
     crate::system::sd_notify("STOPPING=1");
@@ -177,6 +197,26 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The admin endpoint's listening socket: the predecessor's, when an upgrade handed
+/// it over; else bound here, for this process alone (a second crossbar fails with
+/// "address in use"), or beside a predecessor that handed over without it (an
+/// older crossbar, which shares it by SO_REUSEPORT).
+async fn admin_listener(
+    addr: SocketAddr,
+    inherited: &mut HashMap<SocketAddr, std::net::TcpListener>,
+    upgrading: bool,
+) -> Result<tokio::net::TcpListener> {
+    if let Some(sock) = inherited.remove(&addr) {
+        return tokio::net::TcpListener::from_std(sock)
+            .with_context(|| format!("the admin socket {addr} handed over by the predecessor"));
+    }
+    Ok(if upgrading {
+        admin::bind_beside_predecessor(addr).await?
+    } else {
+        admin::bind(addr).await?
+    })
 }
 
 /// How long the admin endpoint's open requests get to finish at exit.

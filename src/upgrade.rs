@@ -1,7 +1,12 @@
-//! Hitless binary upgrade: a running crossbar hands its listening sockets to its
-//! successor over a unix socket, then drains and exits.
+//! Hitless binary upgrade: a running crossbar hands its listening sockets (the
+//! services' and the admin endpoint's) to its successor over a unix socket, then
+//! drains and exits.
 //!
-//! With SO_REUSEPORT alone, connections waiting in the old process's accept queue
+//! This is the only way two crossbar processes ever share an address: sockets are
+//! bound without SO_REUSEPORT, so a second `crossbar run` on the same addresses
+//! fails at start ("address in use") instead of taking half the connections.
+//!
+//! With SO_REUSEPORT, connections waiting in the old process's accept queue
 //! are reset when it closes its sockets. Handing the sockets themselves over (as
 //! HAProxy's `-x` and Envoy's hot restart do) keeps every queued connection: the
 //! same kernel socket is now accepted on by the new process.
@@ -256,8 +261,15 @@ fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
 }
 
 /// Serve takeover requests on `listener`; returns once a successor has confirmed
-/// (the caller then drains and exits). Runs on a blocking thread.
-pub fn serve(listener: UnixListener, path: PathBuf, server: Arc<Server>) {
+/// (the caller then drains and exits). Runs on a blocking thread. `extra`: other
+/// listening sockets to hand over with the services' (the admin endpoint's), by
+/// the address the configuration gives them.
+pub fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    server: Arc<Server>,
+    extra: Vec<(SocketAddr, OwnedFd)>,
+) {
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -267,7 +279,7 @@ pub fn serve(listener: UnixListener, path: PathBuf, server: Arc<Server>) {
                 continue;
             }
         };
-        match hand_over(&stream, &server) {
+        match hand_over(&stream, &server, &extra) {
             Ok(()) => {
                 let _ = std::fs::remove_file(&path); // ok: the successor binds it anew
                 if let Err(e) = (&stream).write_all(b"BYE\n") {
@@ -284,7 +296,11 @@ pub fn serve(listener: UnixListener, path: PathBuf, server: Arc<Server>) {
 /// Pause after a failed accept on the upgrade socket (EMFILE...).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-fn hand_over(stream: &UnixStream, server: &Server) -> io::Result<()> {
+fn hand_over(
+    stream: &UnixStream,
+    server: &Server,
+    extra: &[(SocketAddr, OwnedFd)],
+) -> io::Result<()> {
     check_peer(stream)?;
     stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
     stream.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
@@ -297,7 +313,10 @@ fn hand_over(stream: &UnixStream, server: &Server) -> io::Result<()> {
             format!("unexpected request {line:?}"),
         ));
     }
-    let socks = server.listen_sockets();
+    let mut socks = server.listen_sockets();
+    for (addr, fd) in extra {
+        socks.push((*addr, fd.try_clone()?));
+    }
     let addrs: Vec<SocketAddr> = socks.iter().map(|(a, _)| *a).collect();
     let payload = serde_json::to_vec(&addrs).map_err(io::Error::other)?;
     let fds: Vec<RawFd> = socks.iter().map(|(_, fd)| fd.as_raw_fd()).collect();

@@ -444,7 +444,7 @@ async fn metrics_after_traffic_are_exact_and_valid() {
     );
     // Not TLS: the balancer closes it after reading the first bytes.
     let mut http = TcpStream::connect(bed.listen("plain")).await.unwrap();
-    http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    http.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let mut sink = Vec::new();
@@ -1149,4 +1149,336 @@ async fn cli_end_to_end() {
     let (ok, _, err) = cli(args(&["status", "--admin", &format!("http://{dead}")])).await;
     assert!(!ok);
     assert!(err.contains("connect"), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// Browsers: cross-site writes and DNS rebinding (issue #26, item 2)
+
+/// One request with exactly `headers` (no Host unless one is given) and `body`.
+async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let mut req = hyper::Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = sender
+        .send_request(req.body(Full::new(Bytes::from(body.to_string()))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    driver.abort();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+/// What a web page can make an operator's browser send to the admin endpoint
+/// (no token file: writes rely on the loopback rule): a form post, a no-cors
+/// fetch, a DNS-rebound page reading /api and writing. Each is refused with 403
+/// and counted, the backend's state and the configuration stay as they were,
+/// and the refusals are logged (throttled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_site_and_rebound_requests_are_refused() {
+    let log = common::LogBuffer::install();
+    let started = std::time::Instant::now();
+    let bed = Bed::start(None).await;
+    let own = bed.admin.to_string();
+    let rebound = format!("attacker.example:{}", bed.admin.port());
+    let disable = "/api/backends/puppet/b1/disable";
+    let form = "application/x-www-form-urlencoded";
+    let attacks: Vec<(&str, Method, &str, Vec<(&str, &str)>, &str, &str)> = vec![
+        // (what, method, path, headers, body, refusal reason)
+        (
+            "a form post from another site (a modern browser's headers)",
+            Method::POST,
+            disable,
+            vec![
+                ("host", &own),
+                ("origin", "http://evil.example"),
+                ("sec-fetch-site", "cross-site"),
+                ("content-type", form),
+            ],
+            "x=1",
+            "fetch_site",
+        ),
+        (
+            "Origin of another site",
+            Method::POST,
+            disable,
+            vec![("host", &own), ("origin", "http://evil.example")],
+            "",
+            "origin",
+        ),
+        (
+            "Origin null (a sandboxed frame, a redirect)",
+            Method::POST,
+            disable,
+            vec![("host", &own), ("origin", "null")],
+            "",
+            "origin",
+        ),
+        (
+            "Referer of another site, no Origin",
+            Method::DELETE,
+            "/api/tables/puppet",
+            vec![("host", &own), ("referer", "http://evil.example/page.html")],
+            "",
+            "origin",
+        ),
+        (
+            "a form body without Origin or Referer (an old browser)",
+            Method::POST,
+            disable,
+            vec![("host", &own), ("content-type", form)],
+            "x=1",
+            "form_content_type",
+        ),
+        (
+            "a text/plain no-cors fetch",
+            Method::POST,
+            disable,
+            vec![("host", &own), ("content-type", "text/plain;charset=UTF-8")],
+            "{}",
+            "form_content_type",
+        ),
+        (
+            "Sec-Fetch-Site cross-site alone",
+            Method::POST,
+            disable,
+            vec![("host", &own), ("sec-fetch-site", "cross-site")],
+            "",
+            "fetch_site",
+        ),
+        (
+            "a rebound page's write",
+            Method::POST,
+            "/api/reload",
+            vec![("host", &rebound), ("origin", "http://attacker.example")],
+            "",
+            "host",
+        ),
+        (
+            "a rebound page's write, same-origin as far as the browser knows",
+            Method::POST,
+            disable,
+            vec![
+                ("host", "attacker.example"),
+                ("origin", "http://attacker.example"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            "",
+            "host",
+        ),
+        (
+            "a rebound page reading the topology",
+            Method::GET,
+            "/api/services",
+            vec![("host", &rebound)],
+            "",
+            "host",
+        ),
+        (
+            "a rebound page reading the status page",
+            Method::GET,
+            "/",
+            vec![("host", &rebound)],
+            "",
+            "host",
+        ),
+    ];
+    let reloads = || bed.xb.metric("crossbar_config_reloads_total", &[("result", "ok")]);
+    let mut expected: BTreeMap<&str, f64> = BTreeMap::new();
+    for (what, method, path, headers, body, reason) in &attacks {
+        let a = send(bed.admin, method.clone(), path, headers, body).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{what}: {}", a.body);
+        let msg = a.json()["error"].as_str().unwrap().to_string();
+        assert!(msg.contains("guard"), "{what}: {msg}");
+        assert!(!a.body.contains("b1"), "{what} leaked the topology: {}", a.body);
+        *expected.entry(reason).or_default() += 1.0;
+        assert_eq!(bed.xb.backend("puppet", "b1").state_name(), "up", "{what}");
+        assert_eq!(reloads(), 0.0, "{what}");
+    }
+    for (reason, n) in &expected {
+        assert_eq!(
+            bed.xb.metric(
+                "crossbar_admin_requests_refused_total",
+                &[("reason", reason)]
+            ),
+            *n,
+            "{reason}"
+        );
+    }
+    // Refusals are logged, one line per interval however many there are.
+    let lines = log.count("admin: request refused");
+    let bound = 1 + (started.elapsed().as_secs() / admin::WARN_INTERVAL.as_secs()) as usize;
+    assert!(
+        (1..=bound).contains(&lines),
+        "{lines} warnings for {} refusals",
+        attacks.len()
+    );
+}
+
+/// The ways an operator uses the endpoint keep working: the `crossbar` CLI, a
+/// same-origin page's own write, and a browser through `ssh -L` (Host
+/// `localhost:<any port>`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_same_origin_pages_and_ssh_tunnels_still_work() {
+    let bed = Bed::start(None).await;
+    let url = bed.url();
+    let state = || bed.xb.backend("puppet", "b1").state_name();
+    let (ok, out, err) = cli(args(&["backend", "disable", "puppet/b1", "--admin", &url])).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "puppet/b1: disabled (0 active connections)\n");
+    assert_eq!(state(), "disabled");
+    let (ok, _, err) = cli(args(&["status", "--admin", &url])).await;
+    assert!(ok, "{err}");
+
+    // A page served by this endpoint writing to it (what a button would send).
+    let own = bed.admin.to_string();
+    let origin = format!("http://{own}");
+    let a = send(
+        bed.admin,
+        Method::POST,
+        "/api/backends/puppet/b1/enable",
+        &[
+            ("host", &own),
+            ("origin", &origin),
+            ("referer", &format!("{origin}/")),
+            ("sec-fetch-site", "same-origin"),
+            ("content-type", "application/json"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(state(), "up");
+
+    // `ssh -L 8140:127.0.0.1:9140`-style: the browser says localhost and its own port.
+    let tunnel = format!("localhost:{}", bed.admin.port() ^ 1);
+    let page = send(
+        bed.admin,
+        Method::GET,
+        "/",
+        &[("host", &tunnel), ("sec-fetch-site", "none")],
+        "",
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("puppet"), "{}", page.body);
+    let api = send(bed.admin, Method::GET, "/api/services", &[("host", &tunnel)], "").await;
+    assert_eq!(api.status, StatusCode::OK, "{}", api.body);
+    let tunnel_origin = format!("http://{tunnel}");
+    let a = send(
+        bed.admin,
+        Method::POST,
+        "/api/backends/puppet/b1/drain",
+        &[
+            ("host", &tunnel),
+            ("origin", &tunnel_origin),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(state(), "drain");
+    // A client without any of these headers (curl, scripts) is not a browser's.
+    let a = send(bed.admin, Method::POST, "/api/backends/puppet/b1/enable", &[], "").await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(state(), "up");
+    for reason in crossbar::metrics::ADMIN_REFUSED_REASONS {
+        assert_eq!(
+            bed.xb.metric(
+                "crossbar_admin_requests_refused_total",
+                &[("reason", reason)]
+            ),
+            0.0,
+            "{reason}"
+        );
+    }
+}
+
+/// `admin.allowed_hosts` adds names (and addresses) a request's Host may give,
+/// e.g. the name Prometheus scrapes by; other names stay refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_hosts_are_answered() {
+    let yaml = common::one_service("", &[common::backend_line("b", refusing_addr(), "")])
+        .replace(
+            "admin: { enabled: false }",
+            "admin: { listen: \"127.0.0.1:9140\", allowed_hosts: [LB1.example.com, \"192.0.2.7\"] }",
+        );
+    let xb = Crossbar::start(&yaml).await;
+    let endpoint = xb.serve_admin(None).await;
+    for (host, status) in [
+        ("lb1.example.com:9140", StatusCode::OK),
+        ("LB1.EXAMPLE.COM", StatusCode::OK),
+        ("192.0.2.7:80", StatusCode::OK),
+        ("lb2.example.com:9140", StatusCode::FORBIDDEN),
+        ("192.0.2.8", StatusCode::FORBIDDEN),
+    ] {
+        let a = send(endpoint.addr, Method::GET, "/metrics", &[("host", host)], "").await;
+        assert_eq!(a.status, status, "Host {host}: {}", a.body);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Idle connections (issue #26, item 3)
+
+/// Silent connections opened beyond every slot (regular and reserved), more and
+/// more of them: /healthz answers every time (the oldest connection that has not
+/// sent a request makes room), every connection closed that way is counted, and
+/// the warning about it is one line per interval, not one per connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_never_lock_out_health_checks() {
+    const ROUNDS: usize = 20;
+    const PER_ROUND: usize = 10;
+    let log = common::LogBuffer::install();
+    let started = std::time::Instant::now();
+    let xb = Crossbar::start(&common::one_service(
+        "",
+        &[common::backend_line("b", refusing_addr(), "")],
+    ))
+    .await;
+    let endpoint = xb.serve_admin(None).await;
+    let mut silent = Vec::new();
+    for _ in 0..admin::MAX_CONNECTIONS + admin::RESERVED_CONNECTIONS {
+        silent.push(TcpStream::connect(endpoint.addr).await.unwrap());
+    }
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    for round in 0..ROUNDS {
+        for _ in 0..PER_ROUND {
+            silent.push(TcpStream::connect(endpoint.addr).await.unwrap());
+        }
+        let (status, body) = common::raw_request(endpoint.addr, healthz, common::WAIT).await;
+        assert_eq!(status, Some(200), "round {round}: {body}");
+    }
+    // Each silent connection beyond the slots pushed out an older one, except
+    // where a health check's connection had just closed and left its slot free.
+    let evicted = xb.metric("crossbar_admin_connections_evicted_total", &[]);
+    assert!(
+        evicted >= (ROUNDS * (PER_ROUND - 1)) as f64,
+        "{evicted} connections made room"
+    );
+    let lines = log.count("closed the oldest one without a request in progress");
+    let bound = 1 + (started.elapsed().as_secs() / admin::WARN_INTERVAL.as_secs()) as usize;
+    assert!(
+        (1..=bound).contains(&lines),
+        "{lines} warnings for {evicted} connections closed"
+    );
+    assert!(!log.contains("every connection slot holds a request"), "none refused");
+    drop(silent);
 }

@@ -688,7 +688,7 @@ async fn admin_bed() -> Admin {
 async fn healthz_ok(addr: SocketAddr) {
     let (status, body) = raw_request(
         addr,
-        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         ADMIN_ANSWER,
     )
     .await;
@@ -701,13 +701,13 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
     let auth = format!("Authorization: Bearer {TOKEN}\r\n");
     // A declared body over the limit: 413 before a byte of it is read.
     let req = format!(
-        "POST /api/reload HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 104857600\r\nConnection: close\r\n\r\n"
+        "POST /api/reload HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: 104857600\r\nConnection: close\r\n\r\n"
     );
     let (status, body) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
     assert_eq!(status, Some(413), "{body}");
     // A chunked body that grows past the limit.
     let mut req = format!(
-        "POST /api/reload HTTP/1.1\r\nHost: x\r\n{auth}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        "POST /api/reload HTTP/1.1\r\nHost: localhost\r\n{auth}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     )
     .into_bytes();
     for _ in 0..64 {
@@ -722,7 +722,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
     // Long paths: 404 (no endpoint) or refused by the HTTP parser; never a crash.
     for len in [4 * 1024, 64 * 1024, 1024 * 1024] {
         let req = format!(
-            "GET /api/tables/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "GET /api/tables/{} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
             "a".repeat(len)
         );
         let (status, _) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
@@ -734,13 +734,13 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
     }
     // A huge header value, and very many headers.
     let req = format!(
-        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
         "b".repeat(1024 * 1024)
     );
     let (status, _) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
     println!("admin: a 1 MiB header -> {status:?}");
     assert!(matches!(status, None | Some(400 | 431)), "{status:?}");
-    let mut req = String::from("GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    let mut req = String::from("GET /healthz HTTP/1.1\r\nHost: localhost\r\n");
     for i in 0..5000 {
         req.push_str(&format!("X-H{i}: v\r\n"));
     }
@@ -777,7 +777,7 @@ async fn admin_path_traversal_is_404_and_reads_no_file() {
     for path in &paths {
         for method in ["GET", "DELETE"] {
             let req = format!(
-                "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+                "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
             );
             let (status, text) = raw_request(bed.addr, req.as_bytes(), ADMIN_ANSWER).await;
             assert!(
@@ -832,7 +832,7 @@ async fn admin_token_refuses_every_near_miss() {
     let wrong = format!("{}X", &TOKEN[..TOKEN.len() - 1]);
     let req = |token: &str| {
         format!(
-            "POST /api/reload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "POST /api/reload HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
     };
     let (status, _) = raw_request(bed.addr, req(&wrong).as_bytes(), ADMIN_ANSWER).await;

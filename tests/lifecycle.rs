@@ -249,7 +249,7 @@ async fn sigterm_drains_established_connections_then_exits(#[case] relay: &str) 
 /// `GET /metrics` from an admin endpoint; `None` if it can't be reached.
 async fn scrape(admin: SocketAddr) -> Option<String> {
     let mut s = TcpStream::connect(admin).await.ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .ok()?;
     let mut out = Vec::new();
@@ -397,4 +397,90 @@ async fn stick_table_survives_a_restart() {
             "resumed on its backend after the restart"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// One crossbar per address (issue #26, item 8)
+
+/// The config at `cfg` with the admin endpoint on `admin`.
+fn with_admin(cfg: &Path, admin: SocketAddr) {
+    let yaml = std::fs::read_to_string(cfg).unwrap().replace(
+        "admin: { enabled: false }",
+        &format!("admin: {{ listen: \"{admin}\" }}"),
+    );
+    std::fs::write(cfg, yaml).unwrap();
+}
+
+/// `crossbar run -c cfg` that must fail at start: its exit code and stderr.
+async fn failed_start(cfg: &Path) -> (Option<i32>, String) {
+    let mut p = crossbar_run(cfg, None, Stdio::piped());
+    let code = p.exited(WAIT).await;
+    let mut err = String::new();
+    if let Some(mut e) = p.0.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+    }
+    (code, err)
+}
+
+/// A second `crossbar run` on addresses a running one holds exits non-zero at
+/// start, naming the address in use (before: SO_REUSEPORT let it start, and API
+/// calls and connections landed on either process at random), whether the
+/// address is the admin endpoint's or only a service's; the first keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_fails_and_the_first_keeps_serving() {
+    let (_echo, dir, listen, cfg) = echo_service("").await;
+    let admin = free_port();
+    with_admin(&cfg, admin);
+    let mut first = serving(&cfg, None, listen).await;
+    wait_listening(admin).await;
+
+    let (code, err) = failed_start(&cfg).await;
+    assert!(matches!(code, Some(c) if c != 0), "same config: exit {code:?}: {err}");
+    let held = |addr: SocketAddr| format!("address in use: another crossbar (or program) holds {addr}");
+    assert!(err.contains(&held(admin)), "{err}");
+    // Another admin address, the same service address.
+    let other = dir.path().join("other.yaml");
+    std::fs::copy(&cfg, &other).unwrap();
+    let yaml = std::fs::read_to_string(&other).unwrap();
+    std::fs::write(&other, yaml.replace(&admin.to_string(), &free_port().to_string())).unwrap();
+    let (code, err) = failed_start(&other).await;
+    assert!(matches!(code, Some(c) if c != 0), "service address: exit {code:?}: {err}");
+    assert!(err.contains(&held(listen)), "{err}");
+
+    assert_eq!(first.0.try_wait().unwrap(), None, "the first still runs");
+    for _ in 0..10 {
+        ping(listen).await.expect("the first still serves");
+        assert!(scrape(admin).await.is_some_and(|t| t.contains("crossbar_build_info")));
+    }
+    terminate(first).await;
+}
+
+/// A hitless upgrade with the admin endpoint enabled: the successor takes the
+/// admin socket with the others (nothing is bound twice), answers on it once the
+/// predecessor is gone, and a plain second instance is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_hands_over_the_admin_socket() {
+    let (_echo, dir, listen, cfg) = echo_service("").await;
+    let admin = free_port();
+    with_admin(&cfg, admin);
+    let sock = dir.path().join("upgrade.sock");
+    let mut old = serving(&cfg, Some(&sock), listen).await;
+    wait_listening(admin).await;
+    let new = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
+    let new_pid = new.0.id() as i32;
+    wait_until_async("the successor owns the upgrade socket", || {
+        let sock = sock.clone();
+        async move { upgrade_socket_pid(&sock) == Some(new_pid) }
+    })
+    .await;
+    assert_eq!(old.exited(WAIT).await, Some(0), "the predecessor drained and exited");
+    for _ in 0..10 {
+        ping(listen).await.expect("the successor serves");
+        let text = scrape(admin).await.expect("the successor answers on the admin socket");
+        assert!(text.contains("crossbar_build_info"), "{text}");
+    }
+    let (code, err) = failed_start(&cfg).await;
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {err}");
+    assert!(err.contains("address in use"), "{err}");
+    terminate(new).await;
 }

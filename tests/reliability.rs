@@ -57,7 +57,7 @@ async fn admin_bed(settings: &str) -> AdminBed {
 }
 
 fn get(path: &str) -> Vec<u8> {
-    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes()
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
 /// Every admin slot held by a request that declared a body and sent none: /healthz
@@ -70,7 +70,7 @@ async fn stalled_admin_bodies_time_out_and_health_still_answers() {
     let mut stalled = Vec::new();
     for _ in 0..admin::MAX_CONNECTIONS {
         let mut s = TcpStream::connect(bed.addr).await.unwrap();
-        s.write_all(b"POST /api/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+        s.write_all(b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\n")
             .await
             .unwrap();
         stalled.push(s);
@@ -328,7 +328,7 @@ async fn bulk_data_survives_running_out_of_descriptors() {
 /// `POST /api/reload` on the admin endpoint at `admin` (the SIGHUP path); its status.
 async fn post_reload(admin: SocketAddr) -> Option<u16> {
     let req =
-        b"POST /api/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
     raw_request(admin, req, WAIT).await.0
 }
 

@@ -1,5 +1,6 @@
 //! Who may write: the bearer token (read once at start) or, without a token file,
-//! loopback peers only. Reads are open to whoever reaches the admin address.
+//! loopback peers only. Reads are open to whoever reaches the admin address (and
+//! names it in `Host`); what a browser may send is checked in `origin.rs`.
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -86,6 +87,16 @@ pub enum Denied {
     BadToken,
     /// No token is configured and the peer is not on loopback (403).
     NotLoopback,
+}
+
+impl Denied {
+    /// The metric label (`crossbar_admin_requests_refused_total{reason}`).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Denied::BadToken => "token",
+            Denied::NotLoopback => "not_loopback",
+        }
+    }
 }
 
 /// May this request write? With a token: `Authorization: Bearer <token>` must match.

@@ -12,7 +12,10 @@
 //! `{"error": "..."}`.
 mod api;
 mod auth;
+mod origin;
 pub mod page;
+mod slots;
+mod throttle;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,14 +29,16 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub use api::{Action, DEFAULT_TABLE_LIMIT, MAX_TABLE_LIMIT};
 pub use auth::{constant_time_eq, Secret, TokenError};
+pub use throttle::WARN_INTERVAL;
 
 use crate::config::AdminConfig;
 use crate::server::Server;
+use slots::{Lease, Slot, Slots};
+use throttle::Throttle;
 
 /// Largest request body accepted; no endpoint needs one, so this only bounds abuse.
 const MAX_BODY: usize = 1024;
@@ -62,22 +67,36 @@ const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     /// The listen address could not be bound.
-    #[error("binding the admin endpoint on {addr}: {error}")]
+    #[error("binding the admin endpoint on {addr}: {error}{hint}")]
     Bind {
         /// The address.
         addr: SocketAddr,
         /// Why.
         error: std::io::Error,
+        /// What the error usually means, e.g. who holds an address in use.
+        hint: String,
     },
     /// The token file is unusable.
     #[error(transparent)]
     Token(#[from] TokenError),
 }
 
-/// Bind the admin listen address.
-/// SO_REUSEPORT is set so that, during a binary upgrade, the successor can bind the
-/// same admin address while its predecessor drains.
+/// Bind the admin listen address, for this process alone: while another process
+/// (another crossbar, or any program) listens there, this fails with
+/// [`AdminError::Bind`] naming the address.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, AdminError> {
+    bind_with(addr, false)
+}
+
+/// Bind the admin listen address next to a predecessor that is handing over to
+/// this process (see [`crate::upgrade`]) but did not pass its admin socket (an older
+/// crossbar: it set SO_REUSEPORT on it, so this one can join). Never used otherwise:
+/// two instances sharing the address would answer API calls at random.
+pub async fn bind_beside_predecessor(addr: SocketAddr) -> Result<TcpListener, AdminError> {
+    bind_with(addr, true)
+}
+
+fn bind_with(addr: SocketAddr, reuseport: bool) -> Result<TcpListener, AdminError> {
     let sock = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
     } else {
@@ -86,11 +105,15 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, AdminError> {
     let bound = sock.and_then(|s| {
         s.set_reuseaddr(true)?;
         #[cfg(all(unix, not(any(target_os = "solaris", target_os = "illumos"))))]
-        s.set_reuseport(true)?;
+        s.set_reuseport(reuseport)?;
         s.bind(addr)?;
         s.listen(ADMIN_BACKLOG)
     });
-    bound.map_err(|error| AdminError::Bind { addr, error })
+    bound.map_err(|error| AdminError::Bind {
+        addr,
+        hint: crate::listener::bind_hint(&error, addr),
+        error,
+    })
 }
 
 /// Pending admin connections (scrapes and CLI calls are few).
@@ -109,6 +132,11 @@ pub fn load_token(config: &AdminConfig) -> Result<Option<Secret>, AdminError> {
 struct Ctx {
     server: Arc<Server>,
     token: Option<Secret>,
+    /// Warnings for connections refused or closed to make room, and for refused
+    /// requests: a client can cause them at will.
+    refused_warn: Throttle,
+    evicted_warn: Throttle,
+    request_warn: Throttle,
 }
 
 /// Serve the admin API on `listener` until `stop` fires; open connections then
@@ -119,9 +147,14 @@ pub async fn serve(
     token: Option<Secret>,
     stop: CancellationToken,
 ) {
-    let ctx = Arc::new(Ctx { server, token });
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let reserve = Arc::new(Semaphore::new(RESERVED_CONNECTIONS));
+    let ctx = Arc::new(Ctx {
+        server,
+        token,
+        refused_warn: Throttle::default(),
+        evicted_warn: Throttle::default(),
+        request_warn: Throttle::default(),
+    });
+    let slots = Slots::new(MAX_CONNECTIONS, RESERVED_CONNECTIONS);
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -135,40 +168,39 @@ pub async fn serve(
                 continue;
             }
         };
-        let (permit, slot) = match limit.clone().try_acquire_owned() {
-            Ok(p) => (p, Slot::Regular),
-            Err(_) => match reserve.clone().try_acquire_owned() {
-                Ok(p) => (p, Slot::Reserved),
-                Err(_) => {
-                    tracing::warn!(%peer, "admin: too many connections, closing");
-                    continue;
-                }
-            },
+        let Some(admitted) = admit(&ctx, &slots, peer) else {
+            continue;
         };
         let (ctx, stop) = (ctx.clone(), stop.clone());
-        tokio::spawn(async move {
-            connection(tcp, peer, ctx, stop, slot).await;
-            drop(permit);
-        });
+        tokio::spawn(connection(tcp, peer, ctx, stop, admitted.lease));
     }
 }
 
-/// Which pool an admin connection's slot came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    /// One of [`MAX_CONNECTIONS`]: every endpoint, keep-alive.
-    Regular,
-    /// One of [`RESERVED_CONNECTIONS`]: `/healthz` and `/metrics` only, one request.
-    Reserved,
+/// A slot for the connection from `peer`, counting (and, throttled, logging) a
+/// refusal or the idle connection closed to make room.
+fn admit(ctx: &Ctx, slots: &Arc<Slots>, peer: SocketAddr) -> Option<slots::Admitted> {
+    let metrics = &ctx.server.metrics().admin;
+    let Some(admitted) = slots.admit() else {
+        metrics.connections_refused.inc();
+        if let Some(suppressed) = ctx.refused_warn.note() {
+            tracing::warn!(%peer, suppressed, "admin: every connection slot holds a request in progress; connection closed");
+        }
+        return None;
+    };
+    if admitted.evicted {
+        metrics.connections_evicted.inc();
+        if let Some(suppressed) = ctx.evicted_warn.note() {
+            tracing::warn!(%peer, suppressed, "admin: every connection slot taken; closed the oldest one without a request in progress to make room");
+        }
+    }
+    Some(admitted)
 }
 
-impl Slot {
-    /// How long the connection may live, and then how long its last request gets.
-    fn lifetime(self) -> (Duration, Duration) {
-        match self {
-            Slot::Regular => (MAX_CONNECTION_AGE, REQUEST_TIMEOUT),
-            Slot::Reserved => (RESERVED_LIFETIME, Duration::ZERO),
-        }
+/// How long a connection in `slot` may live, and then how long its last request gets.
+fn lifetime(slot: Slot) -> (Duration, Duration) {
+    match slot {
+        Slot::Regular => (MAX_CONNECTION_AGE, REQUEST_TIMEOUT),
+        Slot::Reserved => (RESERVED_LIFETIME, Duration::ZERO),
     }
 }
 
@@ -177,11 +209,19 @@ async fn connection(
     peer: SocketAddr,
     ctx: Arc<Ctx>,
     stop: CancellationToken,
-    slot: Slot,
+    lease: Lease,
 ) {
+    let local = tcp.local_addr().map_or(peer.ip(), |a| a.ip());
+    let (slot, evicted) = (lease.slot, lease.evicted());
+    let lease = Arc::new(lease);
     let svc = hyper::service::service_fn(move |req| {
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(handle(&ctx, peer, req, slot).await) }
+        let (ctx, lease) = (ctx.clone(), lease.clone());
+        async move {
+            let _busy = lease.busy();
+            let _counted = InProgress::new(&ctx.server.metrics().admin.requests_in_progress);
+            let from = Peer { addr: peer, local };
+            Ok::<_, Infallible>(handle(&ctx, from, req, lease.slot).await)
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -189,9 +229,11 @@ async fn connection(
         .keep_alive(slot == Slot::Regular)
         .serve_connection(TokioIo::new(tcp), svc);
     tokio::pin!(conn);
-    let (age, last) = slot.lifetime();
+    let (age, last) = lifetime(slot);
     let ended = tokio::select! {
         r = conn.as_mut() => Some(r),
+        // Its slot went to a new connection: nothing was in progress, close now.
+        () = evicted.cancelled() => return,
         () = stop.cancelled() => None,
         () = tokio::time::sleep(age) => None,
     };
@@ -206,6 +248,31 @@ async fn connection(
     if let Err(e) = result {
         tracing::debug!(%peer, "admin connection: {e}");
     }
+}
+
+/// A request counted in `crossbar_admin_requests_in_progress` until dropped.
+struct InProgress(prometheus::IntGauge);
+
+impl InProgress {
+    fn new(gauge: &prometheus::IntGauge) -> InProgress {
+        gauge.inc();
+        InProgress(gauge.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The two ends of an admin connection.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    /// The client.
+    addr: SocketAddr,
+    /// The address it connected to (for a wildcard listen address, the one it chose).
+    local: std::net::IpAddr,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -266,7 +333,7 @@ impl Route<'_> {
     }
 }
 
-async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>, slot: Slot) -> Reply {
+async fn handle(ctx: &Ctx, peer: Peer, req: Request<Incoming>, slot: Slot) -> Reply {
     let (parts, body) = req.into_parts();
     let route = Route::parse(parts.uri.path());
     if slot == Slot::Reserved && !matches!(route, Some(Route::Metrics | Route::Healthz)) {
@@ -274,6 +341,16 @@ async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>, slot: Slot)
             StatusCode::SERVICE_UNAVAILABLE,
             "admin endpoint busy: every connection slot is taken; only /healthz and /metrics are answered",
         ));
+    }
+    let allowed_hosts = ctx
+        .server
+        .config()
+        .admin
+        .as_ref()
+        .map(|a| a.allowed_hosts.clone())
+        .unwrap_or_default();
+    if let Err(r) = origin::check_host(&parts.headers, peer.local, &allowed_hosts) {
+        return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
     }
     if let Err(refused) = read_body(&parts.headers, body).await {
         return refused;
@@ -301,12 +378,44 @@ async fn handle(ctx: &Ctx, peer: SocketAddr, req: Request<Incoming>, slot: Slot)
         return r;
     }
     if parts.method != Method::GET {
-        if let Err(denied) = auth::check_write(ctx.token.as_ref(), &parts.headers, peer.ip()) {
-            tracing::warn!(%peer, method = %parts.method, path = parts.uri.path(), ?denied, "admin: write refused");
-            return denied_reply(denied);
+        if let Err(r) = origin::check_write(&parts.headers) {
+            return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
+        }
+        if let Err(d) = auth::check_write(ctx.token.as_ref(), &parts.headers, peer.addr.ip()) {
+            return refuse(ctx, peer, &parts, d.reason(), denied_reply(d));
         }
     }
     dispatch(ctx, route, &parts.method, parts.uri.query()).await
+}
+
+/// Count a refused request, warn about it (throttled: a client can send thousands)
+/// and answer `reply`.
+fn refuse(
+    ctx: &Ctx,
+    peer: Peer,
+    parts: &hyper::http::request::Parts,
+    reason: &'static str,
+    reply: Reply,
+) -> Reply {
+    ctx.server.metrics().admin.refused(reason);
+    if let Some(suppressed) = ctx.request_warn.note() {
+        let header = |name| parts.headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        tracing::warn!(
+            peer = %peer.addr,
+            method = %parts.method,
+            path = parts.uri.path(),
+            host = ?header(hyper::header::HOST),
+            origin = ?header(hyper::header::ORIGIN),
+            reason,
+            suppressed,
+            "admin: request refused"
+        );
+    }
+    reply
+}
+
+fn forbidden(message: &str) -> Reply {
+    error(StatusCode::FORBIDDEN, message)
 }
 
 /// Read (and drop) the request body: over [`MAX_BODY`] is 413, not complete within

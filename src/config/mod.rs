@@ -62,6 +62,10 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// File holding the bearer token needed for write operations.
     pub token_file: Option<PathBuf>,
+    /// `allowed_hosts`: more names (or addresses) a request's `Host` may give
+    /// besides the admin address and loopback (lowercase; IPs in canonical form).
+    /// Others are refused as DNS rebinding; see docs/security.md.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for AdminConfig {
@@ -69,6 +73,7 @@ impl std::fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("listen", &self.listen)
             .field("token_file", &self.token_file.as_ref().map(|_| "MASKED"))
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish()
     }
 }

@@ -53,6 +53,7 @@ pub(super) struct RawAdmin {
     pub enabled: Option<bool>,
     pub listen: Option<String>,
     pub token_file: Option<PathBuf>,
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 /// `defaults:` — service settings and listener defaults.

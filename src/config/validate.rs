@@ -118,6 +118,7 @@ impl Checker<'_> {
                 return Some(AdminConfig {
                     listen: default_listen,
                     token_file: None,
+                    allowed_hosts: Vec::new(),
                 })
             }
             Some(Nullable::Null) => {
@@ -137,10 +138,47 @@ impl Checker<'_> {
                 .socket_addr(s, "admin.listen")
                 .unwrap_or(default_listen),
         };
+        let allowed_hosts = admin
+            .allowed_hosts
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, h)| self.allowed_host(h, &format!("admin.allowed_hosts[{i}]")))
+            .collect();
         Some(AdminConfig {
             listen,
             token_file: admin.token_file.clone(),
+            allowed_hosts,
         })
+    }
+
+    /// An `admin.allowed_hosts` entry: a DNS name or an IP address, nothing else
+    /// (the port is never compared); lowercased, IPs in canonical form.
+    fn allowed_host(&mut self, h: &str, path: &str) -> Option<String> {
+        let trimmed = h.trim_end_matches('.');
+        let bare = trimmed.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            return Some(ip.to_string());
+        }
+        let is_name = !trimmed.is_empty()
+            && trimmed.len() <= 253
+            && trimmed.split('.').all(|label| {
+                (1..=63).contains(&label.len())
+                    && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            });
+        if is_name {
+            return Some(trimmed.to_ascii_lowercase());
+        }
+        self.err(
+            path,
+            format!(
+                "`{h}` is not a host name or IP address (no scheme, port or path: \
+                 e.g. lb1.example.com)"
+            ),
+        );
+        None
     }
 
     /// An IP socket address for binding, with a hint for the usual mistakes.

@@ -18,6 +18,14 @@ impl LogBuffer {
         log
     }
 
+    /// How many lines logged so far contain `text`.
+    pub fn count(&self, text: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().expect("log"))
+            .lines()
+            .filter(|l| l.contains(text))
+            .count()
+    }
+
     /// Whether any line logged so far contains `text`.
     pub fn contains(&self, text: &str) -> bool {
         String::from_utf8_lossy(&self.0.lock().expect("log")).contains(text)
