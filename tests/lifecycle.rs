@@ -415,6 +415,11 @@ fn with_admin(cfg: &Path, admin: SocketAddr) {
 async fn failed_start(cfg: &Path) -> (Option<i32>, String) {
     let mut p = crossbar_run(cfg, None, Stdio::piped());
     let code = p.exited(WAIT).await;
+    if code.is_none() {
+        // Still running (it started): end it, so that its stderr can be read to the end.
+        p.0.kill().unwrap();
+        p.0.wait().unwrap();
+    }
     let mut err = String::new();
     if let Some(mut e) = p.0.stderr.take() {
         std::io::Read::read_to_string(&mut e, &mut err).unwrap();

@@ -75,8 +75,12 @@ async fn stalled_admin_bodies_time_out_and_health_still_answers() {
             .unwrap();
         stalled.push(s);
     }
-    // Accepted in order after the stalled ones (the accept queue is FIFO): every
-    // regular slot is taken by then.
+    // Every stalled request in progress (headers read, body awaited): none of them
+    // is an idle connection that a new one could push out.
+    wait_until("every stalled request in progress", || {
+        bed.cb.metric("crossbar_admin_requests_in_progress", &[]) == admin::MAX_CONNECTIONS as f64
+    })
+    .await;
     let t = Instant::now();
     let (status, body) = raw_request(bed.addr, &get("/healthz"), PROMPT).await;
     assert_eq!(status, Some(200), "healthz with the slots full: {body}");
