@@ -115,8 +115,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     // The admin socket before any service address: a taken port stops the start.
     let admin_setup = match (&config.admin, token) {
         (Some(a), Some(token)) => {
-            let listener =
-                admin_listener(a.listen, &mut inherited, handover.is_some()).await?;
+            let listener = admin_listener(a.listen, &mut inherited, handover.is_some()).await?;
             Some((a.listen, listener, token))
         }
         _ => None,

@@ -1186,6 +1186,37 @@ async fn send(
     }
 }
 
+/// A request a web page can make a browser send, and the refusal it must get.
+struct Attack<'a> {
+    what: &'a str,
+    method: Method,
+    path: &'a str,
+    headers: Vec<(&'a str, &'a str)>,
+    body: &'a str,
+    /// The `reason` label it is counted under.
+    reason: &'a str,
+}
+
+impl<'a> Attack<'a> {
+    fn new(
+        what: &'a str,
+        method: Method,
+        path: &'a str,
+        headers: Vec<(&'a str, &'a str)>,
+        body: &'a str,
+        reason: &'a str,
+    ) -> Attack<'a> {
+        Attack {
+            what,
+            method,
+            path,
+            headers,
+            body,
+            reason,
+        }
+    }
+}
+
 /// What a web page can make an operator's browser send to the admin endpoint
 /// (no token file: writes rely on the loopback rule): a form post, a no-cors
 /// fetch, a DNS-rebound page reading /api and writing. Each is refused with 403
@@ -1200,9 +1231,8 @@ async fn cross_site_and_rebound_requests_are_refused() {
     let rebound = format!("attacker.example:{}", bed.admin.port());
     let disable = "/api/backends/puppet/b1/disable";
     let form = "application/x-www-form-urlencoded";
-    let attacks: Vec<(&str, Method, &str, Vec<(&str, &str)>, &str, &str)> = vec![
-        // (what, method, path, headers, body, refusal reason)
-        (
+    let attacks = [
+        Attack::new(
             "a form post from another site (a modern browser's headers)",
             Method::POST,
             disable,
@@ -1215,7 +1245,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "x=1",
             "fetch_site",
         ),
-        (
+        Attack::new(
             "Origin of another site",
             Method::POST,
             disable,
@@ -1223,7 +1253,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "origin",
         ),
-        (
+        Attack::new(
             "Origin null (a sandboxed frame, a redirect)",
             Method::POST,
             disable,
@@ -1231,7 +1261,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "origin",
         ),
-        (
+        Attack::new(
             "Referer of another site, no Origin",
             Method::DELETE,
             "/api/tables/puppet",
@@ -1239,7 +1269,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "origin",
         ),
-        (
+        Attack::new(
             "a form body without Origin or Referer (an old browser)",
             Method::POST,
             disable,
@@ -1247,7 +1277,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "x=1",
             "form_content_type",
         ),
-        (
+        Attack::new(
             "a text/plain no-cors fetch",
             Method::POST,
             disable,
@@ -1255,7 +1285,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "{}",
             "form_content_type",
         ),
-        (
+        Attack::new(
             "Sec-Fetch-Site cross-site alone",
             Method::POST,
             disable,
@@ -1263,7 +1293,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "fetch_site",
         ),
-        (
+        Attack::new(
             "a rebound page's write",
             Method::POST,
             "/api/reload",
@@ -1271,7 +1301,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "host",
         ),
-        (
+        Attack::new(
             "a rebound page's write, same-origin as far as the browser knows",
             Method::POST,
             disable,
@@ -1283,7 +1313,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "host",
         ),
-        (
+        Attack::new(
             "a rebound page reading the topology",
             Method::GET,
             "/api/services",
@@ -1291,7 +1321,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "host",
         ),
-        (
+        Attack::new(
             "a rebound page reading the status page",
             Method::GET,
             "/",
@@ -1300,14 +1330,29 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "host",
         ),
     ];
-    let reloads = || bed.xb.metric("crossbar_config_reloads_total", &[("result", "ok")]);
+    let reloads = || {
+        bed.xb
+            .metric("crossbar_config_reloads_total", &[("result", "ok")])
+    };
     let mut expected: BTreeMap<&str, f64> = BTreeMap::new();
-    for (what, method, path, headers, body, reason) in &attacks {
+    for Attack {
+        what,
+        method,
+        path,
+        headers,
+        body,
+        reason,
+    } in &attacks
+    {
         let a = send(bed.admin, method.clone(), path, headers, body).await;
         assert_eq!(a.status, StatusCode::FORBIDDEN, "{what}: {}", a.body);
         let msg = a.json()["error"].as_str().unwrap().to_string();
         assert!(msg.contains("guard"), "{what}: {msg}");
-        assert!(!a.body.contains("b1"), "{what} leaked the topology: {}", a.body);
+        assert!(
+            !a.body.contains("b1"),
+            "{what} leaked the topology: {}",
+            a.body
+        );
         *expected.entry(reason).or_default() += 1.0;
         assert_eq!(bed.xb.backend("puppet", "b1").state_name(), "up", "{what}");
         assert_eq!(reloads(), 0.0, "{what}");
@@ -1379,7 +1424,14 @@ async fn the_cli_same_origin_pages_and_ssh_tunnels_still_work() {
     .await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     assert!(page.body.contains("puppet"), "{}", page.body);
-    let api = send(bed.admin, Method::GET, "/api/services", &[("host", &tunnel)], "").await;
+    let api = send(
+        bed.admin,
+        Method::GET,
+        "/api/services",
+        &[("host", &tunnel)],
+        "",
+    )
+    .await;
     assert_eq!(api.status, StatusCode::OK, "{}", api.body);
     let tunnel_origin = format!("http://{tunnel}");
     let a = send(
@@ -1397,7 +1449,14 @@ async fn the_cli_same_origin_pages_and_ssh_tunnels_still_work() {
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     assert_eq!(state(), "drain");
     // A client without any of these headers (curl, scripts) is not a browser's.
-    let a = send(bed.admin, Method::POST, "/api/backends/puppet/b1/enable", &[], "").await;
+    let a = send(
+        bed.admin,
+        Method::POST,
+        "/api/backends/puppet/b1/enable",
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     assert_eq!(state(), "up");
     for reason in crossbar::metrics::ADMIN_REFUSED_REASONS {
@@ -1416,11 +1475,10 @@ async fn the_cli_same_origin_pages_and_ssh_tunnels_still_work() {
 /// e.g. the name Prometheus scrapes by; other names stay refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_hosts_are_answered() {
-    let yaml = common::one_service("", &[common::backend_line("b", refusing_addr(), "")])
-        .replace(
-            "admin: { enabled: false }",
-            "admin: { listen: \"127.0.0.1:9140\", allowed_hosts: [LB1.example.com, \"192.0.2.7\"] }",
-        );
+    let yaml = common::one_service("", &[common::backend_line("b", refusing_addr(), "")]).replace(
+        "admin: { enabled: false }",
+        "admin: { listen: \"127.0.0.1:9140\", allowed_hosts: [LB1.example.com, \"192.0.2.7\"] }",
+    );
     let xb = Crossbar::start(&yaml).await;
     let endpoint = xb.serve_admin(None).await;
     for (host, status) in [
@@ -1430,7 +1488,14 @@ async fn allowed_hosts_are_answered() {
         ("lb2.example.com:9140", StatusCode::FORBIDDEN),
         ("192.0.2.8", StatusCode::FORBIDDEN),
     ] {
-        let a = send(endpoint.addr, Method::GET, "/metrics", &[("host", host)], "").await;
+        let a = send(
+            endpoint.addr,
+            Method::GET,
+            "/metrics",
+            &[("host", host)],
+            "",
+        )
+        .await;
         assert_eq!(a.status, status, "Host {host}: {}", a.body);
     }
 }
@@ -1479,6 +1544,9 @@ async fn idle_connections_never_lock_out_health_checks() {
         (1..=bound).contains(&lines),
         "{lines} warnings for {evicted} connections closed"
     );
-    assert!(!log.contains("every connection slot holds a request"), "none refused");
+    assert!(
+        !log.contains("every connection slot holds a request"),
+        "none refused"
+    );
     drop(silent);
 }

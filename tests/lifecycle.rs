@@ -440,22 +440,35 @@ async fn a_second_instance_fails_and_the_first_keeps_serving() {
     wait_listening(admin).await;
 
     let (code, err) = failed_start(&cfg).await;
-    assert!(matches!(code, Some(c) if c != 0), "same config: exit {code:?}: {err}");
-    let held = |addr: SocketAddr| format!("address in use: another crossbar (or program) holds {addr}");
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "same config: exit {code:?}: {err}"
+    );
+    let held =
+        |addr: SocketAddr| format!("address in use: another crossbar (or program) holds {addr}");
     assert!(err.contains(&held(admin)), "{err}");
     // Another admin address, the same service address.
     let other = dir.path().join("other.yaml");
     std::fs::copy(&cfg, &other).unwrap();
     let yaml = std::fs::read_to_string(&other).unwrap();
-    std::fs::write(&other, yaml.replace(&admin.to_string(), &free_port().to_string())).unwrap();
+    std::fs::write(
+        &other,
+        yaml.replace(&admin.to_string(), &free_port().to_string()),
+    )
+    .unwrap();
     let (code, err) = failed_start(&other).await;
-    assert!(matches!(code, Some(c) if c != 0), "service address: exit {code:?}: {err}");
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "service address: exit {code:?}: {err}"
+    );
     assert!(err.contains(&held(listen)), "{err}");
 
     assert_eq!(first.0.try_wait().unwrap(), None, "the first still runs");
     for _ in 0..10 {
         ping(listen).await.expect("the first still serves");
-        assert!(scrape(admin).await.is_some_and(|t| t.contains("crossbar_build_info")));
+        assert!(scrape(admin)
+            .await
+            .is_some_and(|t| t.contains("crossbar_build_info")));
     }
     terminate(first).await;
 }
@@ -478,10 +491,16 @@ async fn an_upgrade_hands_over_the_admin_socket() {
         async move { upgrade_socket_pid(&sock) == Some(new_pid) }
     })
     .await;
-    assert_eq!(old.exited(WAIT).await, Some(0), "the predecessor drained and exited");
+    assert_eq!(
+        old.exited(WAIT).await,
+        Some(0),
+        "the predecessor drained and exited"
+    );
     for _ in 0..10 {
         ping(listen).await.expect("the successor serves");
-        let text = scrape(admin).await.expect("the successor answers on the admin socket");
+        let text = scrape(admin)
+            .await
+            .expect("the successor answers on the admin socket");
         assert!(text.contains("crossbar_build_info"), "{text}");
     }
     let (code, err) = failed_start(&cfg).await;

@@ -4,12 +4,15 @@
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
 //! header read timeout, then a timeout on the rest of the request, request bodies
 //! capped (no endpoint takes a body) and a bounded connection age. When every slot
-//! is taken, a few reserved ones still answer `/healthz` and `/metrics`, so a full
-//! admin endpoint never reads as a dead host to keepalived or Prometheus. Reads
-//! are open to whoever reaches the address, so keep it on loopback or a management
-//! network; writes (POST/DELETE) need the bearer token when `admin.token_file` is
-//! set, else they are accepted from loopback peers only. Errors are JSON:
-//! `{"error": "..."}`.
+//! is taken, the oldest connection without a request in progress makes room
+//! (`slots.rs`), and a few reserved slots still answer `/healthz` and `/metrics`
+//! while every regular one is busy, so a full admin endpoint never reads as a dead
+//! host to keepalived or Prometheus. Every request must name this endpoint in
+//! `Host`, and writes must not come from another site's page (`origin.rs`: DNS
+//! rebinding and cross-site requests). Reads are open to whoever reaches the
+//! address, so keep it on loopback or a management network; writes (POST/DELETE)
+//! need the bearer token when `admin.token_file` is set, else they are accepted from
+//! loopback peers only. Errors are JSON: `{"error": "..."}`.
 mod api;
 mod auth;
 mod origin;
@@ -399,7 +402,12 @@ fn refuse(
 ) -> Reply {
     ctx.server.metrics().admin.refused(reason);
     if let Some(suppressed) = ctx.request_warn.note() {
-        let header = |name| parts.headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let header = |name| {
+            parts
+                .headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
         tracing::warn!(
             peer = %peer.addr,
             method = %parts.method,

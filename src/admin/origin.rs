@@ -258,7 +258,10 @@ mod tests {
         assert_eq!(ok(&[host]), Ok(()));
         assert_eq!(ok(&[]), Ok(()));
         assert_eq!(ok(&[host, ("origin", "http://127.0.0.1:9140")]), Ok(()));
-        assert_eq!(ok(&[("host", "localhost"), ("origin", "http://localhost:80")]), Ok(()));
+        assert_eq!(
+            ok(&[("host", "localhost"), ("origin", "http://localhost:80")]),
+            Ok(())
+        );
         assert_eq!(
             ok(&[host, ("referer", "http://127.0.0.1:9140/?refresh=5")]),
             Ok(())
@@ -274,14 +277,23 @@ mod tests {
             (("sec-fetch-site", "same-site"), Refused::FetchSite),
             (("content-type", "text/plain"), Refused::FormContentType),
             (
-                ("content-type", "Application/X-WWW-Form-Urlencoded; charset=x"),
+                (
+                    "content-type",
+                    "Application/X-WWW-Form-Urlencoded; charset=x",
+                ),
                 Refused::FormContentType,
             ),
-            (("content-type", "multipart/form-data; boundary=a"), Refused::FormContentType),
+            (
+                ("content-type", "multipart/form-data; boundary=a"),
+                Refused::FormContentType,
+            ),
         ] {
             assert_eq!(ok(&[host, h]), Err(why), "{h:?}");
         }
         // An Origin without a Host to compare with is not same-origin.
-        assert_eq!(ok(&[("origin", "http://127.0.0.1:9140")]), Err(Refused::Origin));
+        assert_eq!(
+            ok(&[("origin", "http://127.0.0.1:9140")]),
+            Err(Refused::Origin)
+        );
     }
 }

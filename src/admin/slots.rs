@@ -75,7 +75,10 @@ impl Slots {
         let mut inner = self.lock();
         let mut evicted = false;
         let mut place = None;
-        for (slot, cap) in [(Slot::Regular, self.regular), (Slot::Reserved, self.reserved)] {
+        for (slot, cap) in [
+            (Slot::Regular, self.regular),
+            (Slot::Reserved, self.reserved),
+        ] {
             if inner.held.iter().filter(|h| h.slot == slot).count() < cap {
                 place = Some(slot);
                 break;

@@ -164,7 +164,9 @@ impl Checker<'_> {
             && trimmed.len() <= 253
             && trimmed.split('.').all(|label| {
                 (1..=63).contains(&label.len())
-                    && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                     && !label.starts_with('-')
                     && !label.ends_with('-')
             });
