@@ -126,17 +126,31 @@ async fn call_with_body(
     token: Option<&str>,
     body: Bytes,
 ) -> Answer {
+    let host = addr.to_string();
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("host", host.as_str())];
+    if let Some(b) = &bearer {
+        headers.push(("authorization", b));
+    }
+    exchange(addr, method, path, &headers, body).await
+}
+
+/// One request on a fresh connection with exactly `headers` and `body`.
+async fn exchange(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Answer {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .unwrap();
     let driver = tokio::spawn(conn);
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
+    let mut req = hyper::Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     let resp = sender
         .send_request(req.body(Full::new(body)).unwrap())
@@ -1162,60 +1176,20 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Answer {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let driver = tokio::spawn(conn);
-    let mut req = hyper::Request::builder().method(method).uri(path);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = sender
-        .send_request(req.body(Full::new(Bytes::from(body.to_string()))).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    driver.abort();
-    Answer {
-        status,
-        headers,
-        body: String::from_utf8(bytes.to_vec()).unwrap(),
-    }
+    let body = Bytes::copy_from_slice(body.as_bytes());
+    exchange(addr, method, path, headers, body).await
 }
 
-/// A request a web page can make a browser send, and the refusal it must get.
-struct Attack<'a> {
-    what: &'a str,
-    method: Method,
-    path: &'a str,
-    headers: Vec<(&'a str, &'a str)>,
-    body: &'a str,
-    /// The `reason` label it is counted under.
-    reason: &'a str,
-}
-
-impl<'a> Attack<'a> {
-    fn new(
-        what: &'a str,
-        method: Method,
-        path: &'a str,
-        headers: Vec<(&'a str, &'a str)>,
-        body: &'a str,
-        reason: &'a str,
-    ) -> Attack<'a> {
-        Attack {
-            what,
-            method,
-            path,
-            headers,
-            body,
-            reason,
-        }
-    }
-}
+/// A request a web page can make a browser send, and the refusal it must get:
+/// (what, method, path, headers, body, the `reason` label it is counted under).
+type Attack<'a> = (
+    &'a str,
+    Method,
+    &'a str,
+    Vec<(&'a str, &'a str)>,
+    &'a str,
+    &'a str,
+);
 
 /// What a web page can make an operator's browser send to the admin endpoint
 /// (no token file: writes rely on the loopback rule): a form post, a no-cors
@@ -1231,8 +1205,8 @@ async fn cross_site_and_rebound_requests_are_refused() {
     let rebound = format!("attacker.example:{}", bed.admin.port());
     let disable = "/api/backends/puppet/b1/disable";
     let form = "application/x-www-form-urlencoded";
-    let attacks = [
-        Attack::new(
+    let attacks: Vec<Attack> = vec![
+        (
             "a form post from another site (a modern browser's headers)",
             Method::POST,
             disable,
@@ -1245,7 +1219,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "x=1",
             "fetch_site",
         ),
-        Attack::new(
+        (
             "Origin of another site",
             Method::POST,
             disable,
@@ -1253,7 +1227,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "origin",
         ),
-        Attack::new(
+        (
             "Origin null (a sandboxed frame, a redirect)",
             Method::POST,
             disable,
@@ -1261,7 +1235,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "origin",
         ),
-        Attack::new(
+        (
             "Referer of another site, no Origin",
             Method::DELETE,
             "/api/tables/puppet",
@@ -1269,7 +1243,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "origin",
         ),
-        Attack::new(
+        (
             "a form body without Origin or Referer (an old browser)",
             Method::POST,
             disable,
@@ -1277,7 +1251,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "x=1",
             "form_content_type",
         ),
-        Attack::new(
+        (
             "a text/plain no-cors fetch",
             Method::POST,
             disable,
@@ -1285,7 +1259,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "{}",
             "form_content_type",
         ),
-        Attack::new(
+        (
             "Sec-Fetch-Site cross-site alone",
             Method::POST,
             disable,
@@ -1293,7 +1267,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "fetch_site",
         ),
-        Attack::new(
+        (
             "a rebound page's write",
             Method::POST,
             "/api/reload",
@@ -1301,7 +1275,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "host",
         ),
-        Attack::new(
+        (
             "a rebound page's write, same-origin as far as the browser knows",
             Method::POST,
             disable,
@@ -1313,7 +1287,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "host",
         ),
-        Attack::new(
+        (
             "a rebound page reading the topology",
             Method::GET,
             "/api/services",
@@ -1321,7 +1295,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             "",
             "host",
         ),
-        Attack::new(
+        (
             "a rebound page reading the status page",
             Method::GET,
             "/",
@@ -1335,15 +1309,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
             .metric("crossbar_config_reloads_total", &[("result", "ok")])
     };
     let mut expected: BTreeMap<&str, f64> = BTreeMap::new();
-    for Attack {
-        what,
-        method,
-        path,
-        headers,
-        body,
-        reason,
-    } in &attacks
-    {
+    for (what, method, path, headers, body, reason) in &attacks {
         let a = send(bed.admin, method.clone(), path, headers, body).await;
         assert_eq!(a.status, StatusCode::FORBIDDEN, "{what}: {}", a.body);
         let msg = a.json()["error"].as_str().unwrap().to_string();

@@ -153,6 +153,19 @@ async fn serving(cfg: &Path, upgrade: Option<&Path>, listen: SocketAddr) -> Chil
     p
 }
 
+/// Start a successor on `cfg` that takes over at `sock`; returns once the handover
+/// is complete: the new process listens on the upgrade socket, which it binds only
+/// after the old one let go of it (BYE).
+async fn upgrade(cfg: &Path, sock: &Path) -> ChildGuard {
+    let new = crossbar_run(cfg, Some(sock), Stdio::inherit());
+    let new_pid = new.0.id() as i32;
+    wait_until_async("the successor owns the upgrade socket", || async move {
+        upgrade_socket_pid(sock) == Some(new_pid)
+    })
+    .await;
+    new
+}
+
 /// SIGTERM, then the process must exit 0 (within [`WAIT`]).
 async fn terminate(mut p: ChildGuard) {
     p.signal("TERM");
@@ -180,16 +193,8 @@ async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
         long.read_exact(&mut buf).await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
 
-        let new = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
-        // The handover is complete when the new process listens on the upgrade
-        // socket: it binds it only after the old one let go of it (BYE). The old one
-        // then drains: it exits only when `long` is done.
-        let new_pid = new.0.id() as i32;
-        wait_until_async("the successor owns the upgrade socket", || {
-            let sock = sock.clone();
-            async move { upgrade_socket_pid(&sock) == Some(new_pid) }
-        })
-        .await;
+        // The old one drains after the handover: it exits only when `long` is done.
+        let new = upgrade(&cfg, &sock).await;
         assert_eq!(
             old.0.try_wait().unwrap(),
             None,
@@ -484,13 +489,7 @@ async fn an_upgrade_hands_over_the_admin_socket() {
     let sock = dir.path().join("upgrade.sock");
     let mut old = serving(&cfg, Some(&sock), listen).await;
     wait_listening(admin).await;
-    let new = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
-    let new_pid = new.0.id() as i32;
-    wait_until_async("the successor owns the upgrade socket", || {
-        let sock = sock.clone();
-        async move { upgrade_socket_pid(&sock) == Some(new_pid) }
-    })
-    .await;
+    let new = upgrade(&cfg, &sock).await;
     assert_eq!(
         old.exited(WAIT).await,
         Some(0),
