@@ -113,8 +113,11 @@ fn cli_flags(server: &Server) -> String {
     };
     let mut flags = String::new();
     // Port 0 (tests, demos) is not an address a CLI could use: leave it out.
-    if admin.listen.port() != 0 && admin.listen.to_string() != CLI_DEFAULT_ADMIN {
-        flags += &format!(" --admin http://{}", admin.listen);
+    // A wildcard address is reached on loopback (the endpoint refuses a Host of
+    // 0.0.0.0: it is neither the address connected to nor loopback).
+    let url = crate::admin_client::admin_url(admin.listen);
+    if admin.listen.port() != 0 && url != format!("http://{CLI_DEFAULT_ADMIN}") {
+        flags += &format!(" --admin {url}");
     }
     if let Some(t) = &admin.token_file {
         flags += &format!(" --token-file {}", t.display());
