@@ -445,8 +445,7 @@ mod openssl_tests {
             crate::testbed::missing_tool(
                 "openssl_s_server_key_names",
                 "`openssl s_server` did not start (apt-get install openssl)",
-            );
-            return;
+            )
         };
         let addr = |s: std::net::SocketAddr| BackendAddress {
             host: "127.0.0.1".into(),

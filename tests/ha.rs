@@ -13,8 +13,8 @@
 //!   their backend; what happens while the nodes disagree about a backend's health.
 //!
 //! Run with `--nocapture` for the figures (the test output is the record; docs/ha.md
-//! quotes it). Needs root, iproute2, keepalived, nftables, curl and openssl: with
-//! `CI=true` a missing one fails the test, elsewhere it skips with a message.
+//! quotes it). Needs root, iproute2, keepalived, nftables, curl, openssl and a JDK
+//! (tests/run.sh installs them): a missing one fails the test.
 mod common;
 
 use std::collections::BTreeMap;
@@ -63,22 +63,20 @@ const DRAIN_CONNS: usize = 16;
 /// Sources for the agreement test.
 const SOURCES: u32 = 1000;
 
-/// Skip (outside CI) or fail (CI) when the lab's tools are missing.
-fn lab_tools() -> bool {
+/// Fails the test when the lab's tools or network namespaces are missing
+/// (tests/run.sh installs the tools; namespaces need root).
+fn lab_tools() {
     let missing: Vec<&str> = ["ip", "keepalived", "nft", "curl", "openssl"]
         .into_iter()
         .filter(|t| !have(t))
         .collect();
     let usable = netns::usable();
-    if missing.is_empty() && usable.is_ok() {
-        return true;
+    if !missing.is_empty() || usable.is_err() {
+        crossbar::testbed::missing_tool(
+            "HA lab",
+            &format!("missing {missing:?}; namespaces: {usable:?}"),
+        );
     }
-    let why = format!("missing {missing:?}; namespaces: {usable:?}");
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("HA tests can't run in CI: {why} (.ci/run installs them)");
-    }
-    eprintln!("SKIPPED (not in CI): HA tests need root and tools: {why}");
-    false
 }
 
 // ---------------------------------------------------------------------------
@@ -621,9 +619,7 @@ async fn pinger(
 
 #[test]
 fn keepalived_pair_moves_the_vip_drains_and_keeps_sessions() -> Result<()> {
-    if !lab_tools() {
-        return Ok(());
-    }
+    lab_tools();
     let lab = Lab::new()?;
     backend_certs(&lab)?;
     let _echo = lab.serve_in(Host::Backends, || echo_backends(ECHO_PORT));
@@ -877,13 +873,11 @@ fn alternating(
 
 #[test]
 fn active_active_nodes_agree_without_talking() -> Result<()> {
-    if !lab_tools() {
-        return Ok(());
-    }
+    lab_tools();
     let lab = Lab::new()?;
     let ca = backend_certs(&lab)?;
     let _echo = lab.serve_in(Host::Backends, || echo_backends(ECHO_PORT));
-    let java = Java::compile().context("no JDK")?;
+    let java = Java::compile();
     let _jdk = jdk_backends(&lab, &java, &ca)?;
     let _sid = openssl_backends(&lab, SID_PORT, &["-no_ticket"])?;
     let _ticket = openssl_backends(&lab, TICKET_PORT, &[])?;

@@ -90,8 +90,8 @@ pub const LAB_WAIT: Duration = Duration::from_secs(60);
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether network namespaces can be made here (root, `ip` present). Outside CI a
-/// test may skip with a visible message when they can't; with `CI=true` it fails.
+/// Whether network namespaces can be made here (root, `ip` present); a test that
+/// needs them fails when they can't.
 pub fn usable() -> Result<()> {
     let ok = Command::new("unshare")
         .args(["-n", "ip", "link", "set", "lo", "up"])
