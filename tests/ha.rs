@@ -11,7 +11,6 @@
 //! - Active/active: both nodes serve at once; `balance: source` places every source
 //!   the same way on both; TLS resumptions alternating between the nodes return to
 //!   their backend; what happens while the nodes disagree about a backend's health.
-//!
 //! - The lab itself: namespaces a killed test left behind are removed by the next
 //!   lab, never those of a test still running.
 //!
