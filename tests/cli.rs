@@ -128,6 +128,20 @@ fn demo_runs_and_keeps_every_resumption_on_its_backend() {
         assert!(stdout.contains(line), "no {line:?}:\n{stdout}");
     }
     assert!(stdout.contains("stick tables:"), "{stdout}");
+
+    // Each step once, in order; the CA step announces as many agents as it lists.
+    let steps: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(". ").map(|(n, _)| n))
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .collect();
+    assert_eq!(steps, ["1", "2", "3", "4"], "{stdout}");
+    let ca_step = stdout.split("\n2. ").next().unwrap_or_default();
+    let agents = ca_step.lines().filter(|l| l.contains(" -> ca")).count();
+    assert_eq!(agents, 5, "{stdout}");
+    assert!(ca_step.contains("five agents"), "{stdout}");
+    // It exits at once without --serve: no address to open in a browser.
+    assert!(!stdout.contains("browser") && !stdout.contains("http://"), "{stdout}");
 }
 
 #[test]
