@@ -885,7 +885,10 @@ mod tests {
     async fn a_freed_slot_wakes_a_waiter_that_can_use_it() {
         let m = Metrics::new();
         let p = Arc::new(Pool::new(
-            &[backend("a", 1, false, Some(1)), backend("b", 1, false, Some(1))],
+            &[
+                backend("a", 1, false, Some(1)),
+                backend("b", 1, false, Some(1)),
+            ],
             PoolParams {
                 algo: Balance::RoundRobin,
                 slow_start: Duration::ZERO,

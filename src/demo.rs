@@ -182,7 +182,12 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
 
     for (step, svc, versions, label) in [
         (2, "puppet", Versions::Tls13, "TLS 1.3, PSK resumption"),
-        (3, "puppetfiles", Versions::Tls12, "TLS 1.2, session tickets"),
+        (
+            3,
+            "puppetfiles",
+            Versions::Tls12,
+            "TLS 1.2, session tickets",
+        ),
     ] {
         println!("\n{step}. {svc} (roundrobin, stick on session_id/ticket/psk; {label}):");
         println!("   {AGENTS} agents from one address (like a NAT), each 1 full handshake + {RESUMPTIONS} resumptions");

@@ -141,7 +141,10 @@ fn demo_runs_and_keeps_every_resumption_on_its_backend() {
     assert_eq!(agents, 5, "{stdout}");
     assert!(ca_step.contains("five agents"), "{stdout}");
     // It exits at once without --serve: no address to open in a browser.
-    assert!(!stdout.contains("browser") && !stdout.contains("http://"), "{stdout}");
+    assert!(
+        !stdout.contains("browser") && !stdout.contains("http://"),
+        "{stdout}"
+    );
 }
 
 #[test]

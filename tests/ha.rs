@@ -1014,7 +1014,12 @@ fn a_killed_tests_namespaces_are_removed_by_the_next_lab() -> Result<()> {
 
     let lab = Lab::new()?;
     let (stale_removed, live_kept) = (!exists(&stale), exists(&live));
-    let end = Instant::now() + if stale_removed { LAB_WAIT } else { Duration::ZERO };
+    let end = Instant::now()
+        + if stale_removed {
+            LAB_WAIT
+        } else {
+            Duration::ZERO
+        };
     let mut left = leftover.try_wait()?;
     while left.is_none() && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));

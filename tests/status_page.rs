@@ -187,7 +187,9 @@ fn browser_present() {
     if !(Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists()) {
         crossbar::testbed::missing_tool(
             "status page in Chromium",
-            &format!("{CHROMIUM} or {CHROMEDRIVER} missing (apt-get install chromium chromium-driver)"),
+            &format!(
+                "{CHROMIUM} or {CHROMEDRIVER} missing (apt-get install chromium chromium-driver)"
+            ),
         );
     }
 }

@@ -1,10 +1,10 @@
 //! The saved form of a stick table (`state_file`): versioned, checksummed, written
 //! atomically, and read back only if it is whole.
 use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::hash::Hasher;
 use std::io::{self, Read, Write};
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
