@@ -61,18 +61,22 @@ need binutils strip
 if [ ${#missing[@]} -gt 0 ]; then
     # One name per package (iproute2 is needed for two commands).
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-    list="${missing[*]}"
-    [ "$(id -u)" = 0 ] || stop "missing packages: $list; run as root to install them (apt-get install $list)"
-    command -v apt-get >/dev/null || stop "missing packages: $list; no apt-get to install them (a Debian machine is expected)"
+fi
+list="${missing[*]:-}"
+also=""
+[ -z "$list" ] || also="; missing packages: $list"
+
+# Network namespaces (root with CAP_SYS_ADMIN): the HA lab and the freebind test.
+unshare -n true 2>/dev/null ||
+    stop "cannot create a network namespace (\`unshare -n\`): the tests need root with CAP_SYS_ADMIN$also"
+
+if [ -n "$list" ]; then
+    command -v apt-get >/dev/null || stop "no apt-get to install them (a Debian machine is expected)$also"
     echo "tests/run.sh: installing $list"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
         stop "apt-get install $list failed"
 fi
-
-# Network namespaces (root with CAP_SYS_ADMIN): the HA lab and the freebind test.
-unshare -n true 2>/dev/null ||
-    stop "cannot create a network namespace (\`unshare -n\`): the tests need root with CAP_SYS_ADMIN"
 
 if ! cargo nextest --version >/dev/null 2>&1; then
     echo "tests/run.sh: installing cargo-nextest"
