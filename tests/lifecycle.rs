@@ -326,9 +326,9 @@ async fn reload_under_load_refuses_nothing(#[case] relay: &str) {
     for i in 0..6 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         if i % 2 == 0 {
-            lb.reload(&yaml(&a, &c));
+            lb.reload(&yaml(&a, &c)).await;
         } else {
-            lb.reload(&yaml(&a, &b));
+            lb.reload(&yaml(&a, &b)).await;
         }
         assert_eq!(lb.addr("svc"), addr, "the listener kept its socket");
     }
