@@ -14,10 +14,11 @@
 //! (CPU seconds, memory, open files) change by themselves. No `crossbar_*` family
 //! changes with time alone.
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{raw_request, WAIT};
+use super::{metric_value, raw_request, WAIT};
 
 /// The metric family that counts reload attempts (left out of the compare).
 pub const ATTEMPT_METRIC: &str = "crossbar_config_reloads_total";
@@ -33,7 +34,7 @@ const MASKED_KEYS: [&str; 6] = [
 ];
 
 /// `/api/services`, `/metrics` (crossbar_* families) and the stick-table dumps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Snapshot {
     /// `/api/services`, masked, pretty-printed (one value a line, for diffs).
     pub services: String,
@@ -42,7 +43,6 @@ pub struct Snapshot {
     /// `/api/tables/{service}` per table, masked, pretty-printed.
     pub tables: Vec<String>,
     /// Unmasked table dumps, for [`Snapshot::expires_in`].
-    #[doc(hidden)]
     raw_tables: Vec<Value>,
 }
 
@@ -120,6 +120,29 @@ impl Snapshot {
         }
     }
 
+    /// A snapshot once nothing moves: `open` connections open and two reads in a
+    /// row alike (a connection that just ended finishes its accounting on its own
+    /// task). Polls, bounded by [`WAIT`].
+    pub async fn settled(admin: SocketAddr, tables: &[&str], open: usize) -> Snapshot {
+        let mut last = Snapshot::take(admin, tables).await;
+        for _ in 0..(WAIT.as_millis() / 10) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = Snapshot::take(admin, tables).await;
+            let active = metric_value(&now.metrics, "crossbar_active_connections", &[]);
+            if now.same_as(&last) && active == open as f64 {
+                return now;
+            }
+            last = now;
+        }
+        panic!("the admin API at {admin} never showed a settled state");
+    }
+
+    /// Alike, but for the masked values.
+    pub fn same_as(&self, other: &Snapshot) -> bool {
+        (&self.services, &self.metrics, &self.tables)
+            == (&other.services, &other.metrics, &other.tables)
+    }
+
     /// Every stick entry's `expires_in_seconds`, per table.
     pub fn expires_in(&self) -> Vec<Vec<u64>> {
         self.raw_tables
@@ -162,10 +185,24 @@ impl Snapshot {
     }
 }
 
-/// The lines only one of two texts has (both directions), for a readable failure.
+/// The lines that differ (by position when both have as many lines, else the lines
+/// only one of them has), for a readable failure.
 fn first_difference(before: &str, after: &str) -> String {
-    let gone: Vec<&str> = before.lines().filter(|l| !after.contains(l)).collect();
-    let new: Vec<&str> = after.lines().filter(|l| !before.contains(l)).collect();
+    let (b, a): (Vec<&str>, Vec<&str>) = (before.lines().collect(), after.lines().collect());
+    if b.len() == a.len() {
+        return b
+            .iter()
+            .zip(&a)
+            .enumerate()
+            .filter(|(_, (x, y))| x != y)
+            .map(|(i, (x, y))| {
+                format!("  line {}: before {x}\n  line {}: after  {y}", i + 1, i + 1)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
+    let gone: Vec<&str> = b.iter().copied().filter(|l| !a.contains(l)).collect();
+    let new: Vec<&str> = a.iter().copied().filter(|l| !b.contains(l)).collect();
     format!(
         "  before only:\n    {}\n  after only:\n    {}",
         gone.join("\n    "),
