@@ -295,9 +295,7 @@ async fn bad_reload_keeps_the_running_config() {
         0.0,
         "no reload succeeded"
     );
-    Snapshot::take(admin, &[])
-        .await
-        .assert_same(&before, "a bad file");
+    before.assert_same(&Snapshot::take(admin, &[]).await, "a bad file");
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let extra = taken.local_addr().unwrap();
@@ -314,9 +312,7 @@ async fn bad_reload_keeps_the_running_config() {
         scrape(admin).await.is_some_and(|t| failed(&t) == 2.0)
     })
     .await;
-    Snapshot::take(admin, &[])
-        .await
-        .assert_same(&before, "an address in use");
+    before.assert_same(&Snapshot::take(admin, &[]).await, "an address in use");
     drop(taken);
     for _ in 0..5 {
         ping(listen)

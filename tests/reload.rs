@@ -250,20 +250,24 @@ async fn a_failed_reload_changes_nothing() {
     drop(taken);
 }
 
+/// `svc` on `listen` with the listen settings `settings`, backend `a`.
+fn listener_yaml(admin: SocketAddr, listen: SocketAddr, settings: &str, a: &Backend) -> String {
+    format!(
+        "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    mode: tcp\n    \
+         listen: [{{ address: \"{listen}\", {settings} }}]\n    health: {{ check: none }}\n    \
+         backends:\n      - {{ name: a, address: \"{}\" }}\n",
+        a.addr
+    )
+}
+
 /// A kept listen address takes a new `max_connections` at once: lowered, the
 /// connections over it are refused (and counted with reason `max_connections`);
 /// raised, more are admitted. Open connections are never cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_listener_takes_its_new_max_connections() {
     let a = Backend::echo("a", true).await;
-    let yaml = |admin: SocketAddr, listen: SocketAddr, max: usize| {
-        format!(
-            "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    mode: tcp\n    \
-             listen: [{{ address: \"{listen}\", max_connections: {max} }}]\n    health: {{ check: none }}\n    \
-             backends:\n      - {{ name: a, address: \"{}\" }}\n",
-            a.addr
-        )
-    };
+    let yaml =
+        |admin, listen, max| listener_yaml(admin, listen, &format!("max_connections: {max}"), &a);
     let lb = Running::start(|admin, listen| yaml(admin, listen, 6)).await;
     lb.reloaded(&yaml(lb.admin, lb.listen, 2)).await;
 
@@ -335,14 +339,8 @@ fn kernel_backlog(addr: SocketAddr) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_listener_takes_its_new_backlog() {
     let a = Backend::echo("a", true).await;
-    let yaml = |admin: SocketAddr, listen: SocketAddr, backlog: u32| {
-        format!(
-            "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    mode: tcp\n    \
-             listen: [{{ address: \"{listen}\", backlog: {backlog} }}]\n    health: {{ check: none }}\n    \
-             backends:\n      - {{ name: a, address: \"{}\" }}\n",
-            a.addr
-        )
-    };
+    let yaml =
+        |admin, listen, backlog| listener_yaml(admin, listen, &format!("backlog: {backlog}"), &a);
     let lb = Running::start(|admin, listen| yaml(admin, listen, 16)).await;
     assert_eq!(kernel_backlog(lb.listen), 16);
     lb.reloaded(&yaml(lb.admin, lb.listen, 100)).await;

@@ -115,9 +115,7 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
         Vec::<String>::new(),
         "nothing reached the server"
     );
-    Snapshot::take(admin, &[])
-        .await
-        .assert_same(&before, "a bad file");
+    before.assert_same(&Snapshot::take(admin, &[]).await, "a bad file");
     assert_eq!(who(listen).await.0, "a", "the old config keeps serving");
     let before = Snapshot::settled(admin, &[], 0).await;
 
@@ -144,9 +142,7 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
     );
     assert_eq!(notify.pending(), ["RELOADING=1", "READY=1"]);
     // Not only the routing: backend `b` of the refused file left no trace.
-    Snapshot::take(admin, &[])
-        .await
-        .assert_same(&before, "an address in use");
+    before.assert_same(&Snapshot::take(admin, &[]).await, "an address in use");
     assert_eq!(who(listen).await.0, "a", "the old config keeps serving");
     drop(taken);
 
