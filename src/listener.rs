@@ -369,6 +369,24 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
 
+    /// A lowered limit admits nothing until enough open connections ended (none is
+    /// cut); a raised one admits more at once.
+    #[test]
+    fn a_resized_limit_applies_to_the_next_connection() {
+        let limit = ConnLimit::new(3);
+        let mut open: Vec<ConnSlot> = (0..3).filter_map(|_| limit.try_admit()).collect();
+        assert_eq!((open.len(), limit.try_admit().is_none()), (3, true));
+        limit.set_max(1);
+        open.pop();
+        assert!(limit.try_admit().is_none(), "2 open, limit 1");
+        open.clear();
+        open.extend(limit.try_admit());
+        assert!(limit.try_admit().is_none(), "1 open, limit 1");
+        limit.set_max(4);
+        open.extend((0..3).filter_map(|_| limit.try_admit()));
+        assert_eq!((limit.open(), limit.try_admit().is_none()), (4, true));
+    }
+
     /// A socket that was bound but never listened on: every accept(2) fails with
     /// EINVAL at once, and epoll reports it ready forever (HUP).
     fn failing_listener() -> TcpListener {
