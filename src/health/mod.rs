@@ -189,6 +189,11 @@ mod tests {
         }
     }
 
+    fn primary_and_backup(svc: &Service) -> (Arc<Backend>, Arc<Backend>) {
+        let get = |name| svc.pool.get(name).unwrap().clone();
+        (get("p"), get("b"))
+    }
+
     #[test]
     fn flips_once_after_fall_and_rise() {
         let svc = service("tcp", "auto");
@@ -213,10 +218,7 @@ mod tests {
     #[test]
     fn manual_failback_holds_a_recovered_primary_while_the_backup_serves() {
         let svc = service("tls-hello", "manual");
-        let (p, b) = (
-            svc.pool.get("p").unwrap().clone(),
-            svc.pool.get("b").unwrap().clone(),
-        );
+        let (p, b) = primary_and_backup(&svc);
         for _ in 0..3 {
             observe(&svc, &p, false);
         }
@@ -256,10 +258,7 @@ mod tests {
     #[test]
     fn backends_down_together_and_back_together_start_no_failover() {
         let svc = service("tls-hello", "manual");
-        let (p, b) = (
-            svc.pool.get("p").unwrap().clone(),
-            svc.pool.get("b").unwrap().clone(),
-        );
+        let (p, b) = primary_and_backup(&svc);
         for _ in 0..3 {
             observe(&svc, &p, false);
             observe(&svc, &b, false);
