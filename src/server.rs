@@ -3,7 +3,9 @@
 //!
 //! Connection tasks hold an `Arc<Service>` of the config they were accepted under,
 //! so a reload never changes an established connection; each listen address keeps
-//! its socket across reloads and only its routing table is swapped.
+//! its socket across reloads and only its routing table (and its limit, backlog)
+//! changes. A reload is a transaction: `Server::prepare` does everything that can
+//! fail without writing live state, then one commit under the state lock applies it.
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -263,7 +265,7 @@ impl Server {
     /// Replace the running configuration: services rebuilt (stick tables and backend
     /// state carried over by name), new addresses bound, removed ones closed, kept
     /// ones re-routed and their limits and backlog changed. Established connections
-    /// are untouched. On error nothing changed (see [`Server::apply`]).
+    /// are untouched. On error nothing changed (see `Server::apply`).
     pub async fn reload(&self, config: Config) -> Result<(), ServerError> {
         self.apply(config).await.map(drop)
     }

@@ -175,7 +175,7 @@ impl StickTable {
     /// of names. A missing file is the `NotFound` error of the open; a corrupt,
     /// truncated, oversized or other-version file is `InvalidData` (wrapping a
     /// [`StateFileError`]) and leaves the table unchanged; so is a path that is not a
-    /// regular file, which is never read (the open never waits: see [`open_regular`]).
+    /// regular file, which is never read (the open never waits: `open_regular`).
     pub fn load(&self, path: &Path, backends: &[&str]) -> io::Result<usize> {
         let bytes = read_bounded(path, self.max_file_bytes())?;
         let file =
