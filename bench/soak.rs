@@ -269,7 +269,7 @@ async fn soak() {
             next_chaos += Duration::from_secs(20);
         }
         if Instant::now() >= next_reload {
-            cb.reload(&yaml(&paddrs, &baddrs, reloads % 2 == 0));
+            cb.reload(&yaml(&paddrs, &baddrs, reloads % 2 == 0)).await;
             reloads += 1;
             next_reload += Duration::from_secs(30);
         }

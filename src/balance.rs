@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,15 @@ use crate::metrics::BackendMetrics;
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
 /// reservation race (two tasks taking the last slot) can't spin.
 const MAX_PICK_RACES: usize = 8;
+
+/// The clock of [`BackendState::served_ms`] and [`BackendState::down_ms`]: one for
+/// the process, so that times of different backends compare.
+static SERVICE_CLOCK: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Now on [`SERVICE_CLOCK`], in ms plus one (0 means "never").
+fn clock_ms() -> u64 {
+    SERVICE_CLOCK.elapsed().as_millis() as u64 + 1
+}
 
 /// Operator-set state of a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +76,10 @@ pub struct BackendState {
     /// A slot was released: wakes one connection queued for this backend (one
     /// that has it among its candidates, so it can take the slot).
     slot_freed: Notify,
+    /// When it was last given a connection, on [`SERVICE_CLOCK`]; 0 = never.
+    served_ms: AtomicU64,
+    /// When it last went down, on [`SERVICE_CLOCK`]; 0 = never.
+    down_ms: AtomicU64,
 }
 
 impl BackendState {
@@ -80,6 +93,8 @@ impl BackendState {
             epoch: Instant::now(),
             health: HealthStreak::default(),
             slot_freed: Notify::new(),
+            served_ms: AtomicU64::new(0),
+            down_ms: AtomicU64::new(0),
         }
     }
 }
@@ -209,6 +224,9 @@ impl Backend {
         if changed && up {
             self.mark_up_now();
         }
+        if changed && !up {
+            self.state.down_ms.store(clock_ms(), Ordering::Release);
+        }
         self.publish_state();
         changed
     }
@@ -220,6 +238,14 @@ impl Backend {
             self.mark_up_now();
         }
         self.publish_state();
+    }
+
+    /// Has this backend been given a connection since `other` last went down? (A
+    /// backup that took none while the primary was gone took over nothing: see
+    /// `failback: manual` in [`crate::health`].)
+    pub fn served_since_down_of(&self, other: &Backend) -> bool {
+        let served = self.state.served_ms.load(Ordering::Acquire);
+        served != 0 && served >= other.state.down_ms.load(Ordering::Acquire)
     }
 
     /// Hold a recovered primary back (or release it).
@@ -270,6 +296,7 @@ impl Backend {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
+                    self.state.served_ms.store(clock_ms(), Ordering::Release);
                     self.metrics.active.inc();
                     self.metrics.live.note_active(cur + 1);
                     return Some(Lease {

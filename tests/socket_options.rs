@@ -362,7 +362,8 @@ async fn client_sockets_get_their_services_keepalive() {
     let s3 = routed(listen, "a.test", &a).await;
     assert_keepalive(listen, at(&s3), 77, since, "service a again");
 
-    xb.reload(&keepalive_yaml(port, "{ time: 200s }", a.addr, b.addr));
+    xb.reload(&keepalive_yaml(port, "{ time: 200s }", a.addr, b.addr))
+        .await;
     // A burst right after the reload: Linux gives a queued connection the options
     // the listener had when its handshake completed, so those queued before the
     // listener changed still carry 77s and must get 200s from crossbar itself.
@@ -389,7 +390,8 @@ async fn client_sockets_get_their_services_keepalive() {
         "an old connection keeps its timing: {t1:?}"
     );
 
-    xb.reload(&keepalive_yaml(port, "{ enabled: false }", a.addr, b.addr));
+    xb.reload(&keepalive_yaml(port, "{ enabled: false }", a.addr, b.addr))
+        .await;
     let s5 = routed(listen, "a.test", &a).await;
     assert_eq!(keepalive_timer(listen, at(&s5)), None);
     let s6 = routed(listen, "a.test", &a).await;

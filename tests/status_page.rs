@@ -397,12 +397,22 @@ async fn status_page_in_chromium_matches_the_api() {
         v["listen"].as_str()?.parse::<SocketAddr>().ok()
     });
 
-    // gone and back fail their checks; then back returns and, with up1 serving and
-    // `failback: manual`, waits in standby; drained is drained by the operator.
+    // gone and back fail their checks; drained is drained by the operator; up1
+    // serves a connection (a failover from back); then back returns and, with
+    // `failback: manual`, waits in standby.
     wait_api(admin, "gone and back down", |v| {
         backend(v, "gone")["state"] == "down" && backend(v, "back")["state"] == "down"
     })
     .await;
+    let (status, _, body) =
+        http(admin, Method::POST, "/api/backends/web/drained/drain", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v = services(admin).await;
+    let listen: SocketAddr = v["services"][0]["listeners"][0]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("listener");
+    drop(echo_through(listen, 0).await);
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
     sock.set_reuseaddr(true).expect("reuseaddr");
     sock.bind(back).expect("rebind back's address");
@@ -411,18 +421,11 @@ async fn status_page_in_chromium_matches_the_api() {
         backend(v, "back")["state"] == "standby"
     })
     .await;
-    let (status, _, body) =
-        http(admin, Method::POST, "/api/backends/web/drained/drain", None).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _, body) = http(admin, Method::POST, "/api/reload", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
-    // Traffic: everything goes to up1, the only available backend.
-    let v = services(admin).await;
-    let listen: SocketAddr = v["services"][0]["listeners"][0]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("listener");
+    // Traffic: everything goes to up1, the only available backend (one connection
+    // more: the one that made back's return a failback).
     let mut before = Value::Null;
     for batch in [0..HELD, HELD..CONNECTIONS] {
         let mut held = Vec::new();
@@ -436,15 +439,15 @@ async fn status_page_in_chromium_matches_the_api() {
         .await;
     }
     let up1 = backend(&before, "up1");
-    assert_eq!(num(up1, "connections_total"), CONNECTIONS as u64);
+    assert_eq!(num(up1, "connections_total"), CONNECTIONS as u64 + 1);
     assert_eq!(num(up1, "peak_connections"), HELD as u64);
     assert_eq!(
         num(up1, "bytes.client_to_server"),
-        (CONNECTIONS * PING) as u64
+        ((CONNECTIONS + 1) * PING) as u64
     );
     assert_eq!(
         num(up1, "bytes.server_to_client"),
-        (CONNECTIONS * PING) as u64
+        ((CONNECTIONS + 1) * PING) as u64
     );
     assert_eq!(before["crossbar"]["last_reload"]["ok"], true);
 

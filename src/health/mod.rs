@@ -12,8 +12,10 @@
 //! connects (which retry elsewhere) and by `fall` checks.
 //!
 //! `failback: manual`: a primary that recovers while another backend is serving
-//! becomes `standby` (healthy, no traffic) until an operator enables it, so a
-//! Puppet CA keeps one active signer.
+//! (available, and given a connection since the primary went down) becomes
+//! `standby` (healthy, no traffic) until an operator enables it, so a Puppet CA
+//! keeps one active signer. Backends that were down together and come back
+//! together start no failover: the backup took no connection, the primary resumes.
 mod checks;
 mod error;
 mod state;
@@ -152,6 +154,8 @@ mod tests {
     use crate::balance::{AdminState, Pool, PoolParams};
     use crate::metrics::Metrics;
 
+    const CLIENT: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     /// A service `s` with primary `p` and backup `b` (no tasks started).
     fn service(check: &str, failback: &str) -> Service {
         let yaml = format!(
@@ -185,6 +189,11 @@ mod tests {
         }
     }
 
+    fn primary_and_backup(svc: &Service) -> (Arc<Backend>, Arc<Backend>) {
+        let get = |name| svc.pool.get(name).unwrap().clone();
+        (get("p"), get("b"))
+    }
+
     #[test]
     fn flips_once_after_fall_and_rise() {
         let svc = service("tcp", "auto");
@@ -209,14 +218,18 @@ mod tests {
     #[test]
     fn manual_failback_holds_a_recovered_primary_while_the_backup_serves() {
         let svc = service("tls-hello", "manual");
-        let (p, b) = (
-            svc.pool.get("p").unwrap().clone(),
-            svc.pool.get("b").unwrap().clone(),
-        );
+        let (p, b) = primary_and_backup(&svc);
         for _ in 0..3 {
             observe(&svc, &p, false);
         }
         assert!(b.is_available());
+        // The backup serves while the primary is down: a failover.
+        let lease = svc
+            .pool
+            .try_pick(CLIENT, &[])
+            .expect("the backup takes over");
+        assert_eq!(&*lease.backend().name, "b");
+        drop(lease);
         observe(&svc, &p, true);
         assert_eq!(observe(&svc, &p, true), Some(Flip::Standby));
         assert_eq!(p.state_name(), "standby");
@@ -236,6 +249,28 @@ mod tests {
         }
         observe(&svc, &b, true);
         assert_eq!(observe(&svc, &b, true), Some(Flip::Up));
+    }
+
+    /// Issue #27: primary and backup down together (a broken CA file), the backup's
+    /// checks pass first, no client reaches it before the primary's pass too: no
+    /// failover started, the primary resumes (before: it was held in standby and
+    /// the CA stayed on a backup that never signed anything).
+    #[test]
+    fn backends_down_together_and_back_together_start_no_failover() {
+        let svc = service("tls-hello", "manual");
+        let (p, b) = primary_and_backup(&svc);
+        for _ in 0..3 {
+            observe(&svc, &p, false);
+            observe(&svc, &b, false);
+        }
+        assert_eq!((p.state_name(), b.state_name()), ("down", "down"));
+        observe(&svc, &b, true);
+        assert_eq!(observe(&svc, &b, true), Some(Flip::Up));
+        observe(&svc, &p, true);
+        assert_eq!(observe(&svc, &p, true), Some(Flip::Up));
+        assert_eq!(p.state_name(), "up");
+        let lease = svc.pool.try_pick(CLIENT, &[]).expect("a backend");
+        assert_eq!(&*lease.backend().name, "p", "the primary resumes");
     }
 
     #[test]

@@ -98,6 +98,16 @@ pub enum StateFileError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The path names something else than a regular file (a FIFO, a socket, a
+    /// directory, a device, a symbolic link): never opened for reading, so that a
+    /// FIFO can't block start-up or a reload.
+    #[error("{path} is {what}, not a regular file: crossbar reads the table back only from a regular file (and replaces the path at each save)")]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is ("a FIFO", ...).
+        what: &'static str,
+    },
 }
 
 /// One entry as written to / read from a saved table.
@@ -168,7 +178,8 @@ impl StickTable {
     /// untrusted input, bounded before it is read: at most `4 × size` entries and 1 MiB
     /// of names. A missing file is the `NotFound` error of the open; a corrupt,
     /// truncated, oversized or other-version file is `InvalidData` (wrapping a
-    /// [`StateFileError`]) and leaves the table unchanged.
+    /// [`StateFileError`]) and leaves the table unchanged; so is a path that is not a
+    /// regular file, which is never read (the open never waits: `open_regular`).
     pub fn load(&self, path: &Path, backends: &[&str]) -> io::Result<usize> {
         remove_stale_temps(path);
         let bytes = read_bounded(path, self.max_file_bytes())?;
@@ -272,7 +283,7 @@ fn save_lock(path: &Path) -> Arc<Mutex<()>> {
 /// Read a whole file of at most `max` bytes; a longer one is `InvalidData`
 /// ([`StateFileError::TooLarge`]) without reading it.
 fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let file = File::open(path)?;
+    let file = open_regular(path)?;
     let found = file.metadata()?.len();
     let too_large = |found| {
         io::Error::new(
@@ -290,6 +301,55 @@ fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
         return Err(too_large(bytes.len() as u64));
     }
     Ok(bytes)
+}
+
+/// Open an existing state file for reading without ever waiting: O_NONBLOCK (a FIFO
+/// opens at once instead of waiting for a writer), O_NOFOLLOW (a symbolic link is
+/// refused, not followed), then fstat: anything but a regular file is refused
+/// ([`StateFileError::NotRegular`]) before a byte is read.
+fn open_regular(path: &Path) -> io::Result<File> {
+    let not_regular = |what| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            StateFileError::NotRegular {
+                path: path.to_path_buf(),
+                what,
+            },
+        )
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_regular("a symbolic link"),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(not_regular(describe(&kind)));
+    }
+    Ok(file)
+}
+
+/// What a file that is not a regular file is, for messages ("a FIFO").
+pub fn describe(kind: &fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a file"
+    }
 }
 
 pub(super) fn checksum(bytes: &[u8]) -> u64 {
