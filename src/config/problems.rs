@@ -156,9 +156,7 @@ pub(super) fn tolerant_value(text: &str, index: &PositionIndex) -> Option<Value>
                 break;
             };
             let new = format!("{DUPLICATE_MARK}{i}_{n}");
-            let Some(l) = lines.get_mut(line.wrapping_sub(1)) else {
-                return None;
-            };
+            let l = lines.get_mut(line.wrapping_sub(1))?;
             if !rename(l, col.wrapping_sub(1), key, &new) {
                 return None;
             }

@@ -208,7 +208,7 @@ async fn health_check(
         check: check_text(check),
         passed: result.is_ok(),
         reason: result.err().map(|e| explain::check_failure(&e, &cx)),
-        slow_ms: (took > b.health.timeout).then(|| took.as_millis()),
+        slow_ms: (took > b.health.timeout).then_some(took.as_millis()),
     }
 }
 
