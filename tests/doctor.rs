@@ -362,6 +362,19 @@ async fn ca_service_primary_and_standby_must_serve_the_same_ca() {
         warnings.len() == 1 && warnings[0].contains("ca2 serve no CA certificate"),
         "{warnings:?}"
     );
+
+    // Neither serves one: a warning too, not silence.
+    let only_tls = [
+        ("ca1", not_ca.addr, ""),
+        ("ca2", not_ca.addr, ", backup: true"),
+    ];
+    let r = doctor_run(&config("puppetca", svc, &only_tls), false).await;
+    assert_eq!(r.exit_code, 1, "{:?}", r.findings);
+    let warnings = messages(&r, Severity::Warning);
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("no backend serves a Puppet CA certificate"),
+        "{warnings:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -664,24 +677,6 @@ async fn an_openssl_req_x509_certificate_is_explained() {
         }
         assert!(!e.contains("OtherError"), "{e}");
     }
-}
-
-/// A `balance: first`, `failback: manual` pool (the Puppet CA layout) where no
-/// backend serves a CA certificate at all: a warning, not silence.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ca_pool_serving_no_ca_certificate_warns() {
-    let ca = Ca::new("Puppet CA: ca1");
-    let a = peer(Spec::new(ca.leaf("ca1", &["puppetca.example.com"], 400))).await;
-    let b = peer(Spec::new(ca.leaf("ca2", &["puppetca.example.com"], 400))).await;
-    let svc = "    names: [\"puppetca.example.com\"]\n    balance: first\n";
-    let backends = [("ca1", a.addr, ""), ("ca2", b.addr, ", backup: true")];
-    let r = doctor_run(&config("puppetca", svc, &backends), false).await;
-    assert_eq!(r.exit_code, 1, "{:?}", r.findings);
-    let warnings = messages(&r, Severity::Warning);
-    assert!(
-        warnings.len() == 1 && warnings[0].contains("no backend serves a Puppet CA certificate"),
-        "{warnings:?}"
-    );
 }
 
 /// The default table fits 120 columns; `--wide` has the long columns; the relay

@@ -22,12 +22,17 @@ use super::Diagnostic;
 const MAX_FIXES: usize = 10;
 /// Unknown keys tried for an indentation mistake (each try re-analyses the file).
 const MAX_KEY_TRIES: usize = 10;
+/// Columns tried per suspect line: the nearest blocks; a key is rarely off by more.
+const MAX_CANDIDATES: usize = 6;
+/// Files larger than this get no indentation diagnosis (each try re-parses the
+/// file); a crossbar config is a few KiB.
+const MAX_DIAGNOSED_BYTES: usize = 256 * 1024;
 
 /// Analyse `text`; with `diagnose`, explain syntax errors and unknown keys that
 /// are indentation mistakes.
 pub(super) fn analyse(text: &str, file: &Path, diagnose: bool) -> Analysis {
     let first = analyse_syntax_ok(text, file);
-    if !diagnose || first.diagnostics.is_empty() {
+    if !diagnose || first.diagnostics.is_empty() || text.len() > MAX_DIAGNOSED_BYTES {
         return first;
     }
     let mut text = text.to_string();
@@ -58,24 +63,32 @@ pub(super) fn analyse(text: &str, file: &Path, diagnose: bool) -> Analysis {
 
 /// The first suspect line at or before the syntax error, moved where the file
 /// parses (best: and its key is known there); the message and the corrected text.
+/// A line deeper than the key above it may as well mean that key is the one out
+/// of place (dedented out of its block): that key is tried too.
 fn fix_syntax(text: &str, file: &Path, a: &Analysis) -> Option<(Diagnostic, String, Analysis)> {
     let err_line = a.diagnostics.first()?.position?.0;
     let places = scan(text);
-    let place = places
+    let at = places
         .iter()
-        .find(|p| p.suspect.is_some() && p.line <= err_line)?;
+        .position(|p| p.suspect.is_some() && p.line <= err_line)?;
+    let mut tries = vec![&places[at]];
+    if places[at].suspect == Some(Suspect::UnderValue) && at > 0 {
+        tries.push(&places[at - 1]);
+    }
     let mut fallback = None;
-    for cand in &place.candidates {
-        let fixed = reindent(text, place, cand.indent);
-        let b = analyse_syntax_ok(&fixed, file);
-        if b.syntax_error {
-            continue;
+    for place in tries {
+        for cand in place.candidates.iter().take(MAX_CANDIDATES) {
+            let fixed = reindent(text, place, cand.indent);
+            let b = analyse_syntax_ok(&fixed, file);
+            if b.syntax_error {
+                continue;
+            }
+            let d = diag(file, Some(place.pos()), None, message(place, cand));
+            if !any_at(&b.diagnostics, place.line) {
+                return Some((d, fixed, b));
+            }
+            fallback.get_or_insert((d, fixed, b));
         }
-        let msg = message(place, cand);
-        if !any_at(&b.diagnostics, place.line) {
-            return Some((diag(file, Some(place.pos()), None, msg), fixed, b));
-        }
-        fallback.get_or_insert((diag(file, Some(place.pos()), None, msg), fixed, b));
     }
     fallback
 }
@@ -97,7 +110,7 @@ fn explain_unknown_keys(text: &str, file: &Path, diagnostics: &mut [Diagnostic])
             continue;
         };
         tries += 1;
-        for cand in &place.candidates {
+        for cand in place.candidates.iter().take(MAX_CANDIDATES) {
             let b = analyse_syntax_ok(&reindent(text, place, cand.indent), file);
             let fewer = b.diagnostics.len() < before;
             if !b.syntax_error && fewer && !any_at(&b.diagnostics, line) {
@@ -466,6 +479,35 @@ services:
         let keys: Vec<&str> = places.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(keys, ["a", "b", "c"]);
         assert!(places.iter().all(|p| p.suspect.is_none()));
+    }
+
+    /// The shipped config with random lines re-indented, cut or joined: never a
+    /// panic, and every file that fails says why.
+    #[test]
+    fn mangled_configs_never_panic() {
+        let base: Vec<&str> = include_str!("../../conf/crossbar.yaml").lines().collect();
+        let mut rng = fastrand::Rng::with_seed(27);
+        for _ in 0..200 {
+            let mut lines: Vec<String> = base.iter().map(|l| l.to_string()).collect();
+            for _ in 0..rng.usize(1..4) {
+                let i = rng.usize(..lines.len());
+                let l = lines[i].trim_start().to_string();
+                match rng.u8(..3) {
+                    0 => lines[i] = format!("{}{l}", " ".repeat(rng.usize(..12))),
+                    1 => {
+                        let cut = rng.usize(..=lines[i].len());
+                        if lines[i].is_char_boundary(cut) {
+                            lines[i].truncate(cut);
+                        }
+                    }
+                    _ => lines[i] = format!("{}: {l}", lines[i]),
+                }
+            }
+            let text = lines.join("\n");
+            if let Err(e) = crate::config::Config::from_str_at(&text, Path::new("m.yaml")) {
+                assert!(!e.diagnostics.is_empty());
+            }
+        }
     }
 
     #[test]
