@@ -505,6 +505,17 @@ async fn a_backend_without_tls_is_an_error_only_in_tls_mode() {
         .any(|m| m.starts_with("plain: no TLS handshake")));
 }
 
+/// Exit 2 with exactly one error, which contains every `want`; the error.
+fn the_one_error(r: &Report, want: &[&str]) -> String {
+    assert_eq!(r.exit_code, 2, "{:?}", r.findings);
+    let errors = messages(r, Severity::Error);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    for w in want {
+        assert!(errors[0].contains(w), "{w:?} missing from {}", errors[0]);
+    }
+    errors[0].clone()
+}
+
 /// A PEM file in `dir` holding `pem`.
 fn pem_file(dir: &tempfile::TempDir, name: &str, pem: &str) -> std::path::PathBuf {
     let path = dir.path().join(name);
@@ -537,19 +548,16 @@ async fn ip_backends_checked_without_server_name_are_an_error_naming_the_fix() {
         )
     };
     let r = doctor_run(&config("puppet", &health(""), &backends), false).await;
-    assert_eq!(r.exit_code, 2, "{:?}", r.findings);
-    let errors = messages(&r, Severity::Error);
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    let e = &errors[0];
-    for want in [
-        "no backend of puppet will pass its health check",
-        "against `127.0.0.1`",
-        "the backend's IP address",
-        &format!("DNS:{NAME}"),
-        &format!("set `health.server_name: {NAME}`"),
-    ] {
-        assert!(e.contains(want), "{want:?} missing from {e}");
-    }
+    the_one_error(
+        &r,
+        &[
+            "no backend of puppet will pass its health check",
+            "against `127.0.0.1`",
+            "the backend's IP address",
+            &format!("DNS:{NAME}"),
+            &format!("set `health.server_name: {NAME}`"),
+        ],
+    );
     assert!(r.backends.iter().all(|b| !b.inspection.check.passed));
     assert_eq!(r.backends[0].inspection.server_name, "127.0.0.1");
     // The fix the message names makes the same backends pass.
@@ -578,19 +586,16 @@ async fn a_wrong_ca_file_is_an_error_naming_issuer_and_file() {
         false,
     )
     .await;
-    assert_eq!(r.exit_code, 2, "{:?}", r.findings);
-    let errors = messages(&r, Severity::Error);
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    let e = &errors[0];
-    for want in [
-        "no backend of puppet will pass its health check",
-        "the certificate CN=c1 is issued by CN=Puppet CA: ca1",
-        &format!("not in `health.ca_file` ({})", wrong.display()),
-        "it holds CN=Some Other CA",
-        "Fix: point `health.ca_file` at the certificate of CN=Puppet CA: ca1",
-    ] {
-        assert!(e.contains(want), "{want:?} missing from {e}");
-    }
+    let e = the_one_error(
+        &r,
+        &[
+            "no backend of puppet will pass its health check",
+            "the certificate CN=c1 is issued by CN=Puppet CA: ca1",
+            &format!("not in `health.ca_file` ({})", wrong.display()),
+            "it holds CN=Some Other CA",
+            "Fix: point `health.ca_file` at the certificate of CN=Puppet CA: ca1",
+        ],
+    );
     assert!(
         !e.contains("UnknownIssuer") && messages(&r, Severity::Warning).is_empty(),
         "{:?}",
