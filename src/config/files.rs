@@ -54,12 +54,12 @@ struct Named {
 /// Check every file `text` names; `file` is the config's own path (for messages
 /// and to resolve nothing: paths in the config are used as written).
 pub(super) fn check(text: &str, file: &Path) -> Result<(), ConfigError> {
-    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+    let index = PositionIndex::build(text);
+    let Some(doc) = super::problems::tolerant_value(text, &index) else {
         return Ok(()); // validation already reported why; nothing to open
     };
     let mut named = Vec::new();
     collect(&doc, "", &mut named);
-    let index = PositionIndex::build(text);
     let diagnostics: Vec<Diagnostic> = named
         .iter()
         .filter_map(|n| {

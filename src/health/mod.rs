@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::balance::Backend;
-use crate::config::CheckKind;
+use crate::config::{BackendConfig, CheckKind, ServiceConfig};
 use crate::service::Service;
 
 pub(crate) use checks::http_get;
@@ -42,36 +42,69 @@ pub(crate) use tls_client::AcceptAnyCert;
 /// Checks run every `interval` ± this fraction, so many backends don't probe in step.
 const JITTER: f64 = 0.1;
 
-/// The server name a backend's checks use: the https check's `server_name`, else
-/// the service's first exact `server_names` entry, else the backend host when it is
-/// a name, else its IP (then no SNI is sent).
-pub fn server_name_for(svc: &Service, b: &Backend) -> ServerName<'static> {
-    let explicit = match &b.config.health.check {
+/// Where the server name of a backend's checks comes from (the doctor names it when
+/// a certificate does not match).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameSource {
+    /// The https check's `health.server_name`.
+    HealthServerName,
+    /// The service's first exact `server_names` entry.
+    ServerNames,
+    /// The backend address's host name.
+    BackendHost,
+    /// The backend address's IP (no SNI is sent; the certificate is verified
+    /// against the IP).
+    BackendIp,
+}
+
+/// The server name a backend's checks (and the ticket-key probe) send and verify:
+/// the https check's `server_name`, else the service's first exact `server_names`
+/// entry, else the backend host when it is a name, else its IP (then no SNI is
+/// sent). `names` is not used: those are what agents dial, which the doctor checks
+/// separately. `crossbar doctor` calls this too, so it probes what `run` will.
+pub fn server_name_for(
+    svc: &ServiceConfig,
+    b: &BackendConfig,
+) -> (ServerName<'static>, NameSource) {
+    let explicit = match &b.health.check {
         CheckKind::Https(h) => h.server_name.clone(),
         _ => None,
     };
     let from_service = svc
-        .config
         .server_names
         .iter()
         .find(|n| !n.starts_with('*'))
         .cloned();
-    let host = &b.config.address.host;
-    for name in [explicit, from_service, Some(host.clone())]
-        .into_iter()
-        .flatten()
-    {
+    let host = &b.address.host;
+    let candidates = [
+        (explicit, NameSource::HealthServerName),
+        (from_service, NameSource::ServerNames),
+        (Some(host.clone()), NameSource::BackendHost),
+    ];
+    for (name, source) in candidates {
+        let Some(name) = name else { continue };
         if name.parse::<IpAddr>().is_ok() {
             continue;
         }
         if let Ok(sn) = ServerName::try_from(name) {
-            return sn;
+            return (sn, source);
         }
     }
-    match host.parse::<IpAddr>() {
-        Ok(ip) => ServerName::IpAddress(ip.into()),
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => ip,
         // A host that is neither a valid DNS name nor an IP: validation rejects it.
-        Err(_) => ServerName::IpAddress(IpAddr::from([0, 0, 0, 0]).into()),
+        Err(_) => IpAddr::from([0, 0, 0, 0]),
+    };
+    (ServerName::IpAddress(ip.into()), NameSource::BackendIp)
+}
+
+/// What the checks of backend `b` of `svc` connect to and the name they use.
+pub fn target(svc: &ServiceConfig, b: &BackendConfig) -> Target {
+    Target {
+        address: b.address.clone(),
+        server_name: server_name_for(svc, b).0,
+        proxy_protocol: b.proxy_protocol,
     }
 }
 
@@ -89,11 +122,7 @@ pub fn spawn_checks(svc: &Arc<Service>) {
 
 async fn check_loop(svc: Arc<Service>, b: Arc<Backend>, stop: CancellationToken) {
     let h = b.config.health.clone();
-    let target = Target {
-        address: b.config.address.clone(),
-        server_name: server_name_for(&svc, &b),
-        proxy_protocol: b.config.proxy_protocol,
-    };
+    let target = target(&svc.config, &b.config);
     let kind = check_label(&h.check);
     loop {
         let started = Instant::now();
