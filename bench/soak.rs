@@ -1,8 +1,9 @@
-//! Soak: mixed traffic through one crossbar for N minutes, then a report. Skipped
-//! (passes at once) unless `CROSSBAR_SOAK=1`, so CI's test run does not pay for it:
+//! Soak: mixed traffic through one crossbar for N minutes, then a report. `#[ignore]`d,
+//! so the test command does not pay for it (nextest reports it as skipped, never as
+//! passed); run it with:
 //!
 //! ```text
-//! CROSSBAR_SOAK=1 CROSSBAR_SOAK_MINUTES=2 cargo test --test soak -- --nocapture
+//! CROSSBAR_SOAK_MINUTES=2 cargo test --test soak -- --ignored --nocapture
 //! ```
 //!
 //! Traffic, all real TLS (rustls testbed) on loopback:
@@ -199,11 +200,8 @@ async fn keepalive(ca: Arc<TestCa>, addr: SocketAddr, tally: Arc<Tally>, until: 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long: cargo test --test soak -- --ignored (CROSSBAR_SOAK_MINUTES, default 2)"]
 async fn soak() {
-    if std::env::var("CROSSBAR_SOAK").as_deref() != Ok("1") {
-        println!("soak skipped: set CROSSBAR_SOAK=1 (and CROSSBAR_SOAK_MINUTES, default 2)");
-        return;
-    }
     let minutes: f64 = std::env::var("CROSSBAR_SOAK_MINUTES")
         .ok()
         .and_then(|m| m.parse().ok())
@@ -271,7 +269,7 @@ async fn soak() {
             next_chaos += Duration::from_secs(20);
         }
         if Instant::now() >= next_reload {
-            cb.reload(&yaml(&paddrs, &baddrs, reloads % 2 == 0));
+            cb.reload(&yaml(&paddrs, &baddrs, reloads % 2 == 0)).await;
             reloads += 1;
             next_reload += Duration::from_secs(30);
         }

@@ -4,12 +4,16 @@
 //! A backend takes new connections when it is healthy, enabled (not drained or
 //! disabled, not a recovered primary waiting for manual failback) and below its
 //! `max_connections`. Backups are candidates only when no primary is available.
+use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 use crate::config::{BackendConfig, Balance};
@@ -18,6 +22,15 @@ use crate::metrics::BackendMetrics;
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
 /// reservation race (two tasks taking the last slot) can't spin.
 const MAX_PICK_RACES: usize = 8;
+
+/// The clock of [`BackendState::served_ms`] and [`BackendState::down_ms`]: one for
+/// the process, so that times of different backends compare.
+static SERVICE_CLOCK: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Now on [`SERVICE_CLOCK`], in ms plus one (0 means "never").
+fn clock_ms() -> u64 {
+    SERVICE_CLOCK.elapsed().as_millis() as u64 + 1
+}
 
 /// Operator-set state of a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +73,13 @@ pub struct BackendState {
     epoch: Instant,
     /// Consecutive check results (rise/fall), fed by active and passive checks.
     health: HealthStreak,
+    /// A slot was released: wakes one connection queued for this backend (one
+    /// that has it among its candidates, so it can take the slot).
+    slot_freed: Notify,
+    /// When it was last given a connection, on [`SERVICE_CLOCK`]; 0 = never.
+    served_ms: AtomicU64,
+    /// When it last went down, on [`SERVICE_CLOCK`]; 0 = never.
+    down_ms: AtomicU64,
 }
 
 impl BackendState {
@@ -72,16 +92,20 @@ impl BackendState {
             up_since_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             health: HealthStreak::default(),
+            slot_freed: Notify::new(),
+            served_ms: AtomicU64::new(0),
+            down_ms: AtomicU64::new(0),
         }
     }
 }
 
 /// Connections waiting for a backend slot of a service, shared (like
-/// [`BackendState`]) by the pools of successive reloads, so that a slot freed by a
-/// connection of the old config wakes a connection queued under the new one.
+/// [`BackendState`]) by the pools of successive reloads, so that the queue bound
+/// holds across a reload. Each waits on the backends it can use (their
+/// [`BackendState`], shared the same way, so a slot freed by a connection of the
+/// old config wakes a connection queued under the new one).
 #[derive(Debug, Default)]
 struct Waiters {
-    slot_freed: Notify,
     queued: AtomicUsize,
 }
 
@@ -135,7 +159,6 @@ pub struct Backend {
     state: Arc<BackendState>,
     /// Metric handles.
     pub metrics: BackendMetrics,
-    waiters: Arc<Waiters>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -201,6 +224,9 @@ impl Backend {
         if changed && up {
             self.mark_up_now();
         }
+        if changed && !up {
+            self.state.down_ms.store(clock_ms(), Ordering::Release);
+        }
         self.publish_state();
         changed
     }
@@ -212,6 +238,14 @@ impl Backend {
             self.mark_up_now();
         }
         self.publish_state();
+    }
+
+    /// Has this backend been given a connection since `other` last went down? (A
+    /// backup that took none while the primary was gone took over nothing: see
+    /// `failback: manual` in [`crate::health`].)
+    pub fn served_since_down_of(&self, other: &Backend) -> bool {
+        let served = self.state.served_ms.load(Ordering::Acquire);
+        served != 0 && served >= other.state.down_ms.load(Ordering::Acquire)
     }
 
     /// Hold a recovered primary back (or release it).
@@ -262,6 +296,7 @@ impl Backend {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
+                    self.state.served_ms.store(clock_ms(), Ordering::Release);
                     self.metrics.active.inc();
                     self.metrics.live.note_active(cur + 1);
                     return Some(Lease {
@@ -278,7 +313,8 @@ impl Backend {
     }
 }
 
-/// A reserved connection slot on a backend; released on drop (wakes one queued connection).
+/// A reserved connection slot on a backend; released on drop (wakes one connection
+/// queued for that backend).
 #[derive(Debug)]
 pub struct Lease {
     backend: Arc<Backend>,
@@ -295,7 +331,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.backend.state.active.fetch_sub(1, Ordering::AcqRel);
         self.backend.metrics.active.dec();
-        self.backend.waiters.slot_freed.notify_one();
+        self.backend.state.slot_freed.notify_one();
     }
 }
 
@@ -389,7 +425,6 @@ impl Pool {
                     index,
                     state: carried_state(previous, c),
                     metrics: make(c),
-                    waiters: waiters.clone(),
                 };
                 if c.disabled {
                     b.state
@@ -563,13 +598,24 @@ impl Pool {
 
     /// Choose a backend not in `tried` and reserve a slot, waiting in the bounded
     /// queue up to the queue timeout when every candidate is full.
+    ///
+    /// A queued connection waits on its candidates only, so the slot a backend
+    /// frees wakes a connection that can take it: one that already tried that
+    /// backend (a retry) is never woken for it, and never swallows the wakeup
+    /// another queued connection needed.
     pub async fn acquire(&self, client: IpAddr, tried: &[usize]) -> Result<Lease, PickError> {
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
         let mut waiting: Option<QueueSlot<'_>> = None;
         loop {
-            let notified = self.waiters.slot_freed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+            // Listen before looking, so a slot freed in between is not missed.
+            let mut freed: Vec<Pin<Box<Notified<'_>>>> = self
+                .candidates(tried)
+                .into_iter()
+                .map(|i| Box::pin(self.backends[i].state.slot_freed.notified()))
+                .collect();
+            for n in &mut freed {
+                n.as_mut().enable();
+            }
             let mut full = false;
             for _ in 0..MAX_PICK_RACES {
                 match self.pick(client, tried) {
@@ -591,11 +637,28 @@ impl Pool {
             if waiting.is_none() {
                 waiting = Some(QueueSlot::enter(self).ok_or(PickError::QueueFull)?);
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if tokio::time::timeout_at(deadline, any_of(&mut freed))
+                .await
+                .is_err()
+            {
                 return Err(PickError::QueueTimeout);
             }
         }
     }
+}
+
+/// Completes when one of `notified` does. The others are dropped with it, and one
+/// that was notified meanwhile hands its wakeup on to the next connection waiting
+/// on that backend (tokio's `Notified` does so on drop), so no freed slot is lost.
+async fn any_of(notified: &mut [Pin<Box<Notified<'_>>>]) {
+    std::future::poll_fn(|cx| {
+        if notified.iter_mut().any(|n| n.as_mut().poll(cx).is_ready()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// The live state of the backend `c` names: the previous pool's if it has a backend
@@ -840,6 +903,56 @@ mod tests {
         assert_eq!(p.queued(), 1);
         drop(held);
         assert_eq!(waiter.await.unwrap().unwrap(), "a");
+    }
+
+    /// Two queued connections, two full backends: one connection already tried `a`
+    /// (a retry), the other can use either. The slot `a` frees goes to the one that
+    /// can use it, at once, though the retry queued first; `b`'s goes to the retry.
+    #[tokio::test]
+    async fn a_freed_slot_wakes_a_waiter_that_can_use_it() {
+        let m = Metrics::new();
+        let p = Arc::new(Pool::new(
+            &[
+                backend("a", 1, false, Some(1)),
+                backend("b", 1, false, Some(1)),
+            ],
+            PoolParams {
+                algo: Balance::RoundRobin,
+                slow_start: Duration::ZERO,
+                queue_size: 4,
+                queue_timeout: Duration::from_secs(60),
+            },
+            |b| m.backend("t", &b.name),
+            None,
+        ));
+        let held_a = p.try_preferred(0).unwrap();
+        let held_b = p.try_preferred(1).unwrap();
+        let queue = |tried: Vec<usize>| {
+            let p = p.clone();
+            tokio::spawn(async move {
+                p.acquire(ip(1), &tried)
+                    .await
+                    .map(|l| l.backend().name.to_string())
+            })
+        };
+        let queued = |n| {
+            let p = p.clone();
+            async move {
+                while p.queued() < n {
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        let retry = queue(vec![0]);
+        queued(1).await;
+        let fresh = queue(vec![]);
+        queued(2).await;
+        drop(held_a);
+        // Before the fix the retry, first in the queue, took this wakeup, could not
+        // use `a` and waited on: `fresh` waited for its queue timeout.
+        assert_eq!(fresh.await.unwrap(), Ok("a".to_string()));
+        drop(held_b);
+        assert_eq!(retry.await.unwrap(), Ok("b".to_string()));
     }
 
     #[tokio::test]

@@ -122,7 +122,9 @@ pub async fn run(serve: bool) -> Result<()> {
         admin_stop.clone(),
     ));
 
-    println!("status page: http://{admin_addr}/  (open it in a browser)");
+    if serve {
+        println!("status page: http://{admin_addr}/  (open it in a browser)");
+    }
     println!(
         "crossbar demo: 9 TLS backends (3 per service), crossbar in front, config {}",
         path.display()
@@ -130,7 +132,9 @@ pub async fn run(serve: bool) -> Result<()> {
     for svc in site.backends.keys() {
         println!("  {svc:<12} listens on {:?}", server.local_addrs(svc));
     }
-    println!("  admin        http://{admin_addr}/metrics  /api/services  /api/tables/puppet");
+    if serve {
+        println!("  admin        http://{admin_addr}/metrics  /api/services  /api/tables/puppet");
+    }
     println!();
     let outcome = clients(&server, &ca, &site).await;
     print_tables(&server);
@@ -158,7 +162,7 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
     };
 
     println!(
-        "1. puppetca (balance: first, ca2/ca3 are backups): three agents request certificates"
+        "1. puppetca (balance: first, ca2/ca3 are backups): five agents request certificates, the active CA stops after the third"
     );
     let cfg = testbed::client_config(ca, Versions::Both, true)?;
     let (ca_addr, ca_host) = (addr("puppetca")?, format!("puppetca.{DOMAIN}"));
@@ -176,11 +180,16 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
         );
     }
 
-    for (svc, versions, label) in [
-        ("puppet", Versions::Tls13, "TLS 1.3, PSK resumption"),
-        ("puppetfiles", Versions::Tls12, "TLS 1.2, session tickets"),
+    for (step, svc, versions, label) in [
+        (2, "puppet", Versions::Tls13, "TLS 1.3, PSK resumption"),
+        (
+            3,
+            "puppetfiles",
+            Versions::Tls12,
+            "TLS 1.2, session tickets",
+        ),
     ] {
-        println!("\n2. {svc} (roundrobin, stick on session_id/ticket/psk; {label}):");
+        println!("\n{step}. {svc} (roundrobin, stick on session_id/ticket/psk; {label}):");
         println!("   {AGENTS} agents from one address (like a NAT), each 1 full handshake + {RESUMPTIONS} resumptions");
         let (mut resumed, mut same) = (0, 0);
         for a in 1..=AGENTS {
@@ -214,7 +223,7 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
     }
 
     println!(
-        "\n3. one shared address routes by SNI ({}):",
+        "\n4. one shared address routes by SNI ({}):",
         server
             .local_addrs("puppet")
             .get(1)

@@ -2,12 +2,13 @@
 //! resource exhaustion, enforce the per-listener connection limit.
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Keepalive, ListenConfig};
@@ -90,6 +91,68 @@ pub fn bind(cfg: &ListenConfig) -> Result<TcpListener, BindError> {
     TcpListener::from_std(socket.into()).map_err(err)
 }
 
+/// Set a new backlog on a listening socket: listen(2) again, which Linux allows on
+/// a socket that already listens (it only changes the queue's length).
+pub fn set_backlog(sock: &impl AsFd, backlog: u32) -> io::Result<()> {
+    let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
+    socket2::SockRef::from(sock).listen(backlog)
+}
+
+/// A listener's `max_connections`: admits a connection while fewer are open. A
+/// reload resizes it in place; after a lowering, new connections are refused until
+/// enough of the open ones ended (open ones are never cut).
+#[derive(Debug)]
+pub struct ConnLimit {
+    max: AtomicUsize,
+    open: AtomicUsize,
+}
+
+impl ConnLimit {
+    /// A limit of `max` concurrent connections.
+    pub fn new(max: usize) -> Arc<ConnLimit> {
+        Arc::new(ConnLimit {
+            max: AtomicUsize::new(max),
+            open: AtomicUsize::new(0),
+        })
+    }
+
+    /// The limit now.
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::Acquire)
+    }
+
+    /// Change the limit (a reload); connections already admitted stay.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Release);
+    }
+
+    /// Connections admitted and not yet ended.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A slot for one more connection, or `None` at the limit.
+    pub fn try_admit(self: &Arc<Self>) -> Option<ConnSlot> {
+        let max = self.max();
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(ConnSlot(self.clone()))
+    }
+}
+
+/// One admitted connection's place under its listener's [`ConnLimit`]; freed on drop.
+#[derive(Debug)]
+pub struct ConnSlot(Arc<ConnLimit>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Is this accept error one that goes away when resources free up?
 fn is_exhaustion(e: &io::Error) -> bool {
     matches!(
@@ -167,7 +230,7 @@ pub struct Accepted {
     /// The client's address.
     pub peer: SocketAddr,
     /// Held for the connection's lifetime: the listener's max_connections slot.
-    pub permit: OwnedSemaphorePermit,
+    pub permit: ConnSlot,
     /// What the socket inherited from the listener: TCP_NODELAY and this keepalive
     /// setting; `None` if nothing (the connection sets both itself).
     pub inherited: Option<InheritedOptions>,
@@ -226,7 +289,7 @@ impl Inheritance {
 /// failures are logged, counted and backed off.
 pub async fn accept_loop(
     listener: TcpListener,
-    limit: Arc<Semaphore>,
+    limit: Arc<ConnLimit>,
     metrics: ListenerMetrics,
     stop: CancellationToken,
     keepalive: impl Fn() -> Option<Keepalive>,
@@ -268,7 +331,7 @@ pub async fn accept_loop(
         match res {
             Ok((stream, peer)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                let Some(permit) = limit.try_admit() else {
                     metrics.refused_full.inc();
                     tracing::debug!(listener = %local, %peer, "refused: listener max_connections reached");
                     drop(stream);
@@ -309,6 +372,24 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
 
+    /// A lowered limit admits nothing until enough open connections ended (none is
+    /// cut); a raised one admits more at once.
+    #[test]
+    fn a_resized_limit_applies_to_the_next_connection() {
+        let limit = ConnLimit::new(3);
+        let mut open: Vec<ConnSlot> = (0..3).filter_map(|_| limit.try_admit()).collect();
+        assert_eq!((open.len(), limit.try_admit().is_none()), (3, true));
+        limit.set_max(1);
+        open.pop();
+        assert!(limit.try_admit().is_none(), "2 open, limit 1");
+        open.clear();
+        open.extend(limit.try_admit());
+        assert!(limit.try_admit().is_none(), "1 open, limit 1");
+        limit.set_max(4);
+        open.extend((0..3).filter_map(|_| limit.try_admit()));
+        assert_eq!((limit.open(), limit.try_admit().is_none()), (4, true));
+    }
+
     /// A socket that was bound but never listened on: every accept(2) fails with
     /// EINVAL at once, and epoll reports it ready forever (HUP).
     fn failing_listener() -> TcpListener {
@@ -331,7 +412,7 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(accept_loop(
             failing_listener(),
-            Arc::new(Semaphore::new(1)),
+            ConnLimit::new(1),
             metrics,
             stop.clone(),
             || None,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
 use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
-use crossbar::config::{Config, RelayMode, DEFAULT_CONFIG_PATH};
+use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// Command lines shown by `--help` and in crossbar(1).
 const EXAMPLES: &str = "\
@@ -62,8 +62,9 @@ enum Command {
         config_only: bool,
     },
     /// Connect to every backend and check what agents need: certificate names, issuer
-    /// and expiry, the Puppet CA, TLS versions, stickiness, status. Exit 0 clean,
-    /// 1 warnings, 2 errors.
+    /// and expiry, the Puppet CA, TLS versions, stickiness, and each backend's health
+    /// check run exactly as `run` runs it. Exit 0 clean, 1 warnings, 2 errors (among
+    /// them: no backend of a service would pass its health check).
     Doctor {
         /// Configuration file.
         #[arg(short, long, default_value = DEFAULT_CONFIG_PATH)]
@@ -74,6 +75,10 @@ enum Command {
         /// Also ask `/status/v1/simple` of backends without an `https` check.
         #[arg(long)]
         status: bool,
+        /// Show every column (server name, subject, names, issuer, stickiness,
+        /// status); the default table fits 120 columns.
+        #[arg(long, short)]
+        wide: bool,
     },
     /// Start local TLS backends and crossbar in front, run clients, show what happened.
     Demo {
@@ -233,16 +238,9 @@ fn main() -> ExitCode {
         } {
             Ok(cfg) => {
                 print!("{}", cfg.summary());
-                for s in cfg
-                    .services
-                    .iter()
-                    .filter(|s| s.relay != RelayMode::SpliceAuto)
-                {
-                    let plan = crossbar::relay::plan(s.relay);
-                    println!(
-                        "relay: service {} uses {} ({})",
-                        s.name, plan.relay, plan.why
-                    );
+                for s in &cfg.services {
+                    let plan = crossbar::relay::plan(s.relay).describe();
+                    println!("relay: service {} uses {plan}", s.name);
                 }
                 println!("{}: OK", config.display());
                 ExitCode::SUCCESS
@@ -273,7 +271,8 @@ fn main() -> ExitCode {
             config,
             format,
             status,
-        } => doctor(&config, format, status),
+            wide,
+        } => doctor(&config, format, crossbar::doctor::Options { status, wide }),
         Command::Demo { serve } => {
             report(runtime(None).and_then(|rt| rt.block_on(crossbar::demo::run(serve))))
         }
@@ -344,7 +343,11 @@ fn client(args: AdminArgs, cmd: ClientCommand) -> ExitCode {
 }
 
 /// `crossbar doctor`: the report on stdout, its verdict as the exit code.
-fn doctor(config: &std::path::Path, format: ReportFormat, status: bool) -> ExitCode {
+fn doctor(
+    config: &std::path::Path,
+    format: ReportFormat,
+    opts: crossbar::doctor::Options,
+) -> ExitCode {
     let cfg = match Config::load(config) {
         Ok(c) => c,
         Err(e) => {
@@ -352,7 +355,6 @@ fn doctor(config: &std::path::Path, format: ReportFormat, status: bool) -> ExitC
             return ExitCode::from(DOCTOR_CONFIG_ERROR);
         }
     };
-    let opts = crossbar::doctor::Options { status };
     let report = match runtime(None) {
         Ok(rt) => rt.block_on(crossbar::doctor::run(&cfg, opts)),
         Err(e) => return report(Err(e)),

@@ -90,12 +90,22 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let source = config.source.clone();
-    let wanted: u64 = config
+    let listeners: Vec<(String, u64)> = config
         .services
         .iter()
-        .flat_map(|s| s.listen.iter().map(|l| l.max_connections as u64))
-        .sum();
-    if let Err(e) = crate::system::raise_nofile(wanted) {
+        .flat_map(|s| {
+            s.listen
+                .iter()
+                .map(|l| (format!("{} {}", s.name, l.addr), l.max_connections as u64))
+        })
+        .collect();
+    let wanted: u64 = listeners.iter().map(|(_, n)| n).sum();
+    let drivers = listeners
+        .iter()
+        .map(|(at, n)| format!("{at} max_connections {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Err(e) = crate::system::raise_nofile(wanted, &drivers) {
         tracing::warn!("cannot read the open-file limit: {e}");
     }
     // The token first: a bad token file stops the start before anything is bound.
@@ -166,7 +176,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         tokio::select! {
             _ = hup.recv() => {
                 // Logged and counted inside; on failure the running config stays.
-                let _outcome: Result<(), String> = server.reload_file();
+                let _outcome: Result<(), String> = server.reload_file().await;
             }
             _ = term.recv() => break,
             _ = int.recv() => break,

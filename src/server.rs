@@ -3,7 +3,9 @@
 //!
 //! Connection tasks hold an `Arc<Service>` of the config they were accepted under,
 //! so a reload never changes an established connection; each listen address keeps
-//! its socket across reloads and only its routing table is swapped.
+//! its socket across reloads and only its routing table (and its limit, backlog)
+//! changes. A reload is a transaction: `Server::prepare` does everything that can
+//! fail without writing live state, then one commit under the state lock applies it.
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -11,15 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::LogLimiter;
 use crate::config::{Config, ListenConfig, ServiceConfig};
-use crate::listener::{self, BindError};
+use crate::listener::{self, BindError, ConnLimit};
 use crate::metrics::Metrics;
-use crate::service::{ListenerRoutes, Service, Shared};
+use crate::service::{prepare_table, ListenerRoutes, PreparedTable, Service, Shared};
 
 /// How often each stick table's sweeper removes expired entries.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -29,12 +30,49 @@ const FIRST_PROBE_WAIT: Duration = Duration::from_secs(1);
 /// After the shutdown grace period, how long cut connections get to finish logging.
 const HARD_STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// Signals the end of a ticket-key learner's first probe round.
+type Probe = tokio::sync::oneshot::Receiver<()>;
+
 struct ListenerHandle {
     routes: Arc<ArcSwap<ListenerRoutes>>,
     local: SocketAddr,
     stop: CancellationToken,
-    /// A duplicate of the listening socket, to hand to a successor on upgrade.
+    /// A duplicate of the listening socket: to hand to a successor on upgrade, and
+    /// to apply a reload's new backlog. Closed at shutdown.
     fd: Option<OwnedFd>,
+    /// Its `max_connections`, resized by a reload.
+    limit: Arc<ConnLimit>,
+    /// The settings in force (the first sharing service's `listen` entry).
+    config: ListenConfig,
+}
+
+impl ListenerHandle {
+    /// Apply a reload's settings to this kept listener: `max_connections` at once
+    /// (see [`ConnLimit`]), a new `backlog` by listen(2) again. (A `freebind` change
+    /// never gets here: [`check_kept_listeners`] refuses it before the commit.)
+    fn update(&mut self, mut new: ListenConfig) {
+        if new.max_connections != self.config.max_connections {
+            self.limit.set_max(new.max_connections);
+            tracing::info!(listen = %self.local, max_connections = new.max_connections, "listener limit changed");
+        }
+        if new.backlog != self.config.backlog {
+            match self
+                .fd
+                .as_ref()
+                .map(|fd| listener::set_backlog(fd, new.backlog))
+            {
+                Some(Ok(())) => {
+                    tracing::info!(listen = %self.local, backlog = new.backlog, "listener backlog changed")
+                }
+                Some(Err(e)) => {
+                    tracing::error!(listen = %self.local, "setting backlog {} failed, keeping {}: {e}", new.backlog, self.config.backlog);
+                    new.backlog = self.config.backlog;
+                }
+                None => {} // shutting down: the socket is closing
+            }
+        }
+        self.config = new;
+    }
 }
 
 /// Identifies a listener across reloads: its address, or for port 0 (an ephemeral
@@ -55,6 +93,24 @@ impl ListenKey {
     }
 }
 
+/// One listen address of a config and the services (indices, config order) on it.
+struct ListenGroup {
+    key: ListenKey,
+    config: ListenConfig,
+    services: Vec<usize>,
+}
+
+/// A configuration made ready off to the side by [`Server::prepare`]: everything
+/// that can fail is done, nothing live is written yet.
+struct Prepared {
+    config: Config,
+    /// Each service's stick table (config order), kept or new.
+    tables: Vec<Option<PreparedTable>>,
+    groups: Vec<ListenGroup>,
+    /// Sockets bound for the addresses the running config does not listen on.
+    fresh: HashMap<ListenKey, tokio::net::TcpListener>,
+}
+
 struct State {
     /// Shared with readers (the status page, the API): reading it copies nothing.
     config: Arc<Config>,
@@ -68,6 +124,21 @@ pub enum ServerError {
     /// A listen address could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
+    /// A kept listen address changed `freebind`, which only matters when binding.
+    #[error(
+        "listen {addr}: `freebind` changed to {now}, which applies only when the address is bound, \
+         and it is bound already: restart crossbar to apply it (or remove the address in one reload \
+         and add it back in the next)"
+    )]
+    FreebindChanged {
+        /// The address.
+        addr: SocketAddr,
+        /// The new setting.
+        now: bool,
+    },
+    /// Preparing the stick tables failed unexpectedly (the task preparing them ended).
+    #[error("preparing the stick tables failed: {0}")]
+    Tables(String),
 }
 
 /// A running balancer.
@@ -82,6 +153,8 @@ pub struct Server {
     /// last one (saves of one file never overlap: see [`crate::stick::StickTable::save`]).
     savers: TaskTracker,
     accepting: CancellationToken,
+    /// Held by a reload from start to commit: reloads run one at a time.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl Server {
@@ -114,8 +187,9 @@ impl Server {
             tracker: TaskTracker::new(),
             savers: TaskTracker::new(),
             accepting: CancellationToken::new(),
+            reloading: tokio::sync::Mutex::new(()),
         });
-        let probes = server.apply(config)?;
+        let probes = server.apply(config).await?;
         let first_round = async {
             for rx in probes {
                 let _ = rx.await; // ok: a probe task that ended early counts as done
@@ -183,28 +257,31 @@ impl Server {
         self.lock()
             .listeners
             .iter()
+            .filter(|(k, _)| k.owner.is_none())
             .filter_map(|(k, h)| Some((k.addr, h.fd.as_ref()?.try_clone().ok()?)))
             .collect()
     }
 
     /// Replace the running configuration: services rebuilt (stick tables and backend
     /// state carried over by name), new addresses bound, removed ones closed, kept
-    /// ones re-routed. Established connections are untouched.
-    pub fn reload(&self, config: Config) -> Result<(), ServerError> {
-        self.apply(config).map(drop)
+    /// ones re-routed and their limits and backlog changed. Established connections
+    /// are untouched. On error nothing changed (see `Server::apply`).
+    pub async fn reload(&self, config: Config) -> Result<(), ServerError> {
+        self.apply(config).await.map(drop)
     }
 
     /// Re-read the config file and apply it; on any error keep the running config.
     /// Logs and counts the outcome (SIGHUP and `POST /api/reload` both come here);
     /// the error is the reason, for the admin API to return. The admin endpoint itself
     /// (listen address, token) is not reloaded: that needs a restart.
-    pub fn reload_file(&self) -> Result<(), String> {
+    pub async fn reload_file(&self) -> Result<(), String> {
         let path = self.config().source.clone();
         tracing::info!(config = %path.display(), "reloading");
         crate::system::sd_notify("RELOADING=1");
-        let result = Config::load(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|cfg| self.reload(cfg).map_err(|e| e.to_string()));
+        let result = match load_config(path).await {
+            Ok(cfg) => self.reload(cfg).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
         crate::system::sd_notify("READY=1");
         self.metrics().process.note_reload(&result);
         match result {
@@ -223,97 +300,172 @@ impl Server {
         }
     }
 
-    /// Apply a configuration; returns the first-round signals of the new ticket-key
-    /// learners.
-    fn apply(
+    /// Apply a configuration as one transaction; returns the first-round signals of
+    /// the new ticket-key learners. Reloads run one at a time. Everything that can
+    /// fail (reading state files, binding new addresses, refusing a listener change
+    /// that can't be applied) happens off to the side in [`Server::prepare`]; the
+    /// commit that follows cannot fail. So a failed reload leaves routes, backend
+    /// states, stick tables, metrics and listener limits exactly as they were.
+    async fn apply(&self, config: Config) -> Result<Vec<Probe>, ServerError> {
+        let _one_at_a_time = self.reloading.lock().await;
+        let prepared = self.prepare(config).await?;
+        Ok(self.commit(prepared))
+    }
+
+    /// Build the new runtime off to the side: choose (and load) stick tables, group
+    /// the listen addresses, check what changes on kept ones, bind new ones. Writes
+    /// nothing live; the state lock is held only to copy what the running config has.
+    async fn prepare(&self, config: Config) -> Result<Prepared, ServerError> {
+        let (old, running) = {
+            let st = self.lock();
+            let running: HashMap<ListenKey, ListenConfig> = st
+                .listeners
+                .iter()
+                .map(|(k, h)| (k.clone(), h.config.clone()))
+                .collect();
+            (st.services.clone(), running)
+        };
+        let groups = listen_groups(&config);
+        check_kept_listeners(&groups, &running)?;
+        let tables = prepare_tables(&config, old).await?;
+        let fresh = self.bind_new(&groups, &running)?;
+        Ok(Prepared {
+            config,
+            tables,
+            groups,
+            fresh,
+        })
+    }
+
+    /// Bind every listen address the running config does not listen on yet (or take
+    /// the socket a predecessor handed over). If one fails, the ones bound here close.
+    fn bind_new(
         &self,
-        config: Config,
-    ) -> Result<Vec<tokio::sync::oneshot::Receiver<()>>, ServerError> {
-        let mut st = self.lock();
-        let services: Vec<Arc<Service>> = config
-            .services
-            .iter()
-            .map(|sc| {
-                let old = st.services.iter().find(|s| s.name() == sc.name);
-                Service::build(sc, old, &self.shared.metrics)
-            })
-            .collect();
-
-        // Group listen addresses.
-        let mut by_addr: Vec<(ListenKey, ListenConfig, Vec<Arc<Service>>)> = Vec::new();
-        for svc in &services {
-            for (i, l) in svc.config.listen.iter().enumerate() {
-                let key = ListenKey::new(&svc.config, i, l);
-                match by_addr.iter_mut().find(|(k, _, _)| *k == key) {
-                    Some((_, _, list)) => list.push(svc.clone()),
-                    None => by_addr.push((key, l.clone(), vec![svc.clone()])),
-                }
-            }
-        }
-
-        // Bind new addresses first: if one fails, nothing changes.
+        groups: &[ListenGroup],
+        running: &HashMap<ListenKey, ListenConfig>,
+    ) -> Result<HashMap<ListenKey, tokio::net::TcpListener>, ServerError> {
         let mut fresh = HashMap::new();
         let mut inherited = self.inherited.lock().unwrap_or_else(|e| e.into_inner());
-        for (key, l, _) in &by_addr {
-            if st.listeners.contains_key(key) {
-                continue;
-            }
-            let sock = match inherited.remove(&l.addr).filter(|_| key.owner.is_none()) {
+        for g in groups.iter().filter(|g| !running.contains_key(&g.key)) {
+            let l = &g.config;
+            let sock = match inherited.remove(&l.addr).filter(|_| g.key.owner.is_none()) {
                 Some(std_sock) => tokio::net::TcpListener::from_std(std_sock)
                     .map_err(|source| BindError::new(l.addr, source))?,
                 None => listener::bind(l)?,
             };
-            fresh.insert(key.clone(), sock);
+            fresh.insert(g.key.clone(), sock);
         }
-        drop(inherited);
+        Ok(fresh)
+    }
 
+    /// Make a prepared configuration the running one, in one step under the state
+    /// lock: build the services (this is where backend state, stick lifetimes and
+    /// metric registrations are written), swap every listener's routes, retire what
+    /// the new config drops, start the new services' tasks. Cannot fail.
+    fn commit(&self, p: Prepared) -> Vec<Probe> {
+        let mut st = self.lock();
+        let services: Vec<Arc<Service>> = p
+            .config
+            .services
+            .iter()
+            .zip(p.tables)
+            .map(|(sc, table)| {
+                let old = st.services.iter().find(|s| s.name() == sc.name);
+                Service::build(sc, old, table, &self.shared.metrics)
+            })
+            .collect();
+        let listeners = self.commit_listeners(&mut st, p.groups, p.fresh, &services);
+        let old_listeners = std::mem::replace(&mut st.listeners, listeners);
+        let old_services = std::mem::replace(&mut st.services, services.clone());
+        self.retire(old_listeners, &old_services, &services);
+        let probes = self.spawn_services(&services);
+        self.shared.confirm_budget.set_rate(p.config.confirm_budget);
+        st.config = Arc::new(p.config);
+        probes
+    }
+
+    /// The listeners of the new config: kept ones get their new routes and settings
+    /// (taken out of `st`), new ones start accepting on their fresh socket.
+    fn commit_listeners(
+        &self,
+        st: &mut State,
+        groups: Vec<ListenGroup>,
+        mut fresh: HashMap<ListenKey, tokio::net::TcpListener>,
+        services: &[Arc<Service>],
+    ) -> HashMap<ListenKey, ListenerHandle> {
         let mut listeners = HashMap::new();
-        for (key, l, svcs) in by_addr {
+        for g in groups {
+            let svcs = g.services.iter().map(|&i| services[i].clone()).collect();
             let routes = Arc::new(ListenerRoutes::build(svcs));
-            if let Some(h) = st.listeners.remove(&key) {
+            if let Some(mut h) = st.listeners.remove(&g.key) {
                 h.routes.store(routes);
-                listeners.insert(key, h);
-                continue;
+                h.update(g.config);
+                listeners.insert(g.key, h);
+            } else if let Some(sock) = fresh.remove(&g.key) {
+                let handle = self.start_listener(sock, g.config, routes);
+                listeners.insert(g.key, handle);
             }
-            let Some(sock) = fresh.remove(&key) else {
-                continue;
-            };
-            let local = sock.local_addr().unwrap_or(l.addr);
-            let handle = ListenerHandle {
-                routes: Arc::new(ArcSwap::new(routes)),
-                local,
-                stop: self.accepting.child_token(),
-                fd: key
-                    .owner
-                    .is_none()
-                    .then(|| sock.as_fd().try_clone_to_owned().ok())
-                    .flatten(),
-            };
-            self.spawn_accept(sock, &l, &handle);
-            tracing::info!(listen = %local, "listening");
-            listeners.insert(key, handle);
         }
-        // Addresses no longer configured stop accepting; their connections continue.
-        for (_, h) in st.listeners.drain() {
+        listeners
+    }
+
+    /// Start accepting on a freshly bound socket.
+    fn start_listener(
+        &self,
+        sock: tokio::net::TcpListener,
+        config: ListenConfig,
+        routes: Arc<ListenerRoutes>,
+    ) -> ListenerHandle {
+        let handle = ListenerHandle {
+            routes: Arc::new(ArcSwap::new(routes)),
+            local: sock.local_addr().unwrap_or(config.addr),
+            stop: self.accepting.child_token(),
+            fd: sock.as_fd().try_clone_to_owned().ok(),
+            limit: ConnLimit::new(config.max_connections),
+            config,
+        };
+        self.spawn_accept(sock, &handle);
+        tracing::info!(listen = %handle.local, "listening");
+        handle
+    }
+
+    /// After the commit: addresses no longer configured stop accepting (their
+    /// connections continue); old services' background tasks stop; backends the new
+    /// config removed leave the stick tables and the metrics.
+    fn retire(
+        &self,
+        listeners: HashMap<ListenKey, ListenerHandle>,
+        old: &[Arc<Service>],
+        new: &[Arc<Service>],
+    ) {
+        for h in listeners.into_values() {
             tracing::info!(listen = %h.local, "listener removed");
             h.stop.cancel();
         }
-        // Old services' background tasks stop; removed backends leave the tables.
-        for old in &st.services {
-            old.tasks.cancel();
-            if let Some(new) = services.iter().find(|s| s.name() == old.name()) {
-                for b in &old.pool.backends {
-                    if new.pool.get(&b.name).is_none() {
-                        if let Some(t) = &new.table {
-                            t.remove_backend(&b.name);
-                        }
-                        self.shared.metrics.forget_backend(old.name(), &b.name);
-                    }
+        for o in old {
+            o.tasks.cancel();
+            let Some(n) = new.iter().find(|s| s.name() == o.name()) else {
+                continue;
+            };
+            for b in o
+                .pool
+                .backends
+                .iter()
+                .filter(|b| n.pool.get(&b.name).is_none())
+            {
+                if let Some(t) = &n.table {
+                    t.remove_backend(&b.name);
                 }
+                self.shared.metrics.forget_backend(o.name(), &b.name);
             }
         }
+    }
+
+    /// Start the committed services' tasks (health checks, sweeper, ticket-key
+    /// learners, saver) and publish their stick tables to the metrics.
+    fn spawn_services(&self, services: &[Arc<Service>]) -> Vec<Probe> {
         let mut probes = Vec::new();
-        for svc in &services {
+        for svc in services {
             self.spawn_service_tasks(svc);
             probes.extend(crate::ticket_keys::spawn(svc));
             spawn_saver(svc, &self.savers);
@@ -324,20 +476,16 @@ impl Server {
                 .filter_map(|s| s.table.clone().map(|t| (s.name().to_string(), t)))
                 .collect(),
         );
-        st.listeners = listeners;
-        st.services = services;
-        self.shared.confirm_budget.set_rate(config.confirm_budget);
-        st.config = Arc::new(config);
-        Ok(probes)
+        probes
     }
 
-    fn spawn_accept(&self, sock: tokio::net::TcpListener, l: &ListenConfig, h: &ListenerHandle) {
+    fn spawn_accept(&self, sock: tokio::net::TcpListener, h: &ListenerHandle) {
         let routes = h.routes.clone();
         let shared = self.shared.clone();
         let tracker = self.tracker.clone();
         let label: Arc<str> = Arc::from(h.local.to_string());
         let metrics = shared.metrics.listener(&label);
-        let limit = Arc::new(Semaphore::new(l.max_connections));
+        let limit = h.limit.clone();
         let stop = h.stop.clone();
         let keepalive = {
             let routes = routes.clone();
@@ -377,26 +525,12 @@ impl Server {
         }
     }
 
-    /// Save every stick table that has a `state_file`.
-    pub fn save_tables(&self) {
-        for svc in self.services() {
-            let (Some(t), Some(path)) = (
-                &svc.table,
-                svc.config
-                    .stick
-                    .as_ref()
-                    .and_then(|s| s.state_file.as_ref()),
-            ) else {
-                continue;
-            };
-            match t.save(path) {
-                Ok(n) => {
-                    tracing::info!(service = %svc.name(), entries = n, "stick table saved to {}", path.display())
-                }
-                Err(e) => {
-                    tracing::error!(service = %svc.name(), "saving stick table to {} failed: {e}", path.display())
-                }
-            }
+    /// Save every stick table that has a `state_file`, on a blocking thread (file
+    /// I/O stays off the runtime workers).
+    pub async fn save_tables(&self) {
+        let services = self.services();
+        if let Err(e) = tokio::task::spawn_blocking(move || save_all(&services)).await {
+            tracing::error!("saving the stick tables failed: {e}");
         }
     }
 
@@ -422,7 +556,7 @@ impl Server {
             .await
             .is_ok()
         {
-            self.save_tables();
+            self.save_tables().await;
             return 0;
         }
         let cut = self.tracker.len();
@@ -438,7 +572,7 @@ impl Server {
         {
             tracing::error!("some connections did not close after the hard stop");
         }
-        self.save_tables();
+        self.save_tables().await;
         cut
     }
 
@@ -488,4 +622,91 @@ fn spawn_saver(svc: &Arc<Service>, savers: &TaskTracker) {
             }
         }
     });
+}
+
+/// Save every stick table of `services` that has a `state_file` (blocking I/O).
+fn save_all(services: &[Arc<Service>]) {
+    for svc in services {
+        let (Some(t), Some(path)) = (
+            &svc.table,
+            svc.config
+                .stick
+                .as_ref()
+                .and_then(|s| s.state_file.as_ref()),
+        ) else {
+            continue;
+        };
+        match t.save(path) {
+            Ok(n) => {
+                tracing::info!(service = %svc.name(), entries = n, "stick table saved to {}", path.display())
+            }
+            Err(e) => {
+                tracing::error!(service = %svc.name(), "saving stick table to {} failed: {e}", path.display())
+            }
+        }
+    }
+}
+
+/// Load the config file on a blocking thread: a reload reads it while serving.
+async fn load_config(path: std::path::PathBuf) -> Result<Config, String> {
+    match tokio::task::spawn_blocking(move || Config::load(&path)).await {
+        Ok(loaded) => loaded.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("reading the config file failed: {e}")),
+    }
+}
+
+/// The listen addresses of `config`, each with the services (indices) on it.
+fn listen_groups(config: &Config) -> Vec<ListenGroup> {
+    let mut groups: Vec<ListenGroup> = Vec::new();
+    for (si, sc) in config.services.iter().enumerate() {
+        for (i, l) in sc.listen.iter().enumerate() {
+            let key = ListenKey::new(sc, i, l);
+            match groups.iter_mut().find(|g| g.key == key) {
+                Some(g) => g.services.push(si),
+                None => groups.push(ListenGroup {
+                    key,
+                    config: l.clone(),
+                    services: vec![si],
+                }),
+            }
+        }
+    }
+    groups
+}
+
+/// Refuse what a kept listen address can't change without a new socket: `freebind`
+/// only matters when binding, and the address is bound already. (A rebind would
+/// drop the connections queued on the socket; a refusal is clear, ignoring is not.)
+fn check_kept_listeners(
+    groups: &[ListenGroup],
+    running: &HashMap<ListenKey, ListenConfig>,
+) -> Result<(), ServerError> {
+    for g in groups {
+        if let Some(now) = running.get(&g.key) {
+            if now.freebind != g.config.freebind {
+                return Err(ServerError::FreebindChanged {
+                    addr: g.config.addr,
+                    now: g.config.freebind,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Choose every service's stick table off to the side (see [`prepare_table`]), on a
+/// blocking thread: a new table is filled from its state file.
+async fn prepare_tables(
+    config: &Config,
+    old: Vec<Arc<Service>>,
+) -> Result<Vec<Option<PreparedTable>>, ServerError> {
+    let services = config.services.clone();
+    tokio::task::spawn_blocking(move || {
+        services
+            .iter()
+            .map(|sc| prepare_table(sc, old.iter().find(|s| s.name() == sc.name)))
+            .collect()
+    })
+    .await
+    .map_err(|e| ServerError::Tables(e.to_string()))
 }

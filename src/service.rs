@@ -55,13 +55,16 @@ impl Service {
         })
     }
 
-    /// Build a service from its config. `old`, the same-named service of the running
-    /// config, hands over its backends' live state and queue (see [`Pool::new`])
-    /// and its stick table when its size is unchanged (with the new lifetimes applied:
-    /// `expire`, `source_expire`, `source` added to or removed from `stick.on`).
+    /// Build a service from its config, as the commit step of a reload does: this
+    /// writes live state and cannot fail. `old`, the same-named service of the running
+    /// config, hands over its backends' live state and queue (see [`Pool::new`]);
+    /// `table` is the stick table [`prepare_table`] chose off to the side. A kept
+    /// table takes the new lifetimes here (`expire`, `source_expire`, `source` added
+    /// to or removed from `stick.on`), never before the commit.
     pub fn build(
         sc: &ServiceConfig,
         old: Option<&Arc<Service>>,
+        table: Option<PreparedTable>,
         metrics: &Arc<Metrics>,
     ) -> Arc<Service> {
         let pool = Pool::new(
@@ -75,7 +78,16 @@ impl Service {
             |b| metrics.backend(&sc.name, &b.name),
             old.map(|o| &o.pool),
         );
-        let table = sc.stick.as_ref().map(|st| stick_table(sc, st, old));
+        let table = table.map(|t| match t {
+            PreparedTable::Kept(t) => {
+                if let Some(st) = &sc.stick {
+                    let params = table_params(st);
+                    t.set_lifetimes(params.expire, params.source_expire);
+                }
+                t
+            }
+            PreparedTable::New(t) => t,
+        });
         Arc::new(Service {
             config: sc.clone(),
             pool,
@@ -141,21 +153,28 @@ impl BackendIndex for Pool {
     }
 }
 
-/// The stick table of a service being built: the running one if its size is
-/// unchanged (a reload keeps every entry; the new lifetimes apply to old entries too),
-/// else a new one filled from the `state_file` if there is one.
-fn stick_table(
-    sc: &ServiceConfig,
-    st: &StickConfig,
-    old: Option<&Arc<Service>>,
-) -> Arc<StickTable> {
-    let params = table_params(st);
+/// The stick table of a service being prepared, chosen off to the side (nothing
+/// live is written; see [`Service::build`] for the commit).
+#[derive(Debug)]
+pub enum PreparedTable {
+    /// The running table, kept because its size is unchanged (a reload keeps every
+    /// entry; the new lifetimes apply to old entries too, from the commit on).
+    Kept(Arc<StickTable>),
+    /// A new table, filled from the `state_file` if there is one; nobody uses it yet.
+    New(Arc<StickTable>),
+}
+
+/// Choose the stick table of `sc`: the running one if its size is unchanged, else a
+/// new one filled from the `state_file`. Reads that file: call it on a blocking
+/// thread, never on a runtime worker or under a lock (see
+/// [`StickTable::load`], which never waits on a FIFO).
+pub fn prepare_table(sc: &ServiceConfig, old: Option<&Arc<Service>>) -> Option<PreparedTable> {
+    let st = sc.stick.as_ref()?;
     let same_size = |o: &&Arc<Service>| o.config.stick.as_ref().is_some_and(|p| p.size == st.size);
     if let Some(t) = old.filter(same_size).and_then(|o| o.table.clone()) {
-        t.set_lifetimes(params.expire, params.source_expire);
-        return t;
+        return Some(PreparedTable::Kept(t));
     }
-    let t = StickTable::new(params);
+    let t = StickTable::new(table_params(st));
     if let Some(path) = &st.state_file {
         let names: Vec<&str> = sc.backends.iter().map(|b| b.name.as_str()).collect();
         match t.load(path, &names) {
@@ -168,7 +187,7 @@ fn stick_table(
             }
         }
     }
-    Arc::new(t)
+    Some(PreparedTable::New(Arc::new(t)))
 }
 
 fn table_params(st: &StickConfig) -> TableParams {

@@ -20,8 +20,9 @@ pub fn fd_budget(max_connections: u64, workers: u64) -> u64 {
 
 /// Raise RLIMIT_NOFILE's soft limit to the hard limit and return the new soft limit.
 /// Warns when `max_connections` (the sum over listeners) can't be reached with it
-/// (see [`fd_budget`]; the worker count is the current runtime's).
-pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
+/// (see [`fd_budget`]; the worker count is the current runtime's); `drivers` names
+/// the listeners' settings behind the sum, for the warning.
+pub fn raise_nofile(max_connections: u64, drivers: &str) -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -49,10 +50,16 @@ pub fn raise_nofile(max_connections: u64) -> io::Result<u64> {
         .unwrap_or(1);
     let needed = fd_budget(max_connections, workers);
     if needed > soft {
+        let (per_conn, per_worker) = crate::relay::pipe_fds();
         tracing::warn!(
             limit = soft,
             needed,
-            "open-file limit too low for the configured max_connections; raise LimitNOFILE (systemd) or `ulimit -n`"
+            "open-file limit {soft} is below the {needed} descriptors the listeners' \
+             `max_connections` can need ({drivers}: {max_connections} connections x {} \
+             + {workers} workers x {per_worker} pooled pipe ends + {FD_RESERVE} reserve): \
+             raise LimitNOFILE (systemd) or `ulimit -n`, or lower `max_connections` \
+             (per listener, or `defaults.max_connections`)",
+            SOCKETS_PER_CONNECTION + per_conn,
         );
     }
     Ok(soft)
@@ -107,7 +114,7 @@ mod tests {
 
     #[test]
     fn nofile_is_at_least_what_it_was() {
-        let soft = raise_nofile(10).unwrap();
+        let soft = raise_nofile(10, "test").unwrap();
         assert!(soft >= 64);
     }
 

@@ -346,15 +346,9 @@ pub async fn get(
     })
 }
 
-/// A test cannot find a tool it needs (`what` says which and how to get it). In CI
-/// (`CI=true`, where `.ci/run` installs every tool) that fails the test, so a
-/// missing tool can never pass as a skip; elsewhere the test prints SKIPPED and the
-/// caller returns.
-pub fn missing_tool(test: &str, what: &str) {
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    assert!(
-        !ci,
-        "{test}: {what}; CI=true, so this is a failure (.ci/run installs it)"
-    );
-    eprintln!("SKIPPED {test}: {what}");
+/// A test cannot find a tool it needs (`what` says which and how to get it): the
+/// test fails, always. A test that could not run must never count as passed;
+/// `tests/run.sh` (the README's test command) installs every tool first.
+pub fn missing_tool(test: &str, what: &str) -> ! {
+    panic!("{test} cannot run: {what} (tests/run.sh installs it)")
 }

@@ -119,7 +119,7 @@ async fn learn_key_name(svc: &Service, b: &Backend) {
     let Some(stick) = &svc.config.stick else {
         return;
     };
-    let name = server_name(svc, b);
+    let name = crate::health::server_name_for(&svc.config, &b.config).0;
     match ask_key_name(
         b.config.proxy_protocol,
         &b.config.address,
@@ -138,17 +138,6 @@ async fn learn_key_name(svc: &Service, b: &Backend) {
         }
         Err(e) => tracing::debug!(service = %svc.name(), backend = %b.name, "probe: {e}"),
     }
-}
-
-/// The name the probe sends as SNI: the service's first exact server name, else the
-/// backend's host.
-fn server_name(svc: &Service, b: &Backend) -> ServerName<'static> {
-    let exact = svc.config.server_names.iter().find(|n| !n.starts_with('*'));
-    let host = exact
-        .cloned()
-        .unwrap_or_else(|| b.config.address.host.clone());
-    ServerName::try_from(host)
-        .unwrap_or(ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()))
 }
 
 /// Ask the backend at `addr` for tickets; `Some(prefix)` when every ticket received
@@ -445,8 +434,7 @@ mod openssl_tests {
             crate::testbed::missing_tool(
                 "openssl_s_server_key_names",
                 "`openssl s_server` did not start (apt-get install openssl)",
-            );
-            return;
+            )
         };
         let addr = |s: std::net::SocketAddr| BackendAddress {
             host: "127.0.0.1".into(),

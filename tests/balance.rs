@@ -186,7 +186,7 @@ async fn source_is_stable_per_client_and_a_new_backend_moves_only_its_share() {
         assert!(before.contains(&b.name), "{} unused: {before:?}", b.name);
     }
 
-    lb.reload(&tcp_yaml("source", "", &lines(&bs)));
+    lb.reload(&tcp_yaml("source", "", &lines(&bs))).await;
     let after = source_map(&lb, CLIENTS).await;
 
     let moved: Vec<usize> = (0..before.len())

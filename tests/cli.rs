@@ -128,6 +128,23 @@ fn demo_runs_and_keeps_every_resumption_on_its_backend() {
         assert!(stdout.contains(line), "no {line:?}:\n{stdout}");
     }
     assert!(stdout.contains("stick tables:"), "{stdout}");
+
+    // Each step once, in order; the CA step announces as many agents as it lists.
+    let steps: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(". ").map(|(n, _)| n))
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .collect();
+    assert_eq!(steps, ["1", "2", "3", "4"], "{stdout}");
+    let ca_step = stdout.split("\n2. ").next().unwrap_or_default();
+    let agents = ca_step.lines().filter(|l| l.contains(" -> ca")).count();
+    assert_eq!(agents, 5, "{stdout}");
+    assert!(ca_step.contains("five agents"), "{stdout}");
+    // It exits at once without --serve: no address to open in a browser.
+    assert!(
+        !stdout.contains("browser") && !stdout.contains("http://"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -182,14 +199,70 @@ fn check_opens_the_files_the_config_names_and_names_their_lines() {
 
 #[test]
 fn check_without_c_reads_the_packaged_path() {
-    let out = crossbar(&["check"]);
+    // Where the package is installed, its directory is hidden behind an empty tmpfs
+    // in a private mount namespace: the test checks the same thing on every machine.
+    let out = if Path::new("/etc/crossbar").exists() {
+        Command::new("unshare")
+            .args(["-m", "sh", "-c"])
+            .arg(r#"mount -t tmpfs none /etc/crossbar && exec "$0" check"#)
+            .arg(env!("CARGO_BIN_EXE_crossbar"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("unshare (util-linux) runs")
+    } else {
+        crossbar(&["check"])
+    };
     let stderr = text(&out.stderr);
-    if Path::new("/etc/crossbar/crossbar.yaml").exists() {
-        return; // the package is installed here; tests/package/run.sh covers it
-    }
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.starts_with("/etc/crossbar/crossbar.yaml: cannot read: "),
         "{stderr}"
+    );
+}
+
+/// Five different mistakes in one file (a key written twice, an unknown key, a
+/// port out of range, a duration without a unit, a file that does not exist):
+/// one `check` run names all five, each at its line and column.
+#[test]
+fn check_lists_every_kind_of_problem_in_one_run() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/config/check/five_mistakes.yaml");
+    let path = fixture.to_str().unwrap();
+    let out = crossbar(&["check", "-c", path]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let want = [
+        "6:14: services.puppet.listen[0]: `127.0.0.1:81400` is not a listen address",
+        "8:26: services.puppet.timeouts.connect: a duration needs a unit",
+        "11:16: services.puppet.health.ca_file: cannot read /nonexistent/crossbar-test/ca.pem",
+        "13:48: services.puppet.backends[0].weigth: unknown key `weigth`",
+        "14:5: services.puppet.balance: `balance` is written twice; the first is at line 7",
+    ];
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), want.len(), "{stderr}");
+    for (line, want) in lines.iter().zip(want) {
+        assert!(
+            line.starts_with(&format!("{path}:{want}")),
+            "{want:?}:\n{stderr}"
+        );
+    }
+}
+
+/// `check` names the relay of every service, the default included.
+#[test]
+fn check_prints_the_relay_of_every_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.yaml");
+    std::fs::write(
+        &path,
+        "admin: { enabled: false }\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n",
+    )
+    .unwrap();
+    let out = crossbar(&["check", "-c", path.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("relay: service puppet uses splice-auto (the default)\n"),
+        "{stdout}"
     );
 }

@@ -13,6 +13,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ServerConfig, SupportedProtocolVersion};
 use tokio::io::AsyncReadExt;
@@ -181,7 +182,7 @@ fn config(service: &str, svc_yaml: &str, backends: &[(&str, SocketAddr, &str)]) 
 }
 
 async fn doctor_run(cfg: &Config, status: bool) -> Report {
-    let r = doctor::run(cfg, doctor::Options { status }).await;
+    let r = doctor::run(cfg, doctor::Options { status, wide: true }).await;
     eprintln!("{}", r.table());
     r
 }
@@ -361,6 +362,19 @@ async fn ca_service_primary_and_standby_must_serve_the_same_ca() {
         warnings.len() == 1 && warnings[0].contains("ca2 serve no CA certificate"),
         "{warnings:?}"
     );
+
+    // Neither serves one: a warning too, not silence.
+    let only_tls = [
+        ("ca1", not_ca.addr, ""),
+        ("ca2", not_ca.addr, ", backup: true"),
+    ];
+    let r = doctor_run(&config("puppetca", svc, &only_tls), false).await;
+    assert_eq!(r.exit_code, 1, "{:?}", r.findings);
+    let warnings = messages(&r, Severity::Warning);
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("no backend serves a Puppet CA certificate"),
+        "{warnings:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,4 +503,218 @@ async fn a_backend_without_tls_is_an_error_only_in_tls_mode() {
     assert!(messages(&r, Severity::Info)
         .iter()
         .any(|m| m.starts_with("plain: no TLS handshake")));
+}
+
+/// Exit 2 with exactly one error, which contains every `want`; the error.
+fn the_one_error(r: &Report, want: &[&str]) -> String {
+    assert_eq!(r.exit_code, 2, "{:?}", r.findings);
+    let errors = messages(r, Severity::Error);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    for w in want {
+        assert!(errors[0].contains(w), "{w:?} missing from {}", errors[0]);
+    }
+    errors[0].clone()
+}
+
+/// A PEM file in `dir` holding `pem`.
+fn pem_file(dir: &tempfile::TempDir, name: &str, pem: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, pem).unwrap();
+    path
+}
+
+/// Three backends given by IP address, certificates carrying only the name agents
+/// dial (`names`), and an https check verifying against the right CA without
+/// `health.server_name`: `run`'s checker verifies against the IP and takes every
+/// backend down, so the doctor must say so, as an error, with the setting to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ip_backends_checked_without_server_name_are_an_error_naming_the_fix() {
+    let ca = Ca::new("Puppet CA: ca1");
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = pem_file(&dir, "ca.pem", &ca.cert.pem());
+    let mut peers = Vec::new();
+    for n in ["c1", "c2", "c3"] {
+        peers.push(peer(Spec::new(ca.leaf(n, &[NAME], 400))).await);
+    }
+    let backends: Vec<(&str, SocketAddr, &str)> = ["c1", "c2", "c3"]
+        .into_iter()
+        .zip(&peers)
+        .map(|(n, p)| (n, p.addr, ""))
+        .collect();
+    let health = |extra: &str| {
+        format!(
+            "    names: [\"{NAME}\"]\n    health: {{ check: https, ca_file: \"{}\"{extra} }}\n",
+            ca_file.display()
+        )
+    };
+    let r = doctor_run(&config("puppet", &health(""), &backends), false).await;
+    the_one_error(
+        &r,
+        &[
+            "no backend of puppet will pass its health check",
+            "against `127.0.0.1`",
+            "the backend's IP address",
+            &format!("DNS:{NAME}"),
+            &format!("set `health.server_name: {NAME}`"),
+        ],
+    );
+    assert!(r.backends.iter().all(|b| !b.inspection.check.passed));
+    assert_eq!(r.backends[0].inspection.server_name, "127.0.0.1");
+    // The fix the message names makes the same backends pass.
+    let fixed = health(&format!(", server_name: {NAME}"));
+    let r = doctor_run(&config("puppet", &fixed, &backends), false).await;
+    assert_eq!(r.exit_code, 0, "{:?}", r.findings);
+    assert!(r.backends.iter().all(|b| b.inspection.check.passed));
+}
+
+/// `health.ca_file` holding another CA: every check fails with UnknownIssuer. The
+/// doctor says it once, as an error, naming the certificate, its issuer, what the
+/// file holds and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_file_is_an_error_naming_issuer_and_file() {
+    let (ca, other) = (Ca::new("Puppet CA: ca1"), Ca::new("Some Other CA"));
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = pem_file(&dir, "wrong-ca.pem", &other.cert.pem());
+    let a = peer(Spec::new(ca.leaf("c1", &[NAME], 400))).await;
+    let b = peer(Spec::new(ca.leaf("c2", &[NAME], 400))).await;
+    let svc = format!(
+        "    names: [\"{NAME}\"]\n    health: {{ check: https, server_name: {NAME}, ca_file: \"{}\" }}\n",
+        wrong.display()
+    );
+    let r = doctor_run(
+        &config("puppet", &svc, &[("c1", a.addr, ""), ("c2", b.addr, "")]),
+        false,
+    )
+    .await;
+    let e = the_one_error(
+        &r,
+        &[
+            "no backend of puppet will pass its health check",
+            "the certificate CN=c1 is issued by CN=Puppet CA: ca1",
+            &format!("not in `health.ca_file` ({})", wrong.display()),
+            "it holds CN=Some Other CA",
+            "Fix: point `health.ca_file` at the certificate of CN=Puppet CA: ca1",
+        ],
+    );
+    assert!(
+        !e.contains("UnknownIssuer") && messages(&r, Severity::Warning).is_empty(),
+        "{:?}",
+        r.findings
+    );
+}
+
+/// A backend whose certificate is an `openssl req -x509` self-signed certificate
+/// (CA:TRUE by default) with `ca_file` pointing at it: TLS clients refuse a CA
+/// certificate as a server's own. The doctor explains that and the openssl fix,
+/// and the fixed certificate (CA:FALSE) passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openssl_req_x509_certificate_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let make = |name: &str, extra: &[&str]| {
+        let (crt, key) = (
+            dir.path().join(format!("{name}.crt")),
+            dir.path().join(format!("{name}.key")),
+        );
+        let mut cmd = std::process::Command::new("openssl");
+        cmd.args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "30",
+        ])
+        .args([
+            "-subj",
+            &format!("/CN={NAME}"),
+            "-addext",
+            &format!("subjectAltName=DNS:{NAME}"),
+        ])
+        .args(extra)
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt);
+        let out = cmd.output().expect("the openssl CLI");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&crt)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivatePkcs8KeyDer::from_pem_file(&key).unwrap();
+        (crt, Identity { chain, key })
+    };
+    for (name, extra, passes) in [
+        ("default", &[][..], false),
+        (
+            "leaf",
+            &["-addext", "basicConstraints=critical,CA:FALSE"][..],
+            true,
+        ),
+    ] {
+        let (crt, identity) = make(name, extra);
+        let p = peer(Spec::new(identity)).await;
+        let svc = format!(
+            "    names: [\"{NAME}\"]\n    health: {{ check: https, server_name: {NAME}, ca_file: \"{}\" }}\n",
+            crt.display()
+        );
+        let r = doctor_run(&config("puppet", &svc, &[("c1", p.addr, "")]), false).await;
+        if passes {
+            assert_eq!(r.exit_code, 0, "{:?}", r.findings);
+            continue;
+        }
+        assert_eq!(r.exit_code, 2, "{:?}", r.findings);
+        let errors = messages(&r, Severity::Error);
+        let e = errors.join("\n");
+        for want in [
+            &format!("the certificate CN={NAME} is a CA certificate"),
+            "`openssl req -x509`",
+            "basicConstraints=critical,CA:FALSE",
+        ] {
+            assert!(e.contains(want), "{want:?} missing from {e}");
+        }
+        assert!(!e.contains("OtherError"), "{e}");
+    }
+}
+
+/// The default table fits 120 columns; `--wide` has the long columns; the relay
+/// line does not repeat itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_table_fits_120_columns() {
+    let ca = Ca::new("Puppet CA: a rather long name for a certificate authority");
+    let long = "compile-master-with-a-long-name.puppet.example.com";
+    let a = peer(Spec::new(ca.leaf(
+        long,
+        &[NAME, long, "c1.example.com"],
+        400,
+    )))
+    .await;
+    let cfg = config(
+        "puppet",
+        "    names: [\"puppet.example.com\"]\n    stick: { on: [session_id, ticket] }\n",
+        &[("compile1", a.addr, "")],
+    );
+    let mut r = doctor::run(&cfg, doctor::Options::default()).await;
+    let table = r.table();
+    eprintln!("{table}");
+    assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");
+    assert!(table.contains("tcp: ok"), "{table}");
+    assert!(
+        table.contains("puppet: splice-auto (the default)"),
+        "{table}"
+    );
+    assert!(!table.contains("(relay: splice-auto"), "{table}");
+    r.wide = true;
+    let wide = r.table();
+    assert!(
+        wide.contains("c1.example.com") && wide.contains("ticket key name"),
+        "{wide}"
+    );
 }

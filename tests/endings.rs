@@ -450,7 +450,8 @@ async fn reset_after_reload_is_still_a_reset() {
     lb.reload(&yaml.replace(
         "    mode: tcp\n",
         "    mode: tcp\n    timeouts: { idle: 10m }\n",
-    ));
+    ))
+    .await;
     gate.notify_one();
 
     let seen = within("the exchange", exchange).await.expect("client task");

@@ -11,10 +11,12 @@
 //! - Active/active: both nodes serve at once; `balance: source` places every source
 //!   the same way on both; TLS resumptions alternating between the nodes return to
 //!   their backend; what happens while the nodes disagree about a backend's health.
+//! - The lab itself: namespaces a killed test left behind are removed by the next
+//!   lab, never those of a test still running.
 //!
 //! Run with `--nocapture` for the figures (the test output is the record; docs/ha.md
-//! quotes it). Needs root, iproute2, keepalived, nftables, curl and openssl: with
-//! `CI=true` a missing one fails the test, elsewhere it skips with a message.
+//! quotes it). Needs root, iproute2, keepalived, nftables, curl, openssl and a JDK
+//! (tests/run.sh installs them): a missing one fails the test.
 mod common;
 
 use std::collections::BTreeMap;
@@ -63,22 +65,20 @@ const DRAIN_CONNS: usize = 16;
 /// Sources for the agreement test.
 const SOURCES: u32 = 1000;
 
-/// Skip (outside CI) or fail (CI) when the lab's tools are missing.
-fn lab_tools() -> bool {
+/// Fails the test when the lab's tools or network namespaces are missing
+/// (tests/run.sh installs the tools; namespaces need root).
+fn lab_tools() {
     let missing: Vec<&str> = ["ip", "keepalived", "nft", "curl", "openssl"]
         .into_iter()
         .filter(|t| !have(t))
         .collect();
     let usable = netns::usable();
-    if missing.is_empty() && usable.is_ok() {
-        return true;
+    if !missing.is_empty() || usable.is_err() {
+        crossbar::testbed::missing_tool(
+            "HA lab",
+            &format!("missing {missing:?}; namespaces: {usable:?}"),
+        );
     }
-    let why = format!("missing {missing:?}; namespaces: {usable:?}");
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("HA tests can't run in CI: {why} (.ci/run installs them)");
-    }
-    eprintln!("SKIPPED (not in CI): HA tests need root and tools: {why}");
-    false
 }
 
 // ---------------------------------------------------------------------------
@@ -621,9 +621,7 @@ async fn pinger(
 
 #[test]
 fn keepalived_pair_moves_the_vip_drains_and_keeps_sessions() -> Result<()> {
-    if !lab_tools() {
-        return Ok(());
-    }
+    lab_tools();
     let lab = Lab::new()?;
     backend_certs(&lab)?;
     let _echo = lab.serve_in(Host::Backends, || echo_backends(ECHO_PORT));
@@ -877,13 +875,11 @@ fn alternating(
 
 #[test]
 fn active_active_nodes_agree_without_talking() -> Result<()> {
-    if !lab_tools() {
-        return Ok(());
-    }
+    lab_tools();
     let lab = Lab::new()?;
     let ca = backend_certs(&lab)?;
     let _echo = lab.serve_in(Host::Backends, || echo_backends(ECHO_PORT));
-    let java = Java::compile().context("no JDK")?;
+    let java = Java::compile();
     let _jdk = jdk_backends(&lab, &java, &ca)?;
     let _sid = openssl_backends(&lab, SID_PORT, &["-no_ticket"])?;
     let _ticket = openssl_backends(&lab, TICKET_PORT, &[])?;
@@ -991,5 +987,60 @@ fn active_active_nodes_agree_without_talking() -> Result<()> {
     let held = p.iter().filter(|(a, b)| a != b).count();
     println!("source (stick.on: [source]) after B sees be1 up again: {agree}/{SOURCES} placed alike; {held} stay where B's table put them until source_expire");
     assert!(p.iter().all(|(a, b)| a == b || a == "be1"));
+    Ok(())
+}
+
+/// A test process killed mid-run (SIGKILL: its `Lab` is never dropped) leaves its
+/// namespaces and what ran in them, a keepalived say. The next lab removes them and
+/// kills what runs there; a lab whose test process still runs (a test beside this
+/// one) is left alone.
+#[test]
+fn a_killed_tests_namespaces_are_removed_by_the_next_lab() -> Result<()> {
+    lab_tools();
+    let exists = |ns: &str| Path::new("/run/netns").join(ns).exists();
+    // The killed test: its PID is free again.
+    let mut killed = std::process::Command::new("true").spawn()?;
+    let dead = killed.id();
+    killed.wait()?;
+    let stale = format!("cbha{dead}x0-a");
+    netns::run(&["ip", "netns", "add", &stale])?;
+    let mut leftover = std::process::Command::new("ip")
+        .args(["netns", "exec", &stale, "sleep", "600"])
+        .spawn()?;
+    // A test still running.
+    let mut running = std::process::Command::new("sleep").arg("600").spawn()?;
+    let live = format!("cbha{}x0-a", running.id());
+    netns::run(&["ip", "netns", "add", &live])?;
+
+    let lab = Lab::new()?;
+    let (stale_removed, live_kept) = (!exists(&stale), exists(&live));
+    let end = Instant::now()
+        + if stale_removed {
+            LAB_WAIT
+        } else {
+            Duration::ZERO
+        };
+    let mut left = leftover.try_wait()?;
+    while left.is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        left = leftover.try_wait()?;
+    }
+    // Clean up what this test made, whatever happened, then judge.
+    for child in [&mut leftover, &mut running] {
+        let _ = child.kill(); // ok: it may be gone already
+        let _ = child.wait(); // ok: as above
+    }
+    for ns in [&stale, &live] {
+        let _ = netns::run(&["ip", "netns", "del", ns]); // ok: may be gone already
+    }
+    drop(lab);
+    assert!(stale_removed, "{stale} (owner gone) is still there");
+    assert!(live_kept, "{live} was removed while its owner runs");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        left.and_then(|s| s.signal()),
+        Some(9),
+        "what ran in the stale namespace was killed"
+    );
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::snapshot::Snapshot;
 use common::*;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use rstest::rstest;
@@ -262,8 +263,11 @@ async fn scrape(admin: SocketAddr) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// SIGHUP with a broken file: the reload is attempted and fails (counted as an
-/// error), and the process keeps serving with the old config.
+/// SIGHUP with a broken file, then with one that checks but can't be applied (an
+/// address in use) and would disable the backend and add another: each reload is
+/// attempted and fails (counted as an error), nothing of either file is applied
+/// (services, backends and metrics as they were), and the process keeps serving
+/// with the old config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reload_keeps_the_running_config() {
     let (_echo, _dir, listen, cfg) = echo_service("").await;
@@ -272,7 +276,7 @@ async fn bad_reload_keeps_the_running_config() {
         "admin: { enabled: false }",
         &format!("admin: {{ listen: \"{admin}\" }}"),
     );
-    std::fs::write(&cfg, yaml).unwrap();
+    std::fs::write(&cfg, &yaml).unwrap();
     let mut p = serving(&cfg, None, listen).await;
     wait_listening(admin).await;
     let failed = |text: &str| {
@@ -283,6 +287,7 @@ async fn bad_reload_keeps_the_running_config() {
         )
     };
     assert_eq!(failed(&scrape(admin).await.unwrap()), 0.0);
+    let before = Snapshot::settled(admin, &[], 0).await;
     std::fs::write(&cfg, "services: [this is: not valid\n").unwrap();
     p.signal("HUP");
     wait_until_async("the reload counted as failed", || async move {
@@ -295,6 +300,25 @@ async fn bad_reload_keeps_the_running_config() {
         0.0,
         "no reload succeeded"
     );
+    before.assert_same(&Snapshot::take(admin, &[]).await, "a bad file");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let extra = taken.local_addr().unwrap();
+    let harmful = yaml
+        .replace(
+            &format!("listen: [\"{listen}\"]"),
+            &format!("listen: [\"{listen}\", \"{extra}\"]"),
+        )
+        .replace("{ name: echo, ", "{ name: echo, disabled: true, ")
+        + &format!("      - {{ name: ghost, address: \"{extra}\" }}\n");
+    std::fs::write(&cfg, harmful).unwrap();
+    p.signal("HUP");
+    wait_until_async("the second reload counted as failed", || async move {
+        scrape(admin).await.is_some_and(|t| failed(&t) == 2.0)
+    })
+    .await;
+    before.assert_same(&Snapshot::take(admin, &[]).await, "an address in use");
+    drop(taken);
     for _ in 0..5 {
         ping(listen)
             .await
@@ -331,9 +355,9 @@ async fn reload_under_load_refuses_nothing(#[case] relay: &str) {
     for i in 0..6 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         if i % 2 == 0 {
-            lb.reload(&yaml(&a, &c));
+            lb.reload(&yaml(&a, &c)).await;
         } else {
-            lb.reload(&yaml(&a, &b));
+            lb.reload(&yaml(&a, &b)).await;
         }
         assert_eq!(lb.addr("svc"), addr, "the listener kept its socket");
     }

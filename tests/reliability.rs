@@ -522,7 +522,7 @@ async fn reload_applies_a_new_source_lifetime() {
     let table = lb.service("svc").unwrap().table.clone().unwrap();
     assert!(only_entry_expires_in(&lb) > Duration::from_secs(50 * 60));
 
-    lb.reload(&config("10s"));
+    lb.reload(&config("10s")).await;
     let kept = lb.service("svc").unwrap().table.clone().unwrap();
     assert!(std::sync::Arc::ptr_eq(&table, &kept), "the table is kept");
     let left = only_entry_expires_in(&lb);
@@ -531,7 +531,7 @@ async fn reload_applies_a_new_source_lifetime() {
         "expires in {left:?} after the reload"
     );
 
-    lb.reload(&config("3h"));
+    lb.reload(&config("3h")).await;
     let left = only_entry_expires_in(&lb);
     assert!(
         left > Duration::from_secs(2 * 3600),

@@ -9,6 +9,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use common::snapshot::Snapshot;
 use common::*;
 
 /// The systemd side of sd_notify: a datagram socket in a temporary directory.
@@ -90,6 +91,7 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
     );
     assert_eq!(notify.next(), "READY=1");
     assert_eq!(who(listen).await.0, "a");
+    let before = Snapshot::settled(admin, &[], 0).await;
 
     // A bad file: the command fails with the diagnostics and sends nothing.
     std::fs::write(
@@ -113,7 +115,9 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
         Vec::<String>::new(),
         "nothing reached the server"
     );
+    before.assert_same(&Snapshot::take(admin, &[]).await, "a bad file");
     assert_eq!(who(listen).await.0, "a", "the old config keeps serving");
+    let before = Snapshot::settled(admin, &[], 0).await;
 
     // A file that checks but can't be applied (its new listener's port is taken):
     // the server refuses it, the command fails with the server's reason.
@@ -137,6 +141,8 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
         "{stderr}"
     );
     assert_eq!(notify.pending(), ["RELOADING=1", "READY=1"]);
+    // Not only the routing: backend `b` of the refused file left no trace.
+    before.assert_same(&Snapshot::take(admin, &[]).await, "an address in use");
     assert_eq!(who(listen).await.0, "a", "the old config keeps serving");
     drop(taken);
 

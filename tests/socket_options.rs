@@ -82,8 +82,7 @@ fn freebind_binds_an_address_not_on_any_interface() {
         crossbar::testbed::missing_tool(
             "freebind_binds_an_address_not_on_any_interface",
             "cannot create a network namespace here (`unshare -n` needs root and util-linux)",
-        );
-        return;
+        )
     };
     assert!(exited, "without freebind the start fails:\n{log}");
     assert!(
@@ -187,8 +186,7 @@ async fn proxy_protocol_through_haproxy(version: &str) {
         crossbar::testbed::missing_tool(
             &format!("proxy_protocol_through_haproxy({version})"),
             "haproxy is not installed (apt-get install haproxy)",
-        );
-        return;
+        )
     };
     wait_until("haproxy listening", || {
         std::net::TcpStream::connect(front).is_ok()
@@ -274,9 +272,17 @@ fn keepalive_timer(listen: SocketAddr, client: SocketAddr) -> Option<u64> {
     Some(min * 60 + sec)
 }
 
+/// Both services on one address, their backends silent. In tls mode crossbar gives
+/// up on a backend that does not answer the hello within `timeouts.server_hello`
+/// (default 5 s): it closes the connection and counts a passive health failure, and
+/// `fall` of those take the backend down. This test's connections must stay open
+/// however slowly it runs (a loaded machine once took more than 5 s from the burst
+/// to the next connection, which then found the backend down and never reached
+/// it), so the wait is set longer than nextest lets any test run.
 fn keepalive_yaml(port: u16, a_keepalive: &str, a: SocketAddr, b: SocketAddr) -> String {
     format!(
-        "admin: {{ enabled: false }}\ndefaults: {{ health: {{ check: none }} }}\nservices:\n\
+        "admin: {{ enabled: false }}\n\
+         defaults: {{ health: {{ check: none }}, timeouts: {{ server_hello: 1h }} }}\nservices:\n\
          \x20 a:\n    listen: [\"127.0.0.1:{port}\"]\n    default: true\n    keepalive: {a_keepalive}\n\
          \x20   backends: [{{ name: a, address: \"{a}\" }}]\n\
          \x20 b:\n    listen: [\"127.0.0.1:{port}\"]\n    server_names: [b.test]\n\
@@ -356,7 +362,8 @@ async fn client_sockets_get_their_services_keepalive() {
     let s3 = routed(listen, "a.test", &a).await;
     assert_keepalive(listen, at(&s3), 77, since, "service a again");
 
-    xb.reload(&keepalive_yaml(port, "{ time: 200s }", a.addr, b.addr));
+    xb.reload(&keepalive_yaml(port, "{ time: 200s }", a.addr, b.addr))
+        .await;
     // A burst right after the reload: Linux gives a queued connection the options
     // the listener had when its handshake completed, so those queued before the
     // listener changed still carry 77s and must get 200s from crossbar itself.
@@ -383,7 +390,8 @@ async fn client_sockets_get_their_services_keepalive() {
         "an old connection keeps its timing: {t1:?}"
     );
 
-    xb.reload(&keepalive_yaml(port, "{ enabled: false }", a.addr, b.addr));
+    xb.reload(&keepalive_yaml(port, "{ enabled: false }", a.addr, b.addr))
+        .await;
     let s5 = routed(listen, "a.test", &a).await;
     assert_eq!(keepalive_timer(listen, at(&s5)), None);
     let s6 = routed(listen, "a.test", &a).await;

@@ -362,8 +362,8 @@ pub fn set_backend(
 }
 
 /// `POST /api/reload`: the same path as SIGHUP.
-pub fn reload(server: &Arc<Server>) -> Result<Value, ApiError> {
-    server.reload_file().map_err(ApiError::ReloadFailed)?;
+pub async fn reload(server: &Arc<Server>) -> Result<Value, ApiError> {
+    server.reload_file().await.map_err(ApiError::ReloadFailed)?;
     Ok(json!({ "reloaded": true }))
 }
 

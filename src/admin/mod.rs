@@ -514,7 +514,7 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
             }
         }
         Route::Backend(s, b, a) => api::set_backend(server, s, b, a),
-        Route::Reload => api::reload(server),
+        Route::Reload => api::reload(server).await,
     };
     match result {
         Ok(v) => json_reply(StatusCode::OK, &v),

@@ -54,12 +54,12 @@ struct Named {
 /// Check every file `text` names; `file` is the config's own path (for messages
 /// and to resolve nothing: paths in the config are used as written).
 pub(super) fn check(text: &str, file: &Path) -> Result<(), ConfigError> {
-    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+    let index = PositionIndex::build(text);
+    let Some(doc) = super::problems::tolerant_value(text, &index) else {
         return Ok(()); // validation already reported why; nothing to open
     };
     let mut named = Vec::new();
     collect(&doc, "", &mut named);
-    let index = PositionIndex::build(text);
     let diagnostics: Vec<Diagnostic> = named
         .iter()
         .filter_map(|n| {
@@ -157,6 +157,18 @@ fn private(file: &Path) -> Option<String> {
 /// The state file's directory must exist and take a new file (crossbar writes a
 /// temporary file there and renames it over the state file).
 fn state_dir_problem(file: &Path) -> Option<String> {
+    // An existing path must be a regular file: crossbar never reads anything else
+    // back (a FIFO would block the read), so what is there would be lost.
+    if let Ok(meta) = std::fs::symlink_metadata(file) {
+        let kind = meta.file_type();
+        if !kind.is_file() {
+            return Some(format!(
+                "{} is {}, not a regular file: crossbar reads the table back only from a regular file",
+                file.display(),
+                crate::stick::describe_file_type(&kind)
+            ));
+        }
+    }
     let dir = match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

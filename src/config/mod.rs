@@ -10,6 +10,7 @@ mod checker;
 mod error;
 mod files;
 mod health;
+mod indent;
 mod position;
 mod problems;
 mod raw;
@@ -426,13 +427,21 @@ impl Config {
         Config::from_str_at(&text, path)
     }
 
-    /// Read and validate a configuration file, then open every file it names (token
-    /// file, certificates, state-file directories) as `crossbar check` does.
+    /// Read and validate a configuration file and open every file it names (token
+    /// file, certificates, state-file directories) as `crossbar check` does; the
+    /// problems of both, in file order.
     pub fn load_and_check_files(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::io(path, e))?;
-        let config = Config::from_str_at(&text, path)?;
-        files::check(&text, path)?;
-        Ok(config)
+        let config = Config::from_str_at(&text, path);
+        match (config, files::check(&text, path)) {
+            (Ok(config), Ok(())) => Ok(config),
+            (config, files) => {
+                let mut diagnostics = config.err().map(|e| e.diagnostics).unwrap_or_default();
+                diagnostics.extend(files.err().map(|e| e.diagnostics).unwrap_or_default());
+                diagnostics.sort_by_key(|d| d.position.unwrap_or((usize::MAX, usize::MAX)));
+                Err(ConfigError { diagnostics })
+            }
+        }
     }
 
     /// Validate configuration text; `path` is used in messages only.

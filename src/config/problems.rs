@@ -34,22 +34,18 @@ pub(super) fn tabs_check(text: &str, file: &Path) -> Result<(), ConfigError> {
 }
 
 /// Keys written twice in one mapping, each reported at the duplicate.
-pub(super) fn duplicates_check(file: &Path, index: &PositionIndex) -> Result<(), ConfigError> {
+pub(super) fn duplicates(file: &Path, index: &PositionIndex) -> Vec<Diagnostic> {
     let mut d = Vec::new();
     for (path, first, dup) in index.duplicates() {
         let key = path.rsplit('.').next().unwrap_or(&path).to_string();
         let msg = format!("`{key}` is written twice; the first is at line {}", first.0);
         d.push(diag(file, Some(dup), Some(path), msg));
     }
-    if d.is_empty() {
-        Ok(())
-    } else {
-        Err(ConfigError { diagnostics: d })
-    }
+    d
 }
 
 /// A syntax error as the only diagnostic: the YAML parser cannot go on after one.
-/// A key written twice is left to [`duplicates_check`], which names both places.
+/// A key written twice is left to [`duplicates`], which names both places.
 pub(super) fn syntax_check(text: &str, file: &Path) -> Result<(), ConfigError> {
     match serde_yaml::from_str::<Value>(text) {
         Err(e) if !e.to_string().contains("duplicate entry") => Err(ConfigError {
@@ -80,43 +76,117 @@ fn tabs(text: &str) -> Vec<Pos> {
     out
 }
 
-/// All problems serde finds, starting from its first error `first`.
-pub(super) fn collect(
-    text: &str,
+/// What deserialising the document found: the raw model once every offending
+/// node is removed (None when a problem could not be pinned on a node), the
+/// problems, and the nodes removed (YAML path, the message about it).
+pub(super) struct Deserialized {
+    pub(super) raw: Option<RawConfig>,
+    pub(super) diagnostics: Vec<Diagnostic>,
+    pub(super) removed: Vec<(String, String)>,
+}
+
+/// All problems serde finds in `doc`, starting from its first error on the
+/// original text (`first`, when there was one), each node that failed removed
+/// before the next round; the raw model of what is left, for validation.
+pub(super) fn deserialize(
+    mut doc: Value,
+    first: Option<String>,
     file: &Path,
-    first: &serde_yaml::Error,
     index: &PositionIndex,
-) -> ConfigError {
-    let Ok(mut doc) = serde_yaml::from_str::<Value>(text) else {
-        return ConfigError {
-            diagnostics: vec![syntax(first, file)],
-        };
+) -> Deserialized {
+    let mut out = Deserialized {
+        raw: None,
+        diagnostics: Vec::new(),
+        removed: Vec::new(),
     };
-    let mut diagnostics = Vec::new();
-    let mut error = first.to_string();
+    let mut pending = first;
     for _ in 0..MAX_PROBLEMS {
+        let error = match pending.take() {
+            Some(e) => e,
+            None => {
+                let Ok(again) = serde_yaml::to_string(&doc) else {
+                    break;
+                };
+                match serde_yaml::from_str::<RawConfig>(&again) {
+                    Ok(raw) => {
+                        out.raw = Some(raw);
+                        break;
+                    }
+                    Err(e) => e.to_string(),
+                }
+            }
+        };
         let (path, message) = split_path(&error);
         let Some(problem) = Problem::read(path, message) else {
             break;
         };
-        diagnostics.push(problem.diagnostic(file, index));
+        if !problem.node.contains(DUPLICATE_MARK) {
+            out.diagnostics.push(problem.diagnostic(file, index));
+        }
         if !remove(&mut doc, &problem.node) {
             break;
         }
-        let Ok(again) = serde_yaml::to_string(&doc) else {
-            break;
-        };
-        match serde_yaml::from_str::<RawConfig>(&again) {
-            Ok(_) => break,
-            Err(e) => error = e.to_string(),
+        out.removed.push((problem.node, problem.message));
+    }
+    out.diagnostics
+        .sort_by_key(|d| d.position.unwrap_or((usize::MAX, usize::MAX)));
+    out.diagnostics.dedup();
+    out
+}
+
+/// What a duplicate key is renamed to in the text before it is removed.
+const DUPLICATE_MARK: &str = "__crossbar_duplicate_";
+
+/// The document as a YAML value with every repeat of a key dropped (the first
+/// stays), so one run reports the duplicates and every other problem too. The YAML
+/// parser refuses a document with a duplicate key, so each repeat is renamed in the
+/// text first, then removed from the value. None when the text does not parse.
+pub(super) fn tolerant_value(text: &str, index: &PositionIndex) -> Option<Value> {
+    let duplicates = index.duplicates();
+    if duplicates.is_empty() {
+        return serde_yaml::from_str(text).ok();
+    }
+    let mut lines: Vec<Vec<char>> = text.split('\n').map(|l| l.chars().collect()).collect();
+    let mut renamed = Vec::new();
+    for (i, (path, _, _)) in duplicates.iter().enumerate() {
+        let cut = path.rfind(['.', ']']).map_or(0, |c| c + 1);
+        let (parent, key) = (path[..cut].trim_end_matches('.'), &path[cut..]);
+        for n in 1.. {
+            let Some((line, col)) = index.key_at(path, n) else {
+                break;
+            };
+            let new = format!("{DUPLICATE_MARK}{i}_{n}");
+            let l = lines.get_mut(line.wrapping_sub(1))?;
+            if !rename(l, col.wrapping_sub(1), key, &new) {
+                return None;
+            }
+            renamed.push(if parent.is_empty() {
+                new
+            } else {
+                format!("{parent}.{new}")
+            });
         }
     }
-    if diagnostics.is_empty() {
-        diagnostics.push(syntax(first, file));
+    let text: Vec<String> = lines.into_iter().map(String::from_iter).collect();
+    let mut doc = serde_yaml::from_str::<Value>(&text.join("\n")).ok()?;
+    for p in &renamed {
+        remove(&mut doc, p);
     }
-    diagnostics.sort_by_key(|d| d.position.unwrap_or((usize::MAX, usize::MAX)));
-    diagnostics.dedup();
-    ConfigError { diagnostics }
+    Some(doc)
+}
+
+/// Replace `key` written at `col` of `line` (plain or quoted) with `new`.
+fn rename(line: &mut Vec<char>, col: usize, key: &str, new: &str) -> bool {
+    let mut at = col;
+    if matches!(line.get(at), Some('"' | '\'')) {
+        at += 1;
+    }
+    let key: Vec<char> = key.chars().collect();
+    if line.get(at..at + key.len()) != Some(&key[..]) {
+        return false;
+    }
+    line.splice(at..at + key.len(), new.chars());
+    true
 }
 
 /// serde_yaml's "PATH: message at line L column C" as (path, message).
@@ -132,7 +202,7 @@ fn split_path(error: &str) -> (Option<&str>, &str) {
 }
 
 /// A syntax error (the YAML parser cannot go on after one): where and why.
-fn syntax(e: &serde_yaml::Error, file: &Path) -> Diagnostic {
+pub(super) fn syntax(e: &serde_yaml::Error, file: &Path) -> Diagnostic {
     let position = e.location().map(|l| (l.line(), l.column()));
     let mut message = e.to_string();
     if let Some((l, c)) = position {
@@ -144,7 +214,12 @@ fn syntax(e: &serde_yaml::Error, file: &Path) -> Diagnostic {
     diag(file, position, None, message)
 }
 
-fn diag(file: &Path, position: Option<Pos>, path: Option<String>, message: String) -> Diagnostic {
+pub(super) fn diag(
+    file: &Path,
+    position: Option<Pos>,
+    path: Option<String>,
+    message: String,
+) -> Diagnostic {
     Diagnostic {
         file: file.to_path_buf(),
         position,

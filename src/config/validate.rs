@@ -1,10 +1,12 @@
 //! Raw model -> validated `Config`: merge defaults, check every rule, collect every problem.
 //!
-//! serde_yaml stops at the first syntax, type or unknown-key error; that one is
-//! reported with serde_yaml's own location. Once the file deserialises, the
-//! [`Checker`] walks it completely, pushing a [`Diagnostic`] (YAML path and
-//! line:col from the [`PositionIndex`]) for each problem and carrying on with a
-//! fallback value, so one run of `crossbar check` lists everything.
+//! One pass finds everything but what follows a YAML syntax error: keys written
+//! twice, type and unknown-key problems (each offending node removed, so serde
+//! goes on), then the [`Checker`] walks what is left completely, pushing a
+//! [`Diagnostic`] (YAML path and line:col from the [`PositionIndex`]) for each
+//! problem and carrying on with a fallback value, so one run of `crossbar check`
+//! lists everything. [`super::indent`] explains syntax errors and unknown keys
+//! that are indentation mistakes.
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
@@ -38,30 +40,135 @@ const MAX_BACKLOG: u64 = i32::MAX as u64;
 /// Largest backend weight; weights are relative, 256 levels are plenty.
 const MAX_WEIGHT: u64 = 256;
 
-/// Parse and validate a configuration file's text.
+/// Parse and validate a configuration file's text: every problem at once.
 pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
-    super::problems::tabs_check(text, file)?;
+    super::indent::analyse(text, file, true).into_result()
+}
+
+/// Everything one pass over a file's text finds.
+pub(super) struct Analysis {
+    /// The configuration, when nothing was wrong.
+    pub(super) config: Option<Config>,
+    /// The problems, in file order.
+    pub(super) diagnostics: Vec<Diagnostic>,
+    /// The YAML parser stopped at a syntax error: nothing after it was checked.
+    pub(super) syntax_error: bool,
+}
+
+impl Analysis {
+    pub(super) fn into_result(self) -> Result<Config, ConfigError> {
+        match self.config {
+            Some(c) if self.diagnostics.is_empty() => Ok(c),
+            _ => Err(ConfigError {
+                diagnostics: self.diagnostics,
+            }),
+        }
+    }
+
+    fn failed(diagnostics: Vec<Diagnostic>) -> Analysis {
+        Analysis {
+            config: None,
+            diagnostics,
+            syntax_error: false,
+        }
+    }
+}
+
+/// Duplicate keys, type and unknown-key problems, then validation of what is
+/// left, all in one pass. A syntax error (or tabs) stops it: the YAML parser
+/// cannot go on after one; the caller looks for an indentation mistake then.
+pub(super) fn analyse_syntax_ok(text: &str, file: &Path) -> Analysis {
+    if let Err(e) = super::problems::tabs_check(text, file) {
+        return Analysis::failed(e.diagnostics);
+    }
     // Plain YAML first: a malformed or hostile file (deep nesting, alias bombs)
     // fails there, once, before the position index or the schema walk it.
-    super::problems::syntax_check(text, file)?;
+    if let Err(e) = super::problems::syntax_check(text, file) {
+        return Analysis {
+            syntax_error: true,
+            ..Analysis::failed(e.diagnostics)
+        };
+    }
     let index = PositionIndex::build(text);
-    super::problems::duplicates_check(file, &index)?;
-    let raw: RawConfig =
-        serde_yaml::from_str(text).map_err(|e| super::problems::collect(text, file, &e, &index))?;
+    let mut diagnostics = super::problems::duplicates(file, &index);
+    let first = match diagnostics.is_empty() {
+        true => serde_yaml::from_str::<RawConfig>(text),
+        false => Err(serde::de::Error::custom("duplicate keys")),
+    };
+    let (raw, removed) = match first {
+        Ok(raw) => (Some(raw), Vec::new()),
+        Err(first) => {
+            let Some(doc) = super::problems::tolerant_value(text, &index) else {
+                if diagnostics.is_empty() {
+                    diagnostics.push(super::problems::syntax(&first, file));
+                }
+                return Analysis::failed(diagnostics);
+            };
+            let first_text = diagnostics.is_empty().then(|| first.to_string());
+            let found = super::problems::deserialize(doc, first_text, file, &index);
+            if found.raw.is_none() && found.diagnostics.is_empty() && diagnostics.is_empty() {
+                diagnostics.push(super::problems::syntax(&first, file));
+            }
+            diagnostics.extend(found.diagnostics);
+            (found.raw, found.removed)
+        }
+    };
+    let Some(raw) = raw else {
+        return Analysis::failed(sorted(diagnostics));
+    };
+    // A removed list item shifts the indices after it: validation's paths would
+    // point at the wrong items, so it waits for the next run.
+    if removed.iter().any(|(p, _)| p.ends_with(']')) {
+        return Analysis::failed(sorted(diagnostics));
+    }
     let mut checker = Checker {
         file,
         index,
         diagnostics: Vec::new(),
     };
     let config = checker.config(&raw);
-    let mut diagnostics = checker.diagnostics;
-    if diagnostics.is_empty() {
-        return Ok(config);
+    diagnostics.extend(
+        checker
+            .diagnostics
+            .into_iter()
+            .filter(|d| !caused_by_removal(d, &removed)),
+    );
+    Analysis {
+        config: Some(config),
+        diagnostics: sorted(diagnostics),
+        syntax_error: false,
     }
-    // Sorted by position; anything without one goes last. The sort is stable.
+}
+
+/// A validation problem that only exists because a node already reported was
+/// removed: at or under it, at its parent (a mapping left empty, a key missing),
+/// or at the key its "did you mean" named.
+fn caused_by_removal(d: &Diagnostic, removed: &[(String, String)]) -> bool {
+    let Some(path) = &d.path else { return false };
+    removed.iter().any(|(r, message)| {
+        let under =
+            path == r || path.starts_with(&format!("{r}.")) || path.starts_with(&format!("{r}["));
+        let cut = r.rfind(['.', '[']).unwrap_or(0);
+        let parent = &r[..cut];
+        let meant = message
+            .split_once("did you mean `")
+            .and_then(|(_, rest)| rest.split_once('`'))
+            .map(|(k, _)| {
+                if parent.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{parent}.{k}")
+                }
+            });
+        under || path == parent || meant.as_deref() == Some(path.as_str())
+    })
+}
+
+/// Sorted by position; anything without one goes last. The sort is stable.
+fn sorted(mut diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
     diagnostics.sort_by_key(|d| d.position.unwrap_or((usize::MAX, usize::MAX)));
     diagnostics.dedup();
-    Err(ConfigError { diagnostics })
+    diagnostics
 }
 
 /// Service-level settings that `defaults:` provides and a service may override.

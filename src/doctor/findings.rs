@@ -2,7 +2,7 @@
 //! with the severity and the fix.
 use super::inspect::{TicketKey, CA_CERT_PATH};
 use super::{BackendReport, Finding, Severity, EXPIRY_WARNING_DAYS};
-use crate::config::{Balance, Config, Mode, ServiceConfig, StickOn};
+use crate::config::{Balance, CheckKind, Config, Failback, Mode, ServiceConfig, StickOn};
 
 /// Every finding for every service of `config`.
 pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
@@ -25,10 +25,19 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
                     .into(),
             );
         }
+        let none_pass = no_backend_passes(&mine);
         for b in &mine {
             for (sev, msg) in backend_findings(svc, b) {
                 add(sev, Some(&b.backend), msg);
             }
+            if !none_pass {
+                for (sev, msg) in check_findings(b) {
+                    add(sev, Some(&b.backend), msg);
+                }
+            }
+        }
+        if none_pass {
+            add(Severity::Error, None, all_fail(&svc.name, &mine));
         }
         for (sev, msg) in issuers(&mine)
             .into_iter()
@@ -40,8 +49,76 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
     out
 }
 
+/// Every backend of the service fails its configured check: `run` would serve
+/// the service with every backend down.
+fn no_backend_passes(backends: &[&BackendReport]) -> bool {
+    !backends.is_empty() && backends.iter().all(|b| !b.inspection.check.passed)
+}
+
+/// "no backend of SERVICE will pass its health check", with the reasons: once for
+/// backends that fail alike (the same words but for their own certificate).
+fn all_fail(service: &str, backends: &[&BackendReport]) -> String {
+    let check = backends
+        .first()
+        .map(|b| b.inspection.check.check.clone())
+        .unwrap_or_default();
+    // (reason with the backend's own subject blanked, first reason, backends)
+    let mut groups: Vec<(String, String, Vec<&str>)> = Vec::new();
+    for b in backends {
+        let reason = b.inspection.check.reason.clone().unwrap_or_default();
+        let key = match b.inspection.chain.first() {
+            Some(c) => reason.replace(&c.subject, "\u{0}"),
+            None => reason.clone(),
+        };
+        match groups.iter_mut().find(|g| g.0 == key) {
+            Some(g) => g.2.push(&b.backend),
+            None => groups.push((key, reason, vec![&b.backend])),
+        }
+    }
+    let why: Vec<String> = groups
+        .iter()
+        .map(|(_, reason, names)| match names.as_slice() {
+            [one] => format!("{one}: {reason}"),
+            [first, rest @ ..] => format!("{first}: {reason} (and alike: {})", rest.join(", ")),
+            [] => String::new(),
+        })
+        .collect();
+    format!(
+        "no backend of {service} will pass its health check ({check}): `crossbar run` \
+         would mark every backend down and refuse every client. {}",
+        why.join("; ")
+    )
+}
+
+/// One backend's failed or slow check (when others of its service pass).
+fn check_findings(b: &BackendReport) -> Vec<(Severity, String)> {
+    let c = &b.inspection.check;
+    if b.inspection.unreachable.is_some() {
+        return Vec::new(); // said already, as unreachable
+    }
+    if !c.passed {
+        let why = c.reason.as_deref().unwrap_or("failed");
+        let msg = format!(
+            "its health check ({}) fails, so it stays down: {why}",
+            c.check
+        );
+        return vec![(Severity::Warning, msg)];
+    }
+    match c.slow_ms {
+        Some(ms) => vec![(
+            Severity::Warning,
+            format!(
+                "its health check ({}) passed but took {ms} ms, more than `health.timeout`: \
+                 `crossbar run` counts that as a failure",
+                c.check
+            ),
+        )],
+        None => Vec::new(),
+    }
+}
+
 /// The names agents may dial for `svc`: exact `server_names`, then `names`.
-fn dialed_names(svc: &ServiceConfig) -> Vec<&str> {
+pub(super) fn dialed_names(svc: &ServiceConfig) -> Vec<&str> {
     let mut names: Vec<&str> = svc
         .server_names
         .iter()
@@ -93,7 +170,12 @@ fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, St
             out.push((Severity::Error, missing_name(name, &leaf.sans)));
         }
     }
-    if let Some(s) = seen.status.as_ref().filter(|s| !s.ok) {
+    // A failed https check is reported as the check's finding.
+    let https = svc
+        .backends
+        .iter()
+        .any(|c| c.name == b.backend && matches!(c.health.check, CheckKind::Https(_)));
+    if let Some(s) = seen.status.as_ref().filter(|s| !s.ok && !https) {
         let msg = format!(
             "status {}: {}: its health check keeps it down",
             s.path, s.answer
@@ -142,6 +224,26 @@ fn stickiness(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, String)>
     out
 }
 
+/// A `balance: first`, `failback: manual` service (the Puppet CA layout) where no
+/// backend that completed a handshake serves a CA certificate.
+fn no_ca_served(svc: &ServiceConfig, backends: &[&BackendReport]) -> Vec<(Severity, String)> {
+    let answered = backends
+        .iter()
+        .any(|b| b.inspection.unreachable.is_none() && b.inspection.tls_error.is_none());
+    if svc.balance != Balance::First || svc.failback != Failback::Manual || !answered {
+        return Vec::new();
+    }
+    vec![(
+        Severity::Warning,
+        format!(
+            "no backend serves a Puppet CA certificate at {CA_CERT_PATH}: agents sent to \
+             this `balance: first`, `failback: manual` service (the Puppet CA layout) cannot \
+             get certificates signed; point its backends at the Puppet CA servers (or, if \
+             it is not a CA, use `failback: auto`)"
+        ),
+    )]
+}
+
 /// Backends of one service whose leaf certificates come from different CAs.
 fn issuers(backends: &[&BackendReport]) -> Vec<(Severity, String)> {
     let ids: Vec<(&str, String)> = backends
@@ -173,7 +275,7 @@ fn ca_certificates(svc: &ServiceConfig, backends: &[&BackendReport]) -> Vec<(Sev
         .filter_map(|b| Some((b.backend.as_str(), b.inspection.ca_certificate.as_ref()?)))
         .collect();
     let Some((first_name, first)) = serving.first() else {
-        return Vec::new();
+        return no_ca_served(svc, backends);
     };
     let describe = |c: &super::CaCert| format!("{} serial {}", c.first.subject, c.first.serial);
     if serving.iter().any(|(_, c)| c.der != first.der) {

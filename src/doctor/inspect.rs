@@ -7,7 +7,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use rustls::client::{Resumption, Tls12Resumption};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, HandshakeKind, SupportedProtocolVersion};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -15,8 +15,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::cert::CertInfo;
+use super::explain::{self, name_text};
 use crate::config::{BackendConfig, CheckKind, HttpsCheck, ServiceConfig};
-use crate::health::{self, AcceptAnyCert, Target};
+use crate::health::{self, AcceptAnyCert, NameSource, Target};
 
 /// Time one TLS handshake (connect included) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,8 +35,13 @@ const STATUS_PATH: &str = "/status/v1/simple";
 pub struct Inspection {
     /// The backend address as configured.
     pub address: String,
-    /// The server name sent (SNI) when it is a name.
+    /// The server name the health checks send (SNI, when it is a name) and verify;
+    /// the doctor's own handshakes send it too.
     pub server_name: String,
+    /// Where that name comes from.
+    pub server_name_source: NameSource,
+    /// The backend's own health check, as `crossbar run` runs it.
+    pub check: CheckOutcome,
     /// Why nothing could be checked (connect failed), if so.
     pub unreachable: Option<String>,
     /// TLS versions the backend completed a handshake with (`1.3`, `1.2`).
@@ -74,6 +80,19 @@ pub enum TicketKey {
     },
 }
 
+/// The result of the backend's configured health check.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckOutcome {
+    /// The check (`tcp`, `tls-hello`, `https /status/v1/simple`, `none`).
+    pub check: String,
+    /// It passed.
+    pub passed: bool,
+    /// Why it failed, in words that name the fix.
+    pub reason: Option<String>,
+    /// It passed, but took longer than `health.timeout` (milliseconds taken).
+    pub slow_ms: Option<u128>,
+}
+
 /// The status page's answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusAnswer {
@@ -98,15 +117,25 @@ pub struct CaCert {
 }
 
 /// Everything the doctor asks one backend; never fails, records what went wrong.
-pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) -> Inspection {
-    let target = Target {
-        address: b.address.clone(),
-        server_name: server_name(svc, b),
-        proxy_protocol: b.proxy_protocol,
-    };
+/// `dialed` are the names agents dial for the service.
+pub async fn inspect(
+    svc: &ServiceConfig,
+    b: &BackendConfig,
+    dialed: &[&str],
+    want_status: bool,
+) -> Inspection {
+    let target = health::target(svc, b);
+    let (_, source) = health::server_name_for(svc, b);
     let mut out = Inspection {
         address: b.address.to_string(),
         server_name: name_text(&target.server_name),
+        server_name_source: source,
+        check: CheckOutcome {
+            check: check_text(&b.health.check),
+            passed: false,
+            reason: None,
+            slow_ms: None,
+        },
         unreachable: None,
         tls_versions: Vec::new(),
         tls_error: None,
@@ -122,58 +151,71 @@ pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) 
         crate::dial::connect_own(&target.address, svc.timeouts.connect, target.proxy_protocol).await
     {
         out.unreachable = Some(e.to_string());
+        out.check.reason = Some(format!("unreachable: {e}"));
+        out.check.passed = b.health.check == CheckKind::None;
         return out;
     }
     handshakes(&target, &mut out).await;
+    out.check = health_check(b, &target, source, &out.chain, dialed).await;
     if out.tls_versions.iter().any(|v| v == "1.3") {
         out.ticket_key = ticket_key(svc, b, &target).await;
     }
-    if let Some(h) = status_check(b, want_status) {
-        out.status = Some(status(&h, &target).await);
-    }
+    out.status = match &b.health.check {
+        CheckKind::Https(h) => Some(StatusAnswer {
+            path: h.path.clone(),
+            ok: out.check.passed,
+            answer: match &out.check.reason {
+                None => h.expect_body.clone().unwrap_or_else(|| "ok".into()),
+                Some(r) => r.clone(),
+            },
+        }),
+        _ if want_status => Some(status(&puppet_status_check(), &target).await),
+        _ => None,
+    };
     if !out.tls_versions.is_empty() {
         out.ca_certificate = ca_certificate(&target).await;
     }
     out
 }
 
-/// The name a check of this backend sends: as [`health::server_name_for`]: the
-/// https check's `server_name`, the first exact `server_names`, then `names`, then
-/// the backend host when it is a name, else its IP.
-fn server_name(svc: &ServiceConfig, b: &BackendConfig) -> ServerName<'static> {
-    let explicit = match &b.health.check {
-        CheckKind::Https(h) => h.server_name.clone(),
+/// The backend's configured check, run by the health checker's own code with the
+/// same target (address, server name, PROXY header) and the same TLS settings (CA,
+/// client certificate); bounded by [`REQUEST_TIMEOUT`] rather than `health.timeout`,
+/// so a slow answer is reported as slow instead of as a failure.
+async fn health_check(
+    b: &BackendConfig,
+    target: &Target,
+    source: NameSource,
+    chain: &[CertInfo],
+    dialed: &[&str],
+) -> CheckOutcome {
+    let check = &b.health.check;
+    let started = std::time::Instant::now();
+    let result = health::run_check(check, target, REQUEST_TIMEOUT.max(b.health.timeout)).await;
+    let took = started.elapsed();
+    let https = match check {
+        CheckKind::Https(h) => Some(h),
         _ => None,
     };
-    let candidates = explicit
-        .into_iter()
-        .chain(
-            svc.server_names
-                .iter()
-                .filter(|n| !n.starts_with('*'))
-                .cloned(),
-        )
-        .chain(svc.names.iter().cloned())
-        .chain(std::iter::once(b.address.host.clone()));
-    for name in candidates {
-        if name.parse::<std::net::IpAddr>().is_ok() {
-            continue;
-        }
-        if let Ok(sn) = ServerName::try_from(name) {
-            return sn;
-        }
-    }
-    match b.address.host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ServerName::IpAddress(ip.into()),
-        Err(_) => ServerName::IpAddress(std::net::IpAddr::from([0, 0, 0, 0]).into()),
+    let cx = explain::Context {
+        https,
+        name: &target.server_name,
+        source,
+        chain,
+        dialed,
+    };
+    CheckOutcome {
+        check: check_text(check),
+        passed: result.is_ok(),
+        reason: result.err().map(|e| explain::check_failure(&e, &cx)),
+        slow_ms: (took > b.health.timeout).then_some(took.as_millis()),
     }
 }
 
-fn name_text(n: &ServerName<'_>) -> String {
-    match n {
-        ServerName::DnsName(d) => d.as_ref().to_string(),
-        ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
-        _ => String::new(),
+fn check_text(c: &CheckKind) -> String {
+    match c {
+        CheckKind::Https(h) => format!("https {}", h.path),
+        other => health::check_label(other).to_string(),
     }
 }
 
@@ -304,20 +346,16 @@ async fn ticket_key(svc: &ServiceConfig, b: &BackendConfig, target: &Target) -> 
     }
 }
 
-/// The status check to run: the backend's own `https` check, or with `--status`
-/// Puppet's `/status/v1/simple` expecting `running`.
-fn status_check(b: &BackendConfig, want_status: bool) -> Option<HttpsCheck> {
-    match &b.health.check {
-        CheckKind::Https(h) => Some(h.clone()),
-        _ if want_status => Some(HttpsCheck {
-            path: STATUS_PATH.into(),
-            expect_status: 200,
-            expect_body: Some("running".into()),
-            ca_file: None,
-            client_cert: None,
-            server_name: None,
-        }),
-        _ => None,
+/// The check `--status` runs on backends without an `https` check: Puppet's
+/// `/status/v1/simple` expecting `running`.
+fn puppet_status_check() -> HttpsCheck {
+    HttpsCheck {
+        path: STATUS_PATH.into(),
+        expect_status: 200,
+        expect_body: Some("running".into()),
+        ca_file: None,
+        client_cert: None,
+        server_name: None,
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`findings`]: per backend and per service rules over those inspections.
 //! - [`render`]: the table and the JSON.
 mod cert;
+mod explain;
 mod findings;
 mod inspect;
 mod render;
@@ -17,7 +18,7 @@ mod render;
 use serde::Serialize;
 
 pub use cert::CertInfo;
-pub use inspect::{CaCert, Inspection, StatusAnswer, TicketKey};
+pub use inspect::{CaCert, CheckOutcome, Inspection, StatusAnswer, TicketKey};
 
 use crate::config::Config;
 
@@ -30,6 +31,8 @@ pub const EXPIRY_WARNING_DAYS: i64 = 30;
 pub struct Options {
     /// Ask the status page of backends without an `https` check too.
     pub status: bool,
+    /// Every column in the table (subject, names, issuer, stickiness, status).
+    pub wide: bool,
 }
 
 /// How bad a finding is.
@@ -98,6 +101,9 @@ pub struct Report {
     pub warnings: usize,
     /// 0 clean, 1 warnings, 2 errors.
     pub exit_code: u8,
+    /// The table shows every column.
+    #[serde(skip)]
+    pub wide: bool,
 }
 
 impl Report {
@@ -119,7 +125,8 @@ pub async fn run(config: &Config, opts: Options) -> Report {
         for (i, b) in svc.backends.iter().enumerate() {
             let (svc, b) = (svc.clone(), b.clone());
             tasks.spawn(async move {
-                let seen = inspect::inspect(&svc, &b, opts.status).await;
+                let dialed = findings::dialed_names(&svc);
+                let seen = inspect::inspect(&svc, &b, &dialed, opts.status).await;
                 ((s, i), seen)
             });
         }
@@ -145,10 +152,15 @@ pub async fn run(config: &Config, opts: Options) -> Report {
         })
         .collect();
     let findings = findings::judge(config, &backends);
-    report(config, backends, findings)
+    report(config, backends, findings, opts)
 }
 
-fn report(config: &Config, backends: Vec<BackendReport>, mut findings: Vec<Finding>) -> Report {
+fn report(
+    config: &Config,
+    backends: Vec<BackendReport>,
+    mut findings: Vec<Finding>,
+    opts: Options,
+) -> Report {
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let count = |s| findings.iter().filter(|f| f.severity == s).count();
     let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
@@ -173,5 +185,6 @@ fn report(config: &Config, backends: Vec<BackendReport>, mut findings: Vec<Findi
         errors,
         warnings,
         exit_code,
+        wide: opts.wide,
     }
 }

@@ -1,31 +1,48 @@
 //! The doctor's report as an aligned table with its findings, or as JSON.
+//!
+//! The default table fits a 120-column terminal: one short cell per fact and the
+//! findings wrapped; `--wide` adds the subject, names, issuer, stickiness and
+//! status columns in full.
 use std::fmt::Write as _;
 
 use super::inspect::TicketKey;
 use super::{BackendReport, Report, Severity};
 
-const HEADER: [&str; 10] = [
+/// Width the default table and the findings are laid out for.
+const WIDTH: usize = 120;
+/// Longest cell of the default table; longer text is cut with `…` (`--wide` shows it).
+const MAX_CELL: usize = 28;
+
+const NARROW: [&str; 7] = [
+    "SERVICE", "BACKEND", "ADDRESS", "TLS", "CERT", "EXPIRES", "CHECK",
+];
+const WIDE: [&str; 12] = [
     "SERVICE",
     "BACKEND",
     "ADDRESS",
+    "SNI",
     "TLS",
     "SUBJECT",
     "SANS",
     "ISSUER",
     "EXPIRES",
+    "CHECK",
     "STICKINESS",
     "STATUS",
 ];
 
-/// One row per backend, then the findings and the verdict.
+/// One row per backend, then the relays, the findings and the verdict.
 pub fn table(r: &Report) -> String {
-    let mut rows = vec![HEADER.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
-    rows.extend(r.backends.iter().map(row));
+    let header: &[&str] = if r.wide { &WIDE } else { &NARROW };
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for b in &r.backends {
+        rows.push(if r.wide { wide_row(b) } else { narrow_row(b) });
+    }
     let mut out = crate::admin_client::columns(&rows);
     out.push_str("\nrelay:\n");
     for s in &r.relays {
         // ok: writing to a String cannot fail
-        let _ = writeln!(out, "  {}: {} ({})", s.service, s.plan.relay, s.plan.why);
+        let _ = writeln!(out, "  {}: {}", s.service, s.plan.describe());
     }
     if !r.findings.is_empty() {
         out.push_str("\nfindings:\n");
@@ -35,14 +52,18 @@ pub fn table(r: &Report) -> String {
             Some(b) => format!("{}/{b}", f.service),
             None => f.service.clone(),
         };
-        // ok: writing to a String cannot fail
-        let _ = writeln!(out, "  {:<8} {place}: {}", severity(f.severity), f.message);
+        let text = format!("{:<8} {place}: {}", severity(f.severity), f.message);
+        out.push_str(&wrap(&text, "  ", &" ".repeat(11)));
     }
+    // ok: writing to a String cannot fail
     let _ = writeln!(
         out,
         "\n{}: {} error(s), {} warning(s): exit {}",
         r.config, r.errors, r.warnings, r.exit_code
     );
+    if !r.wide {
+        out.push_str("(--wide: names, issuer, stickiness and status columns)\n");
+    }
     out
 }
 
@@ -59,18 +80,98 @@ fn severity(s: Severity) -> &'static str {
     }
 }
 
-fn row(b: &BackendReport) -> Vec<String> {
-    let seen = &b.inspection;
-    let name = if b.backup {
+/// `text` broken at spaces into lines of at most [`WIDTH`] columns: the first
+/// starts with `first`, the rest with `rest`.
+fn wrap(text: &str, first: &str, rest: &str) -> String {
+    let mut out = String::new();
+    let mut line = first.to_string();
+    let mut empty = true;
+    for word in text.split(' ') {
+        let fits = line.chars().count() + 1 + word.chars().count() <= WIDTH;
+        if !empty && !fits {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = rest.to_string();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
+/// `s`, cut to [`MAX_CELL`] characters.
+fn cut(s: &str) -> String {
+    if s.chars().count() <= MAX_CELL {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(MAX_CELL - 1).collect();
+    format!("{head}…")
+}
+
+fn backend_name(b: &BackendReport) -> String {
+    if b.backup {
         format!("{} (backup)", b.backend)
     } else {
         b.backend.clone()
-    };
-    let tls = match (&seen.unreachable, &seen.tls_error) {
+    }
+}
+
+fn tls(b: &BackendReport) -> String {
+    let seen = &b.inspection;
+    match (&seen.unreachable, &seen.tls_error) {
         (Some(_), _) => "unreachable".to_string(),
         (None, Some(_)) => "failed".to_string(),
         (None, None) => seen.tls_versions.join(","),
+    }
+}
+
+/// The check's verdict in a word or two (the reason is in the findings).
+fn check(b: &BackendReport) -> String {
+    let c = &b.inspection.check;
+    let kind = c.check.split(' ').next().unwrap_or("");
+    match (c.passed, c.slow_ms) {
+        (false, _) => format!("{kind}: FAILS"),
+        (true, Some(_)) => format!("{kind}: slow"),
+        (true, None) => format!("{kind}: ok"),
+    }
+}
+
+/// `CN=x` of a distinguished name (the whole name when it has no CN).
+fn common_name(dn: &str) -> &str {
+    dn.split(", ")
+        .find_map(|p| p.strip_prefix("CN="))
+        .unwrap_or(dn)
+}
+
+fn narrow_row(b: &BackendReport) -> Vec<String> {
+    let seen = &b.inspection;
+    let (cert, expires) = match seen.chain.first() {
+        Some(c) => (
+            cut(common_name(&c.subject)),
+            format!("{} ({}d)", c.not_after, c.days_left),
+        ),
+        None => ("-".into(), "-".into()),
     };
+    vec![
+        cut(&b.service),
+        cut(&backend_name(b)),
+        cut(&seen.address),
+        tls(b),
+        cert,
+        expires,
+        check(b),
+    ]
+}
+
+fn wide_row(b: &BackendReport) -> Vec<String> {
+    let seen = &b.inspection;
+    let d = || "-".to_string();
     let (subject, sans, issuer, expires) = match seen.chain.first() {
         Some(c) => (
             c.subject.clone(),
@@ -82,29 +183,29 @@ fn row(b: &BackendReport) -> Vec<String> {
             c.issuer.clone(),
             format!("{} ({}d)", c.not_after, c.days_left),
         ),
-        None => dashes(),
+        None => (d(), d(), d(), d()),
     };
-    let status = seen
-        .status
-        .as_ref()
-        .map_or("-".to_string(), |s| s.answer.clone());
+    let status = seen.status.as_ref().map_or_else(d, |s| {
+        if s.ok {
+            s.answer.clone()
+        } else {
+            "failed".into()
+        }
+    });
     vec![
         b.service.clone(),
-        name,
+        backend_name(b),
         seen.address.clone(),
-        tls,
+        seen.server_name.clone(),
+        tls(b),
         subject,
         sans,
         issuer,
         expires,
+        check(b),
         stickiness(b),
         status,
     ]
-}
-
-fn dashes() -> (String, String, String, String) {
-    let d = || "-".to_string();
-    (d(), d(), d(), d())
 }
 
 /// Ticket key name and session-ID resumption, in a few words.
@@ -125,5 +226,31 @@ fn stickiness(b: &BackendReport) -> String {
         "-".into()
     } else {
         parts.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn findings_wrap_at_the_width_with_a_hanging_indent() {
+        let long = "word ".repeat(60);
+        let out = wrap(long.trim_end(), "  ", "     ");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines.len() > 1);
+        assert!(lines.iter().all(|l| l.chars().count() <= WIDTH), "{out}");
+        assert!(lines[1].starts_with("     word"), "{out}");
+        assert_eq!(out.split_whitespace().count(), 60);
+    }
+
+    #[test]
+    fn long_cells_are_cut_and_common_names_taken() {
+        assert_eq!(cut("short"), "short");
+        let c = cut(&"x".repeat(40));
+        assert_eq!(c.chars().count(), MAX_CELL);
+        assert!(c.ends_with('…'));
+        assert_eq!(common_name("CN=c1, O=Example"), "c1");
+        assert_eq!(common_name("O=Example"), "O=Example");
     }
 }

@@ -149,7 +149,7 @@ pub(super) async fn https(
     let tls = tokio_rustls::TlsConnector::from(config)
         .connect(target.server_name.clone(), tcp)
         .await
-        .map_err(|e| CheckError::Tls(e.to_string()))?;
+        .map_err(CheckError::Tls)?;
     let host = match &target.server_name {
         ServerName::DnsName(n) => n.as_ref().to_string(),
         _ => target.address.to_string(),

@@ -20,9 +20,10 @@ pub enum CheckError {
     /// Reading or writing the socket failed.
     #[error("i/o: {0}")]
     Io(io::Error),
-    /// The TLS handshake failed (certificate, name, protocol).
+    /// The TLS handshake failed (certificate, name, protocol); the rustls error
+    /// is inside ([`CheckError::tls_error`]).
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(io::Error),
     /// The HTTP exchange failed.
     #[error("HTTP: {0}")]
     Http(String),
@@ -45,4 +46,14 @@ pub enum CheckError {
     /// A file the check needs (CA, client certificate or key) can't be used.
     #[error("check setup: {0}")]
     Setup(String),
+}
+
+impl CheckError {
+    /// The TLS library's error of a failed handshake, to explain it in words.
+    pub fn tls_error(&self) -> Option<&rustls::Error> {
+        match self {
+            CheckError::Tls(e) => e.get_ref()?.downcast_ref::<rustls::Error>(),
+            _ => None,
+        }
+    }
 }

@@ -12,8 +12,10 @@
 //! connects (which retry elsewhere) and by `fall` checks.
 //!
 //! `failback: manual`: a primary that recovers while another backend is serving
-//! becomes `standby` (healthy, no traffic) until an operator enables it, so a
-//! Puppet CA keeps one active signer.
+//! (available, and given a connection since the primary went down) becomes
+//! `standby` (healthy, no traffic) until an operator enables it, so a Puppet CA
+//! keeps one active signer. Backends that were down together and come back
+//! together start no failover: the backup took no connection, the primary resumes.
 mod checks;
 mod error;
 mod state;
@@ -28,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::balance::Backend;
-use crate::config::CheckKind;
+use crate::config::{BackendConfig, CheckKind, ServiceConfig};
 use crate::service::Service;
 
 pub(crate) use checks::http_get;
@@ -40,36 +42,69 @@ pub(crate) use tls_client::AcceptAnyCert;
 /// Checks run every `interval` ± this fraction, so many backends don't probe in step.
 const JITTER: f64 = 0.1;
 
-/// The server name a backend's checks use: the https check's `server_name`, else
-/// the service's first exact `server_names` entry, else the backend host when it is
-/// a name, else its IP (then no SNI is sent).
-pub fn server_name_for(svc: &Service, b: &Backend) -> ServerName<'static> {
-    let explicit = match &b.config.health.check {
+/// Where the server name of a backend's checks comes from (the doctor names it when
+/// a certificate does not match).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameSource {
+    /// The https check's `health.server_name`.
+    HealthServerName,
+    /// The service's first exact `server_names` entry.
+    ServerNames,
+    /// The backend address's host name.
+    BackendHost,
+    /// The backend address's IP (no SNI is sent; the certificate is verified
+    /// against the IP).
+    BackendIp,
+}
+
+/// The server name a backend's checks (and the ticket-key probe) send and verify:
+/// the https check's `server_name`, else the service's first exact `server_names`
+/// entry, else the backend host when it is a name, else its IP (then no SNI is
+/// sent). `names` is not used: those are what agents dial, which the doctor checks
+/// separately. `crossbar doctor` calls this too, so it probes what `run` will.
+pub fn server_name_for(
+    svc: &ServiceConfig,
+    b: &BackendConfig,
+) -> (ServerName<'static>, NameSource) {
+    let explicit = match &b.health.check {
         CheckKind::Https(h) => h.server_name.clone(),
         _ => None,
     };
     let from_service = svc
-        .config
         .server_names
         .iter()
         .find(|n| !n.starts_with('*'))
         .cloned();
-    let host = &b.config.address.host;
-    for name in [explicit, from_service, Some(host.clone())]
-        .into_iter()
-        .flatten()
-    {
+    let host = &b.address.host;
+    let candidates = [
+        (explicit, NameSource::HealthServerName),
+        (from_service, NameSource::ServerNames),
+        (Some(host.clone()), NameSource::BackendHost),
+    ];
+    for (name, source) in candidates {
+        let Some(name) = name else { continue };
         if name.parse::<IpAddr>().is_ok() {
             continue;
         }
         if let Ok(sn) = ServerName::try_from(name) {
-            return sn;
+            return (sn, source);
         }
     }
-    match host.parse::<IpAddr>() {
-        Ok(ip) => ServerName::IpAddress(ip.into()),
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => ip,
         // A host that is neither a valid DNS name nor an IP: validation rejects it.
-        Err(_) => ServerName::IpAddress(IpAddr::from([0, 0, 0, 0]).into()),
+        Err(_) => IpAddr::from([0, 0, 0, 0]),
+    };
+    (ServerName::IpAddress(ip.into()), NameSource::BackendIp)
+}
+
+/// What the checks of backend `b` of `svc` connect to and the name they use.
+pub fn target(svc: &ServiceConfig, b: &BackendConfig) -> Target {
+    Target {
+        address: b.address.clone(),
+        server_name: server_name_for(svc, b).0,
+        proxy_protocol: b.proxy_protocol,
     }
 }
 
@@ -87,11 +122,7 @@ pub fn spawn_checks(svc: &Arc<Service>) {
 
 async fn check_loop(svc: Arc<Service>, b: Arc<Backend>, stop: CancellationToken) {
     let h = b.config.health.clone();
-    let target = Target {
-        address: b.config.address.clone(),
-        server_name: server_name_for(&svc, &b),
-        proxy_protocol: b.config.proxy_protocol,
-    };
+    let target = target(&svc.config, &b.config);
     let kind = check_label(&h.check);
     loop {
         let started = Instant::now();
@@ -152,6 +183,8 @@ mod tests {
     use crate::balance::{AdminState, Pool, PoolParams};
     use crate::metrics::Metrics;
 
+    const CLIENT: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     /// A service `s` with primary `p` and backup `b` (no tasks started).
     fn service(check: &str, failback: &str) -> Service {
         let yaml = format!(
@@ -185,6 +218,11 @@ mod tests {
         }
     }
 
+    fn primary_and_backup(svc: &Service) -> (Arc<Backend>, Arc<Backend>) {
+        let get = |name| svc.pool.get(name).unwrap().clone();
+        (get("p"), get("b"))
+    }
+
     #[test]
     fn flips_once_after_fall_and_rise() {
         let svc = service("tcp", "auto");
@@ -209,14 +247,18 @@ mod tests {
     #[test]
     fn manual_failback_holds_a_recovered_primary_while_the_backup_serves() {
         let svc = service("tls-hello", "manual");
-        let (p, b) = (
-            svc.pool.get("p").unwrap().clone(),
-            svc.pool.get("b").unwrap().clone(),
-        );
+        let (p, b) = primary_and_backup(&svc);
         for _ in 0..3 {
             observe(&svc, &p, false);
         }
         assert!(b.is_available());
+        // The backup serves while the primary is down: a failover.
+        let lease = svc
+            .pool
+            .try_pick(CLIENT, &[])
+            .expect("the backup takes over");
+        assert_eq!(&*lease.backend().name, "b");
+        drop(lease);
         observe(&svc, &p, true);
         assert_eq!(observe(&svc, &p, true), Some(Flip::Standby));
         assert_eq!(p.state_name(), "standby");
@@ -236,6 +278,28 @@ mod tests {
         }
         observe(&svc, &b, true);
         assert_eq!(observe(&svc, &b, true), Some(Flip::Up));
+    }
+
+    /// Issue #27: primary and backup down together (a broken CA file), the backup's
+    /// checks pass first, no client reaches it before the primary's pass too: no
+    /// failover started, the primary resumes (before: it was held in standby and
+    /// the CA stayed on a backup that never signed anything).
+    #[test]
+    fn backends_down_together_and_back_together_start_no_failover() {
+        let svc = service("tls-hello", "manual");
+        let (p, b) = primary_and_backup(&svc);
+        for _ in 0..3 {
+            observe(&svc, &p, false);
+            observe(&svc, &b, false);
+        }
+        assert_eq!((p.state_name(), b.state_name()), ("down", "down"));
+        observe(&svc, &b, true);
+        assert_eq!(observe(&svc, &b, true), Some(Flip::Up));
+        observe(&svc, &p, true);
+        assert_eq!(observe(&svc, &p, true), Some(Flip::Up));
+        assert_eq!(p.state_name(), "up");
+        let lease = svc.pool.try_pick(CLIENT, &[]).expect("a backend");
+        assert_eq!(&*lease.backend().name, "p", "the primary resumes");
     }
 
     #[test]

@@ -26,13 +26,16 @@ pub fn observe(svc: &Service, b: &Backend, ok: bool) -> Option<Flip> {
         if b.is_healthy() || streak < h.rise {
             return None;
         }
+        // Held only if another backend took over: it is available and was given a
+        // connection since this one went down. Backends that were down together and
+        // come back together (the backup's checks pass first) start no failover.
         let hold = svc.config.failback == Failback::Manual
             && !b.config.backup
             && svc
                 .pool
                 .backends
                 .iter()
-                .any(|o| o.index != b.index && o.is_available());
+                .any(|o| o.index != b.index && o.is_available() && o.served_since_down_of(b));
         // Standby first, so the backend never takes a connection in between.
         if hold {
             b.set_standby(true);

@@ -89,7 +89,7 @@ pub enum HelloParse {
 ///   so an odd extension from a real client does not cost us the connection.
 pub fn parse_client_hello(buf: &[u8], max: usize) -> HelloParse {
     match client_hello_bytes(buf, max) {
-        Ok(Some((message, consumed))) => match parse_hello_message(&message) {
+        Ok(Some((message, consumed))) => match parse_hello_message(counted(&message)) {
             Some(mut info) => {
                 info.consumed = consumed;
                 HelloParse::Found(info)
@@ -136,6 +136,7 @@ pub(super) fn client_hello_bytes(
         let Some(len) = read_u16(buf, pos + 3) else {
             return Ok(None);
         };
+        work::add(RECORD_HEADER_LEN);
         let len = usize::from(len);
         if len == 0 || len > MAX_RECORD_LEN {
             // RFC 8446 5.1: zero-length handshake fragments are not allowed.
@@ -152,14 +153,14 @@ pub(super) fn client_hello_bytes(
             .unwrap_or(&[]);
         // Only the 4-byte handshake header is needed from it: copying all of `joined`
         // per record made a hello of many tiny records cost time cubic in their number
-        // over conn.rs's re-parses (tests/fuzz_props.rs, many_tiny_records_...).
+        // over conn.rs's re-parses (many_tiny_records_parse_in_linear_time below).
         let mut head = [0u8; HANDSHAKE_HEADER_LEN];
         let mut head_len = 0;
         for (slot, &b) in head.iter_mut().zip(joined.iter().chain(available)) {
             *slot = b;
             head_len += 1;
         }
-        let view = &head[..head_len];
+        let view = counted(&head[..head_len]);
         if let Some(&msg_type) = view.first() {
             if msg_type != HS_CLIENT_HELLO {
                 return Err(HelloError::Malformed);
@@ -174,7 +175,7 @@ pub(super) fn client_hello_bytes(
         if buf.len() < record_end {
             return Ok(None);
         }
-        joined.extend_from_slice(available);
+        joined.extend_from_slice(counted(available));
         if let Some(msg_len) = read_u24(&joined, 1) {
             let total = HANDSHAKE_HEADER_LEN + msg_len;
             if joined.len() >= total {
@@ -187,6 +188,38 @@ pub(super) fn client_hello_bytes(
             }
         }
         pos = record_end;
+    }
+}
+
+/// `bytes`, counted as work for tests ([`work`]): the parser looks at or copies them.
+fn counted(bytes: &[u8]) -> &[u8] {
+    work::add(bytes.len());
+    bytes
+}
+
+/// The work of the parser, in bytes looked at or copied (each record header, the
+/// handshake header read across records, each payload byte joined, the message
+/// handed to tls-parser): counted in unit tests only, so a test can bound the work
+/// of a parse without a clock (`many_tiny_records_parse_in_linear_time`).
+mod work {
+    #[cfg(test)]
+    thread_local! {
+        static DONE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Count `bytes` of work (nothing outside tests).
+    #[inline]
+    pub(super) fn add(bytes: usize) {
+        #[cfg(test)]
+        DONE.with(|d| d.set(d.get() + bytes));
+        #[cfg(not(test))]
+        let _ = bytes;
+    }
+
+    /// The work counted on this thread since the last call.
+    #[cfg(test)]
+    pub(super) fn take() -> usize {
+        DONE.with(|d| d.replace(0))
     }
 }
 
@@ -254,4 +287,66 @@ pub(super) fn parse_psk_identities(ext: &[u8]) -> Option<Vec<Vec<u8>>> {
         list.take(4)?; // obfuscated_ticket_age
     }
     Some(identities)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handshake message of `len` bytes (type ClientHello, body filler) carried in
+    /// records of one payload byte each: 6 stream bytes per message byte, the most
+    /// records a hello within `max_hello_size` can have.
+    fn one_byte_records(len: usize) -> Vec<u8> {
+        let mut message = vec![HS_CLIENT_HELLO];
+        message.extend_from_slice(&((len - 4) as u32).to_be_bytes()[1..]);
+        message.resize(len, 0x42);
+        let mut out = Vec::with_capacity(len * 6);
+        for b in message {
+            out.extend_from_slice(&[CONTENT_HANDSHAKE, 0x03, 0x01, 0x00, 0x01, b]);
+        }
+        out
+    }
+
+    /// Work a linear parse may do per byte buffered: for 1-byte records, 5 header
+    /// bytes, at most 4 bytes of handshake header and 1 payload byte per 6 bytes of
+    /// stream, plus the message once (1/6): 1.84 at most. A parse that walks or
+    /// copies what it already joined once per record does ~records / 12 per byte
+    /// (over 200 at the end here).
+    const WORK_PER_BUFFERED_BYTE: usize = 2;
+    /// Work that doesn't grow with the buffer.
+    const WORK_SLACK: usize = 64;
+
+    /// Regression (found writing the fuzz properties): a hello cut into 1-byte
+    /// records made each parse copy the joined payload once per record, and conn.rs
+    /// parses again after every read, so a client trickling such a hello cost CPU
+    /// cubic in the number of records (seconds per connection at the default 16 KiB
+    /// limit). A parse must be linear in the bytes buffered: measured in the work
+    /// the parser counts (bytes looked at or copied, [`work`]), not in time or
+    /// allocations, so neither a loaded machine nor a parser that re-walks its
+    /// records without allocating can pass or fail it wrongly.
+    #[test]
+    fn many_tiny_records_parse_in_linear_time() {
+        let max = 16 * 1024;
+        // The largest message whose 1-byte records still fit within `max`.
+        let framed = one_byte_records((max - 16) / 6);
+        assert!(framed.len() <= max);
+        let mut most = 0.0f64;
+        // A read completes every record (6 bytes): conn.rs parses the buffer again.
+        for end in (6..=framed.len()).step_by(6) {
+            work::take();
+            let r = parse_client_hello(&framed[..end], max);
+            let done = work::take();
+            let want_more = end < framed.len();
+            assert_eq!(r == HelloParse::NeedMore, want_more, "at {end}: {r:?}");
+            assert!(
+                done <= WORK_PER_BUFFERED_BYTE * end + WORK_SLACK,
+                "parsing {end} bytes of 1-byte records took {done} bytes of work"
+            );
+            most = most.max(done as f64 / end as f64);
+        }
+        println!(
+            "{} one-byte records: at most {most:.2} bytes of work per byte buffered",
+            framed.len() / 6
+        );
+    }
 }

@@ -492,6 +492,18 @@ pub struct RelayPlan {
     pub why: String,
 }
 
+impl RelayPlan {
+    /// The relay and why, without saying the relay twice: `splice-auto (the
+    /// default)`, `splice-auto (relay: auto chooses ...)`.
+    pub fn describe(&self) -> String {
+        let said = format!("relay: {} ", self.relay);
+        match self.why.strip_prefix(&said) {
+            Some(rest) => format!("{} {rest}", self.relay),
+            None => format!("{} ({})", self.relay, self.why),
+        }
+    }
+}
+
 /// The relay a service configured with `mode` uses here (loading the kernel relay's
 /// program on first use: loading needs the privileges `crossbar run` will have).
 pub fn plan(mode: crate::config::RelayMode) -> RelayPlan {

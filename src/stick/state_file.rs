@@ -1,14 +1,18 @@
 //! The saved form of a stick table (`state_file`): versioned, checksummed, written
 //! atomically, and read back only if it is whole.
 use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::hash::Hasher;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
+use nix::fcntl::{Flock, FlockArg};
+use nix::unistd::geteuid;
 use siphasher::sip::SipHasher13;
 
 use super::entry::*;
@@ -94,6 +98,16 @@ pub enum StateFileError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The path names something else than a regular file (a FIFO, a socket, a
+    /// directory, a device, a symbolic link): never opened for reading, so that a
+    /// FIFO can't block start-up or a reload.
+    #[error("{path} is {what}, not a regular file: crossbar reads the table back only from a regular file (and replaces the path at each save)")]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is ("a FIFO", ...).
+        what: &'static str,
+    },
 }
 
 /// One entry as written to / read from a saved table.
@@ -164,8 +178,10 @@ impl StickTable {
     /// untrusted input, bounded before it is read: at most `4 × size` entries and 1 MiB
     /// of names. A missing file is the `NotFound` error of the open; a corrupt,
     /// truncated, oversized or other-version file is `InvalidData` (wrapping a
-    /// [`StateFileError`]) and leaves the table unchanged.
+    /// [`StateFileError`]) and leaves the table unchanged; so is a path that is not a
+    /// regular file, which is never read (the open never waits: `open_regular`).
     pub fn load(&self, path: &Path, backends: &[&str]) -> io::Result<usize> {
+        remove_stale_temps(path);
         let bytes = read_bounded(path, self.max_file_bytes())?;
         let file =
             decode_state(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -267,7 +283,7 @@ fn save_lock(path: &Path) -> Arc<Mutex<()>> {
 /// Read a whole file of at most `max` bytes; a longer one is `InvalidData`
 /// ([`StateFileError::TooLarge`]) without reading it.
 fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let file = File::open(path)?;
+    let file = open_regular(path)?;
     let found = file.metadata()?.len();
     let too_large = |found| {
         io::Error::new(
@@ -285,6 +301,55 @@ fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
         return Err(too_large(bytes.len() as u64));
     }
     Ok(bytes)
+}
+
+/// Open an existing state file for reading without ever waiting: O_NONBLOCK (a FIFO
+/// opens at once instead of waiting for a writer), O_NOFOLLOW (a symbolic link is
+/// refused, not followed), then fstat: anything but a regular file is refused
+/// ([`StateFileError::NotRegular`]) before a byte is read.
+fn open_regular(path: &Path) -> io::Result<File> {
+    let not_regular = |what| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            StateFileError::NotRegular {
+                path: path.to_path_buf(),
+                what,
+            },
+        )
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_regular("a symbolic link"),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(not_regular(describe(&kind)));
+    }
+    Ok(file)
+}
+
+/// What a file that is not a regular file is, for messages ("a FIFO").
+pub fn describe(kind: &fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a file"
+    }
 }
 
 pub(super) fn checksum(bytes: &[u8]) -> u64 {
@@ -456,14 +521,15 @@ pub(super) fn tmp_path(path: &Path) -> PathBuf {
 }
 
 /// Writes `bytes` to `path` via a new fsynced temp file and a rename, then fsyncs
-/// the directory. The temp file is removed if anything fails.
+/// the directory. The temp file is removed if anything fails; it stays locked until
+/// it is renamed (see [`remove_stale_temps`]).
 pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let (mut file, tmp) = create_temp(path)?;
     let result = (|| {
         file.write_all(bytes)?;
         file.sync_all()?;
-        drop(file);
         fs::rename(&tmp, path)?;
+        drop(file);
         let dir = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
@@ -471,28 +537,53 @@ pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         File::open(dir)?.sync_all()
     })();
     if result.is_err() {
-        if let Err(e) = fs::remove_file(&tmp) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(path = %tmp.display(), error = %e, "could not remove temporary stick table file");
-            }
-        }
+        remove_quietly(&tmp);
     }
     result
 }
 
-/// Creates a new temporary file for `path` (see [`create_private`]); retries with
-/// another random name only if one already exists.
-fn create_temp(path: &Path) -> io::Result<(File, PathBuf)> {
+/// Creates a new temporary file for `path` (see [`create_private`]) and locks it
+/// (`flock`, exclusive) for the whole save: a save in progress, in this process or
+/// another, is never taken for a crashed one ([`remove_stale_temps`]). Retries with
+/// another random name if one already exists, or if the new file was removed as
+/// stale in the instant between its creation and the lock.
+fn create_temp(path: &Path) -> io::Result<(Flock<File>, PathBuf)> {
     let mut last = None;
     for _ in 0..TEMP_NAME_TRIES {
         let tmp = tmp_path(path);
-        match create_private(&tmp) {
-            Ok(file) => return Ok((file, tmp)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+        let file = match create_private(&tmp) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                last = Some(e);
+                continue;
+            }
             Err(e) => return Err(e),
+        };
+        let locked = match Flock::lock(file, FlockArg::LockExclusive) {
+            Ok(locked) => locked,
+            Err((_, errno)) => {
+                remove_quietly(&tmp);
+                return Err(errno.into());
+            }
+        };
+        if same_file(&locked.metadata()?, &tmp)? {
+            return Ok((locked, tmp));
         }
+        last = Some(io::Error::new(
+            io::ErrorKind::NotFound,
+            "the new temporary file was removed before it was locked",
+        ));
     }
     Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)))
+}
+
+/// Removes `tmp`, logging why if it can't (a leftover is cleaned at the next start).
+fn remove_quietly(tmp: &Path) {
+    if let Err(e) = fs::remove_file(tmp) {
+        if e.kind() != io::ErrorKind::NotFound {
+            tracing::warn!(path = %tmp.display(), error = %e, "could not remove temporary stick table file");
+        }
+    }
 }
 
 /// Creates a new file readable only by its owner (it holds the hash key): never an
@@ -504,4 +595,91 @@ pub(super) fn create_private(path: &Path) -> io::Result<File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(0o600)
         .open(path)
+}
+
+/// Removes what crashed saves to `path` left behind (a save killed between creating
+/// its temporary file and renaming it): the files next to `path` named as
+/// [`tmp_path`] names them, that are regular files of this process's user and that
+/// no save holds locked ([`create_temp`]: a save in progress, in this process or in
+/// another such as the one a hitless upgrade takes over from, keeps its lock until
+/// the rename). Anything else, a link above all, is never opened, followed or
+/// removed. Returns how many were removed; each is logged.
+pub(super) fn remove_stale_temps(path: &Path) -> usize {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return 0;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not look for temporary files of interrupted stick table saves");
+            }
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !is_temp_name(name, &entry.file_name()) {
+            continue;
+        }
+        let tmp = entry.path();
+        match remove_if_stale(&tmp) {
+            Ok(false) => {}
+            Ok(true) => {
+                removed += 1;
+                tracing::info!(path = %tmp.display(), "removed the temporary file of an interrupted stick table save");
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %tmp.display(), error = %e, "could not remove a leftover temporary stick table file")
+            }
+        }
+    }
+    removed
+}
+
+/// Whether `candidate` is `<name>.<16 hex digits>.tmp` ([`tmp_path`]).
+fn is_temp_name(name: &OsStr, candidate: &OsStr) -> bool {
+    let random = candidate
+        .as_bytes()
+        .strip_prefix(name.as_bytes())
+        .and_then(|rest| rest.strip_prefix(b"."))
+        .and_then(|rest| rest.strip_suffix(b".tmp"));
+    random.is_some_and(|r| r.len() == 16 && r.iter().all(u8::is_ascii_hexdigit))
+}
+
+/// Removes `tmp` if it is a regular file of this user that no save holds locked.
+/// Looks before it opens (lstat: a link, FIFO or device is never opened), opens
+/// without following a link, and checks that it opened what it looked at.
+fn remove_if_stale(tmp: &Path) -> io::Result<bool> {
+    let seen = fs::symlink_metadata(tmp)?;
+    if !seen.file_type().is_file() || seen.uid() != geteuid().as_raw() {
+        return Ok(false);
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(tmp)?;
+    if !same_file(&file.metadata()?, tmp)? {
+        return Ok(false); // replaced since it was looked at
+    }
+    let Ok(_unused) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+        return Ok(false); // a save is writing it
+    };
+    fs::remove_file(tmp)?;
+    Ok(true)
+}
+
+/// Whether `name` (not followed if a link) is the file `opened` describes.
+fn same_file(opened: &fs::Metadata, name: &Path) -> io::Result<bool> {
+    match fs::symlink_metadata(name) {
+        Ok(m) => Ok((m.dev(), m.ino()) == (opened.dev(), opened.ino())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }

@@ -1121,6 +1121,48 @@ mod tests {
         assert_eq!(left, ["t"], "temporary files left behind");
     }
 
+    /// A save killed before its rename leaves `<path>.<random>.tmp`: loading the table
+    /// (at start) removes it, and nothing else: not a save in progress (it holds its
+    /// temp file's lock, as one in another process would), not a link named like a
+    /// temp file (nor what it points to), not a FIFO, not another user's file, not
+    /// another name. Once the save holding a file is gone, that file is stale too.
+    #[test]
+    fn load_removes_the_temporary_files_of_crashed_saves_only() {
+        use nix::fcntl::{Flock, FlockArg};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let t = table(10);
+        t.learn(sid(&t, 1), "b1");
+        t.save(&path).unwrap();
+        let crashed = tmp_path(&path);
+        fs::write(&crashed, b"half a table").unwrap();
+        let busy = tmp_path(&path);
+        let held = Flock::lock(create_private(&busy).unwrap(), FlockArg::LockExclusive).unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let link = tmp_path(&path);
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let fifo = tmp_path(&path);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let foreign = tmp_path(&path);
+        fs::write(&foreign, b"someone else's").unwrap();
+        std::os::unix::fs::chown(&foreign, Some(nix::unistd::geteuid().as_raw() + 1), None)
+            .expect("chown to another user (the tests run as root)");
+        let other = dir.path().join("t.backup.tmp");
+        fs::write(&other, b"not ours").unwrap();
+
+        assert_eq!(table(10).load(&path, BACKENDS).unwrap(), 1);
+        assert!(!crashed.exists(), "the crashed save's file is still there");
+        for kept in [&busy, &link, &fifo, &foreign, &other, &victim] {
+            assert!(fs::symlink_metadata(kept).is_ok(), "{kept:?} was removed");
+        }
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        drop(held);
+        table(10).load(&path, BACKENDS).unwrap();
+        assert!(!busy.exists(), "a file no save holds any more is stale");
+        assert!(fs::symlink_metadata(&link).is_ok() && other.exists());
+    }
+
     #[test]
     fn names_a_file_lists_do_not_fill_the_name_list() {
         let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@ pub mod java;
 pub mod log;
 pub mod netns;
 pub mod process;
+pub mod snapshot;
 pub mod tls;
 
 #[allow(unused_imports)] // see above
@@ -151,11 +152,12 @@ impl Crossbar {
     }
 
     /// Replace the running configuration with `yaml` (rewrites the same file).
-    pub fn reload(&self, yaml: &str) {
+    pub async fn reload(&self, yaml: &str) {
         let dir = self.path.parent().expect("config dir");
         let cfg = load_config(dir, yaml);
         self.server
             .reload(cfg)
+            .await
             .unwrap_or_else(|e| panic!("reload should succeed: {e}"));
     }
 

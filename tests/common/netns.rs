@@ -3,7 +3,8 @@
 //! host, joined by veth pairs on 192.0.2.0/24 (TEST-NET-1, documentation only).
 //! Nothing is routed out of the namespaces; every process started in them is killed
 //! by PID and every namespace deleted when the [`Lab`] is dropped, also when a test
-//! fails half-way.
+//! fails half-way; a lab whose test process was killed (no `Drop`) is removed when
+//! the next lab starts ([`remove_stale_labs`]).
 //!
 //! Code runs inside a host either as a process (`ip netns exec`) or as a thread that
 //! joined the namespace (`setns`) and drives its own tokio runtime, so sockets it
@@ -90,8 +91,61 @@ pub const LAB_WAIT: Duration = Duration::from_secs(60);
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether network namespaces can be made here (root, `ip` present). Outside CI a
-/// test may skip with a visible message when they can't; with `CI=true` it fails.
+/// Every lab namespace is `cbha<pid>x<n>-<host>`: the PID of the test process that
+/// made it, so a leftover can be told from a lab in use.
+const LAB_PREFIX: &str = "cbha";
+
+/// Delete the namespaces of labs whose test process is gone (killed, so its `Drop`
+/// never ran), and kill what still runs in them (a keepalived, a crossbar). A lab
+/// whose process still runs, this one's or a test's running beside it, is never
+/// touched. Best effort: what can't be removed now is tried again at the next lab.
+pub fn remove_stale_labs() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return Vec::new(); // no named namespace at all
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = lab_owner(&name) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue; // its test still runs
+        }
+        kill_all_in(&name);
+        if run(&["ip", "netns", "del", &name]).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+/// The PID in a lab namespace's name (`cbha<pid>x<n>-<host>`), `None` for any
+/// other name.
+fn lab_owner(name: &str) -> Option<u32> {
+    let (pid, rest) = name.strip_prefix(LAB_PREFIX)?.split_once('x')?;
+    let (n, host) = rest.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let known = Host::ALL.iter().any(|h| h.suffix() == host);
+    (digits(pid) && digits(n) && known).then(|| pid.parse().ok())?
+}
+
+/// Kill (SIGKILL) every process in namespace `ns` but this test process.
+fn kill_all_in(ns: &str) {
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return;
+    };
+    let me = std::process::id().to_string();
+    for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        if pid == me {
+            continue; // a thread of this test joined it: never kill the test
+        }
+        let _ = Command::new("kill").args(["-9", pid]).status(); // ok: best effort
+    }
+}
+
+/// Whether network namespaces can be made here (root, `ip` present); a test that
+/// needs them fails when they can't.
 pub fn usable() -> Result<()> {
     let ok = Command::new("unshare")
         .args(["-n", "ip", "link", "set", "lo", "up"])
@@ -180,8 +234,9 @@ impl Lab {
     /// sources.
     pub fn new() -> Result<Lab> {
         usable()?;
+        remove_stale_labs();
         let n = LABS.fetch_add(1, Ordering::SeqCst);
-        let prefix = format!("cbha{}x{n}", std::process::id());
+        let prefix = format!("{LAB_PREFIX}{}x{n}", std::process::id());
         let mut lab = Lab {
             prefix,
             dir: tempfile::tempdir()?,
@@ -398,15 +453,7 @@ impl Drop for Lab {
     fn drop(&mut self) {
         for ns in self.made.iter().rev() {
             // Kill whatever still runs in it, then delete it.
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-                let me = std::process::id().to_string();
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    if pid == me {
-                        continue; // a thread of this test joined it: never kill the test
-                    }
-                    let _ = Command::new("kill").args(["-9", pid]).status(); // ok: best effort
-                }
-            }
+            kill_all_in(ns);
             let _ = Command::new("ip").args(["netns", "del", ns]).status(); // ok: best effort
         }
     }

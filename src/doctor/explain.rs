@@ -1,0 +1,163 @@
+//! A failed health check in an operator's words: which certificate, which issuer,
+//! which name was checked, and the setting that fixes it, instead of the TLS
+//! library's `UnknownIssuer` or `Other(OtherError(CaUsedAsEndEntity))`.
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::CertificateError;
+
+use super::cert::CertInfo;
+use crate::config::HttpsCheck;
+use crate::health::{CheckError, NameSource};
+
+/// Where Puppet keeps the CA certificate on a master and an agent.
+const PUPPET_CA_PEM: &str = "/etc/puppetlabs/puppet/ssl/certs/ca.pem";
+
+/// What the explanation may draw on besides the error.
+pub struct Context<'a> {
+    /// The https check, when the check is one.
+    pub https: Option<&'a HttpsCheck>,
+    /// The name the check sent and verified, and where it came from.
+    pub name: &'a ServerName<'static>,
+    /// Where that name came from.
+    pub source: NameSource,
+    /// The chain the backend presented (leaf first), from the doctor's own handshake.
+    pub chain: &'a [CertInfo],
+    /// Names agents dial for the service (to suggest a `health.server_name`).
+    pub dialed: &'a [&'a str],
+}
+
+/// `err` as a sentence naming the certificate, the issuer and the fix.
+pub fn check_failure(err: &CheckError, cx: &Context<'_>) -> String {
+    let Some(tls) = err.tls_error() else {
+        return match err {
+            CheckError::Setup(why) => format!("{err}: fix the file in `health` ({why})"),
+            _ => err.to_string(),
+        };
+    };
+    let leaf = cx.chain.first();
+    let subject = leaf.map_or_else(|| "presented".to_string(), |c| c.subject.clone());
+    match tls {
+        rustls::Error::InvalidCertificate(ce) => match ce {
+            CertificateError::UnknownIssuer => unknown_issuer(cx, leaf),
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                wrong_name(cx, leaf)
+            }
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                let when = leaf.map_or(String::new(), |c| format!(" on {}", c.not_after));
+                format!("the certificate {subject} expired{when}: renew it on the backend")
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                format!(
+                    "the certificate {subject} is not valid yet: check the clocks of this \
+                     machine and of its CA"
+                )
+            }
+            CertificateError::Other(o) if format!("{o:?}").contains("CaUsedAsEndEntity") => {
+                format!(
+                    "the certificate {subject} is a CA certificate (basicConstraints CA:TRUE, \
+                     which `openssl req -x509` sets by default) used as the server's own \
+                     certificate, which TLS clients refuse. Fix: give the backend a server \
+                     certificate issued by a CA (on Puppet: `puppetserver ca generate \
+                     --certname NAME`), or make the self-signed one with `-addext \
+                     basicConstraints=critical,CA:FALSE`, and keep `health.ca_file` on its issuer"
+                )
+            }
+            other => format!("the certificate {subject} is refused: {other:?}"),
+        },
+        other => format!("TLS handshake failed: {other}"),
+    }
+}
+
+fn unknown_issuer(cx: &Context<'_>, leaf: Option<&CertInfo>) -> String {
+    let ca_file = cx.https.and_then(|h| h.ca_file.as_ref());
+    let file = ca_file.map_or("`health.ca_file`".to_string(), |p| {
+        format!("`health.ca_file` ({})", p.display())
+    });
+    let holds = match ca_file.map(|p| ca_subjects(p)) {
+        Some(s) if s.is_empty() => "no certificate it can read".to_string(),
+        Some(s) => s.join(", "),
+        None => "nothing".to_string(),
+    };
+    let Some(leaf) = leaf else {
+        return format!("the certificate is not issued by a CA in {file} (it holds {holds})");
+    };
+    let what = if leaf.subject == leaf.issuer {
+        format!("the certificate {} is self-signed", leaf.subject)
+    } else {
+        format!(
+            "the certificate {} is issued by {}",
+            leaf.subject, leaf.issuer
+        )
+    };
+    format!(
+        "{what}, which is not in {file}: it holds {holds}. Fix: point `health.ca_file` at \
+         the certificate of {} (on a Puppet master: {PUPPET_CA_PEM})",
+        leaf.issuer
+    )
+}
+
+fn wrong_name(cx: &Context<'_>, leaf: Option<&CertInfo>) -> String {
+    let checked = name_text(cx.name);
+    let why = match cx.source {
+        NameSource::HealthServerName => "`health.server_name`",
+        NameSource::ServerNames => "the service's first `server_names` entry",
+        NameSource::BackendHost => "the backend's host name",
+        NameSource::BackendIp => {
+            "the backend's IP address: there is no `health.server_name` and no exact \
+             `server_names` entry, and `names` is not used for checks"
+        }
+    };
+    let Some(leaf) = leaf else {
+        return format!("the certificate is not valid for `{checked}` (from {why})");
+    };
+    let has = if leaf.sans.is_empty() {
+        "no subject alternative names".to_string()
+    } else {
+        leaf.sans.join(", ")
+    };
+    let suggest = cx
+        .dialed
+        .iter()
+        .find(|n| leaf.covers(n))
+        .map(|n| n.to_string())
+        .or_else(|| {
+            leaf.sans
+                .iter()
+                .find_map(|s| s.strip_prefix("DNS:"))
+                .filter(|n| !n.starts_with('*'))
+                .map(str::to_string)
+        });
+    let fix = match suggest {
+        Some(n) => format!("Fix: set `health.server_name: {n}` (a name the certificate carries)"),
+        None => "Fix: set `health.server_name` to a name the certificate carries, or re-issue \
+                 the certificate with this name"
+            .to_string(),
+    };
+    format!(
+        "the check verifies the certificate {} against `{checked}` (from {why}), but the \
+         certificate's names are {has}. {fix}",
+        leaf.subject
+    )
+}
+
+/// The subjects of the certificates in a PEM file (empty when it can't be read).
+fn ca_subjects(path: &std::path::Path) -> Vec<String> {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let Ok(certs) = CertificateDer::pem_file_iter(path) else {
+        return Vec::new();
+    };
+    certs
+        .map_while(Result::ok)
+        .filter_map(|c| CertInfo::parse(&c, now).ok())
+        .map(|c| c.subject)
+        .collect()
+}
+
+/// A server name as text (the IP for an IP address).
+pub fn name_text(n: &ServerName<'_>) -> String {
+    match n {
+        ServerName::DnsName(d) => d.as_ref().to_string(),
+        ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
+        _ => String::new(),
+    }
+}

@@ -1,0 +1,448 @@
+//! Reload as a transaction, with a real `crossbar run` process and its admin API: a
+//! reload that fails for any reason (a bad file, an unreadable one, an address in
+//! use, a listener change it can't apply) leaves `/api/services`, the `crossbar_*`
+//! metrics, the stick tables and every backend state exactly as they were, though
+//! the file would disable a backend, shorten the stick lifetimes, add a backend and
+//! lower the listener's limit. Changes a kept listen address can take (its
+//! `max_connections`, its `backlog`) apply. A FIFO at a `state_file` path blocks
+//! neither start-up nor a reload, and `check` names it.
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::snapshot::{get, Snapshot};
+use common::*;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+/// The stick lifetime of the running config; the failing files say 5 s.
+const EXPIRE_SECS: u64 = 3600;
+
+/// A running `crossbar run -c file` with its admin endpoint and one listen address.
+struct Running {
+    proc: ChildGuard,
+    file: PathBuf,
+    admin: SocketAddr,
+    listen: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    async fn start(yaml: impl Fn(SocketAddr, SocketAddr) -> String) -> Running {
+        Running::start_in(tempfile::tempdir().unwrap(), yaml, Stdio::inherit()).await
+    }
+
+    /// Start with the config file in `dir`, logging to `stderr`. Ready when the admin
+    /// endpoint answers: it is served only once every listen address is bound.
+    async fn start_in(
+        dir: tempfile::TempDir,
+        yaml: impl Fn(SocketAddr, SocketAddr) -> String,
+        stderr: Stdio,
+    ) -> Running {
+        let file = dir.path().join("crossbar.yaml");
+        let (admin, listen) = (free_port(), free_port());
+        std::fs::write(&file, yaml(admin, listen)).unwrap();
+        let proc = crossbar_run(&file, None, stderr);
+        get_when_up(admin, "/healthz").await;
+        Running {
+            proc,
+            file,
+            admin,
+            listen,
+            _dir: dir,
+        }
+    }
+
+    /// `POST /api/reload`: the status and the answer.
+    async fn reload(&self) -> (Option<u16>, String) {
+        let req = b"POST /api/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        raw_request(self.admin, req, WAIT).await
+    }
+
+    /// Write `yaml` and reload it, expecting a refusal whose answer contains `why`.
+    async fn refused(&self, yaml: &str, why: &str) {
+        std::fs::write(&self.file, yaml).unwrap();
+        self.refused_as_is(why).await;
+    }
+
+    /// Reload whatever is at the config path now, expecting a refusal naming `why`.
+    async fn refused_as_is(&self, why: &str) {
+        let (status, text) = self.reload().await;
+        assert_eq!(status, Some(422), "the reload should fail: {text}");
+        assert!(text.contains(why), "refusal should say {why:?}: {text}");
+    }
+
+    async fn reloaded(&self, yaml: &str) {
+        std::fs::write(&self.file, yaml).unwrap();
+        let (status, text) = self.reload().await;
+        assert_eq!(status, Some(200), "the reload should succeed: {text}");
+    }
+
+    async fn metrics(&self) -> String {
+        get(self.admin, "/metrics").await
+    }
+
+    async fn refused_total(&self) -> f64 {
+        metric_value(
+            &self.metrics().await,
+            "crossbar_listener_refused_total",
+            &[("reason", "max_connections")],
+        )
+    }
+}
+
+/// Poll (bounded) until the admin endpoint at `addr` accepts a connection, then GET
+/// `path`.
+async fn get_when_up(addr: SocketAddr, path: &str) -> String {
+    for _ in 0..(WAIT.as_millis() / 10) {
+        if TcpStream::connect(addr).await.is_ok() {
+            return get(addr, path).await;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{addr} never accepted");
+}
+
+/// A connection over the listener's limit is closed before a backend answers.
+async fn is_refused(addr: SocketAddr) -> bool {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut byte = [0u8; 1];
+    matches!(
+        within("an answer or a close", s.read(&mut byte)).await,
+        Ok(0) | Err(_)
+    )
+}
+
+/// The running config: `svc` on `listen` (at most 4 connections), source
+/// stickiness for an hour, backends a and b.
+fn good(admin: SocketAddr, listen: SocketAddr, a: &Backend, b: &Backend) -> String {
+    format!(
+        "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    mode: tcp\n    \
+         listen: [{{ address: \"{listen}\", max_connections: 4 }}]\n    health: {{ check: none }}\n    \
+         stick: {{ on: [source], expire: {EXPIRE_SECS}s, source_expire: {EXPIRE_SECS}s }}\n    backends:\n      \
+         - {{ name: a, address: \"{}\" }}\n      - {{ name: b, address: \"{}\" }}\n",
+        a.addr, b.addr
+    )
+}
+
+/// What every failing file would change if any of it were applied: `a` disabled,
+/// 5 s stick lifetimes, a backend `ghost`, the listener's limit down to 1.
+fn harmful(good: &str, ghost: SocketAddr) -> String {
+    let ghost_line = format!("      - {{ name: ghost, address: \"{ghost}\" }}\n");
+    let mut y = good
+        .replace(
+            "- { name: a, address: ",
+            "- { name: a, disabled: true, address: ",
+        )
+        .replace(&format!("expire: {EXPIRE_SECS}s"), "expire: 5s")
+        .replace("max_connections: 4", "max_connections: 1");
+    y.push_str(&ghost_line);
+    y
+}
+
+/// Stick entries from two client addresses; the connections stay open (idle), so
+/// nothing changes while the test compares.
+async fn learn(listen: SocketAddr) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for last in [2u8, 3] {
+        let from = IpAddr::from([127, 0, 0, last]);
+        let mut s = connect_from(from, listen).await;
+        read_name(&mut s).await;
+        held.push(s);
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reload_changes_nothing() {
+    let (a, b) = (
+        Backend::echo("a", true).await,
+        Backend::echo("b", true).await,
+    );
+    let ghost = Backend::echo("ghost", true).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().map(|addr| (taken, addr)).unwrap();
+    let lb = Running::start(|admin, listen| good(admin, listen, &a, &b)).await;
+    let good = good(lb.admin, lb.listen, &a, &b);
+    let harmful = harmful(&good, ghost.addr);
+    let _held = learn(lb.listen).await;
+
+    let in_use = harmful.replace(
+        &format!("address: \"{}\", max_connections: 1 }}", lb.listen),
+        &format!(
+            "address: \"{}\", max_connections: 1 }}, \"{}\"",
+            lb.listen, taken.1
+        ),
+    );
+    let freebind = harmful.replace(
+        "max_connections: 1 }",
+        "max_connections: 1, freebind: true }",
+    );
+    let cases: [(&str, Option<String>, &str); 5] = [
+        (
+            "invalid YAML",
+            Some(format!("{harmful}    - [unclosed\n")),
+            "crossbar.yaml",
+        ),
+        (
+            "an unknown key",
+            Some(harmful.replace("    mode: tcp\n", "    mode: tcp\n    bogus: 1\n")),
+            "bogus",
+        ),
+        (
+            "an address in use",
+            Some(in_use),
+            &format!("cannot listen on {}", taken.1),
+        ),
+        ("a freebind change", Some(freebind), "freebind"),
+        ("an unreadable file", None, "crossbar.yaml"),
+    ];
+    for (what, file, why) in cases {
+        let before = Snapshot::take(lb.admin, &["svc"]).await;
+        assert_eq!(before.expires_in()[0].len(), 2, "two entries learned");
+        assert_eq!(
+            metric_value(&before.metrics, "crossbar_active_connections", &[]),
+            2.0
+        );
+        match file {
+            Some(yaml) => lb.refused(&yaml, why).await,
+            None => {
+                // A directory where the file was: reading it fails.
+                std::fs::remove_file(&lb.file).unwrap();
+                std::fs::create_dir(&lb.file).unwrap();
+                lb.refused_as_is(why).await;
+                std::fs::remove_dir(&lb.file).unwrap();
+            }
+        }
+        let after = Snapshot::take(lb.admin, &["svc"]).await;
+        before.assert_same(&after, what);
+        for left in &after.expires_in()[0] {
+            assert!(
+                *left > EXPIRE_SECS - 60,
+                "{what}: a stick entry expires in {left} s"
+            );
+        }
+        assert!(
+            !after.metrics.contains("ghost"),
+            "{what}: {}",
+            after.metrics
+        );
+    }
+    // The limit is still 4, not the failed files' 1: two more (four open) are served.
+    let (_, _third) = who(lb.listen).await;
+    let (_, _fourth) = who(lb.listen).await;
+
+    // A good reload without `ghost`: it never appears.
+    lb.reloaded(&good.replace("max_connections: 4", "max_connections: 5"))
+        .await;
+    let text = lb.metrics().await;
+    assert!(!text.contains("ghost"), "{text}");
+    let after = Snapshot::take(lb.admin, &["svc"]).await;
+    assert!(
+        after.services.contains("\"state\": \"up\""),
+        "{}",
+        after.services
+    );
+    assert!(!after.services.contains("disabled"), "{}", after.services);
+    drop(taken);
+}
+
+/// `svc` on `listen` with the listen settings `settings`, backend `a`.
+fn listener_yaml(admin: SocketAddr, listen: SocketAddr, settings: &str, a: &Backend) -> String {
+    format!(
+        "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    mode: tcp\n    \
+         listen: [{{ address: \"{listen}\", {settings} }}]\n    health: {{ check: none }}\n    \
+         backends:\n      - {{ name: a, address: \"{}\" }}\n",
+        a.addr
+    )
+}
+
+/// A kept listen address takes a new `max_connections` at once: lowered, the
+/// connections over it are refused (and counted with reason `max_connections`);
+/// raised, more are admitted. Open connections are never cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_listener_takes_its_new_max_connections() {
+    let a = Backend::echo("a", true).await;
+    let yaml =
+        |admin, listen, max| listener_yaml(admin, listen, &format!("max_connections: {max}"), &a);
+    let lb = Running::start(|admin, listen| yaml(admin, listen, 6)).await;
+    lb.reloaded(&yaml(lb.admin, lb.listen, 2)).await;
+
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(who(lb.listen).await);
+    }
+    for _ in 0..4 {
+        assert!(is_refused(lb.listen).await, "admitted over a limit of 2");
+    }
+    assert_eq!(lb.refused_total().await, 4.0);
+
+    // Raised: two more admitted, the fifth refused.
+    lb.reloaded(&yaml(lb.admin, lb.listen, 4)).await;
+    for _ in 0..2 {
+        held.push(who(lb.listen).await);
+    }
+    assert!(is_refused(lb.listen).await, "admitted over a limit of 4");
+    assert_eq!(lb.refused_total().await, 5.0);
+
+    // Lowered below what is open: nothing is cut, nothing new admitted until the
+    // open ones are fewer than the limit.
+    lb.reloaded(&yaml(lb.admin, lb.listen, 1)).await;
+    assert!(is_refused(lb.listen).await, "admitted over a limit of 1");
+    for (name, s) in &mut held {
+        assert_eq!(name, "a");
+        exchange_one(s).await;
+    }
+    held.clear();
+    let mut n = 0;
+    // The held connections' ends reach crossbar asynchronously: bounded retries.
+    while is_refused(lb.listen).await {
+        n += 1;
+        assert!(n < 1000, "never admitted again after the connections ended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An echo round trip on a held connection (it was not cut).
+async fn exchange_one(s: &mut TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(b"x").await.expect("write on a held connection");
+    let mut byte = [0u8; 1];
+    within("the echo", s.read_exact(&mut byte))
+        .await
+        .expect("echo on a held connection");
+    assert_eq!(&byte, b"x");
+}
+
+/// The backlog of the socket listening on `addr`, as the kernel reports it
+/// (`ss`: Send-Q of a listening socket is its backlog).
+fn kernel_backlog(addr: SocketAddr) -> u32 {
+    let out = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{}", addr.port())])
+        .output()
+        .expect("ss (iproute2) is needed for this test");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&addr.to_string()))
+        .unwrap_or_else(|| panic!("{addr} not listed by ss: {text}"));
+    line.split_whitespace()
+        .nth(2)
+        .and_then(|q| q.parse().ok())
+        .unwrap_or_else(|| panic!("no Send-Q in {line:?}"))
+}
+
+/// A kept listen address takes a new `backlog` (listen(2) again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_listener_takes_its_new_backlog() {
+    let a = Backend::echo("a", true).await;
+    let yaml =
+        |admin, listen, backlog| listener_yaml(admin, listen, &format!("backlog: {backlog}"), &a);
+    let lb = Running::start(|admin, listen| yaml(admin, listen, 16)).await;
+    assert_eq!(kernel_backlog(lb.listen), 16);
+    lb.reloaded(&yaml(lb.admin, lb.listen, 100)).await;
+    assert_eq!(kernel_backlog(lb.listen), 100);
+    assert_eq!(who(lb.listen).await.0, "a");
+}
+
+// ---------------------------------------------------------------------------
+// A FIFO at the state_file path
+
+fn mkfifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
+}
+
+fn stick_yaml(
+    admin: SocketAddr,
+    listen: SocketAddr,
+    a: &Backend,
+    state: &Path,
+    size: u32,
+) -> String {
+    format!(
+        "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    mode: tcp\n    listen: [\"{listen}\"]\n    \
+         health: {{ check: none }}\n    stick: {{ on: [source], size: {size}, state_file: \"{}\" }}\n    \
+         backends:\n      - {{ name: a, address: \"{}\" }}\n",
+        state.display(),
+        a.addr
+    )
+}
+
+/// `crossbar check` names a state_file path that is not a regular file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_fifo_at_the_state_file_path() {
+    let a = Backend::echo("a", true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (state, file) = (dir.path().join("svc.table"), dir.path().join("c.yaml"));
+    mkfifo(&state);
+    std::fs::write(&file, stick_yaml(free_port(), free_port(), &a, &state, 100)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .arg("check")
+        .arg("-c")
+        .arg(&file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "services.svc.stick.state_file: {} is a FIFO, not a regular file",
+            state.display()
+        )),
+        "{stderr}"
+    );
+}
+
+/// `crossbar run` with a FIFO at its state_file path starts (saying it ignores the
+/// FIFO), serves and answers SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_state_file_blocks_neither_start_nor_sigterm() {
+    let a = Backend::echo("a", true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("svc.table");
+    mkfifo(&state);
+    let log = dir.path().join("stderr");
+    let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+    let yaml = |admin, listen| stick_yaml(admin, listen, &a, &state, 100);
+    let mut lb = Running::start_in(dir, yaml, stderr).await;
+    assert_eq!(who(lb.listen).await.0, "a");
+
+    lb.proc.signal("TERM");
+    assert_eq!(lb.proc.exited(WAIT).await, Some(0), "exits on SIGTERM");
+    assert_eq!(ignoring_fifo(&log, &state), 1);
+}
+
+/// A FIFO put at the state_file path while running: a reload to another table size
+/// (which reads the state file for the new table) completes, and SIGTERM is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_state_file_blocks_neither_a_reload_nor_sigterm() {
+    let a = Backend::echo("a", true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("svc.table");
+    let log = dir.path().join("stderr");
+    let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+    let yaml = |admin, listen, size| stick_yaml(admin, listen, &a, &state, size);
+    let mut lb = Running::start_in(dir, |admin, listen| yaml(admin, listen, 100), stderr).await;
+    mkfifo(&state);
+    lb.reloaded(&yaml(lb.admin, lb.listen, 200)).await;
+    assert_eq!(who(lb.listen).await.0, "a");
+
+    lb.proc.signal("TERM");
+    assert_eq!(lb.proc.exited(WAIT).await, Some(0), "exits on SIGTERM");
+    assert_eq!(ignoring_fifo(&log, &state), 1);
+}
+
+/// How often the log at `log` says the FIFO at `state` was ignored.
+fn ignoring_fifo(log: &Path, state: &Path) -> usize {
+    let text = std::fs::read_to_string(log).unwrap();
+    let said = format!(
+        "ignoring stick table file {p}: {p} is a FIFO, not a regular file",
+        p = state.display()
+    );
+    text.matches(&said).count()
+}

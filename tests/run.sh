@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The test command (README "Testing"; .ci/run calls it too): on a Debian machine it
+# installs what the tests need, then runs every test with cargo-nextest's `ci`
+# profile. Arguments go to nextest:
+#
+#   tests/run.sh                  # every test
+#   tests/run.sh --test admin     # one test binary
+#
+# It stops before running any test, naming what is missing, when it can't install
+# it (not root, no apt-get) or when the machine can't run the tests at all (no
+# network namespaces). No test skips: a test whose tool is missing fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stop() {
+    echo "tests/run.sh: $*" >&2
+    echo "tests/run.sh: no test was run" >&2
+    exit 1
+}
+
+missing=()
+# need PACKAGE COMMAND-OR-PATH: PACKAGE is missing unless COMMAND is on PATH (or the
+# absolute PATH exists).
+need() {
+    case $2 in
+        /*) [ -e "$2" ] ;;
+        *) command -v "$2" >/dev/null ;;
+    esac || missing+=("$1")
+}
+# openssl: real TLS peers (s_client, s_server) in the stickiness, relay, confirm
+# and ticket-key tests.
+need openssl openssl
+# haproxy: the PROXY-protocol peer in tests/socket_options.rs.
+need haproxy haproxy
+# iproute2 (`ip`, `ss`) and util-linux (`unshare`): network namespaces (tests/ha.rs,
+# the freebind test) and keepalive timers (tests/socket_options.rs).
+need iproute2 ip
+need iproute2 ss
+need util-linux unshare
+# keepalived, nftables, curl: the two-node tests in tests/ha.rs.
+need keepalived keepalived
+need nftables nft
+need curl curl
+# JDK: real JDK TLS servers and clients (javac, java, keytool) in tests/confirm.rs,
+# tests/ha.rs and tests/puppet (JdkResume.java).
+need openjdk-17-jdk-headless javac
+# chromium + chromedriver: tests/status_page.rs renders the admin status page in a
+# real headless browser over WebDriver.
+need chromium /usr/bin/chromium
+need chromium-driver /usr/bin/chromedriver
+# promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/alerts.rs).
+need prometheus promtool
+# The package test .ci/run runs next (tests/package/run.sh): man-db renders
+# `man crossbar`, systemd provides systemd-analyze, adduser makes the system user,
+# binutils strips.
+need man-db man
+need systemd systemd-analyze
+need adduser adduser
+need binutils strip
+
+if [ ${#missing[@]} -gt 0 ]; then
+    # One name per package (iproute2 is needed for two commands).
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+fi
+list="${missing[*]:-}"
+also=""
+[ -z "$list" ] || also="; missing packages: $list"
+
+# Network namespaces (root with CAP_SYS_ADMIN): the HA lab and the freebind test.
+unshare -n true 2>/dev/null ||
+    stop "cannot create a network namespace (\`unshare -n\`): the tests need root with CAP_SYS_ADMIN$also"
+
+if [ -n "$list" ]; then
+    command -v apt-get >/dev/null || stop "no apt-get to install them (a Debian machine is expected)$also"
+    echo "tests/run.sh: installing $list"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
+        stop "apt-get install $list failed"
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "tests/run.sh: installing cargo-nextest"
+    cargo install --locked cargo-nextest
+fi
+
+exec cargo nextest run --profile ci "$@"
