@@ -58,7 +58,7 @@ impl Running {
 
     /// `POST /api/reload`: the status and the answer.
     async fn reload(&self) -> (Option<u16>, String) {
-        let req = b"POST /api/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let req = b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
         raw_request(self.admin, req, WAIT).await
     }
 

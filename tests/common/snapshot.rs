@@ -48,7 +48,7 @@ pub struct Snapshot {
 
 /// The body of `GET path` on the admin endpoint; fails the test on another status.
 pub async fn get(admin: SocketAddr, path: &str) -> String {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     let (status, text) = raw_request(admin, req.as_bytes(), WAIT).await;
     assert_eq!(status, Some(200), "GET {path}: {text}");
     let (_, body) = text.split_once("\r\n\r\n").expect("an HTTP body");
