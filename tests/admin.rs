@@ -1457,12 +1457,17 @@ async fn allowed_hosts_are_answered() {
         let a = send(
             endpoint.addr,
             Method::GET,
-            "/metrics",
+            "/api/services",
             &[("host", host)],
             "",
         )
         .await;
         assert_eq!(a.status, status, "Host {host}: {}", a.body);
+        // The monitoring endpoints answer any Host: Prometheus scrapes by name.
+        for path in ["/metrics", "/healthz"] {
+            let m = send(endpoint.addr, Method::GET, path, &[("host", host)], "").await;
+            assert_eq!(m.status, StatusCode::OK, "{path} with Host {host}: {}", m.body);
+        }
     }
 }
 

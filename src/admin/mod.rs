@@ -352,8 +352,16 @@ async fn handle(ctx: &Ctx, peer: Peer, req: Request<Incoming>, slot: Slot) -> Re
         .as_ref()
         .map(|a| a.allowed_hosts.clone())
         .unwrap_or_default();
-    if let Err(r) = origin::check_host(&parts.headers, peer.local, &allowed_hosts) {
-        return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
+    // /metrics and /healthz are what Prometheus and health probers fetch, often by
+    // the balancer's DNS name; they hold no power, so a drop-in keeps answering
+    // them whatever the Host. Everything else (the page, /api, every write) is
+    // guarded against DNS rebinding.
+    let monitoring = matches!(route, Some(Route::Metrics | Route::Healthz))
+        && parts.method == Method::GET;
+    if !monitoring {
+        if let Err(r) = origin::check_host(&parts.headers, peer.local, &allowed_hosts) {
+            return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
+        }
     }
     if let Err(refused) = read_body(&parts.headers, body).await {
         return refused;
