@@ -204,7 +204,10 @@ impl Server {
         crate::system::sd_notify("RELOADING=1");
         let result = Config::load(&path)
             .map_err(|e| e.to_string())
-            .and_then(|cfg| self.reload(cfg).map_err(|e| e.to_string()));
+            .and_then(|cfg| {
+                cfg.log_warnings();
+                self.reload(cfg).map_err(|e| e.to_string())
+            });
         crate::system::sd_notify("READY=1");
         self.metrics().process.note_reload(&result);
         match result {

@@ -2,7 +2,7 @@
 //! stays a half-close, an abort (reset or error) becomes a reset of the other peer
 //! once every byte already received from the aborting peer has reached it.
 //!
-//! Any relay (copy, splice, a future kernel one) reports each direction as an
+//! Any relay (copy, splice, any future one) reports each direction as an
 //! [`Ending`]; [`Abort::of`] says which peer aborted, and [`pass_on`] delivers the
 //! abort to the other peer. Linux keeps bytes a socket had received before a reset
 //! readable ahead of the error, on crossbar's sockets and on the peer's, which is

@@ -23,8 +23,6 @@ use crate::hello::{ServerHandshake, ServerWatcher};
 
 pub mod ending;
 #[cfg(target_os = "linux")]
-pub mod kernel;
-#[cfg(target_os = "linux")]
 mod splice;
 
 pub use ending::{Abort, Ending, Peer};
@@ -188,7 +186,7 @@ async fn pump(
 /// The [`Ending`] of a direction whose bytes `moved` as far as they went: on EOF
 /// the destination is half-closed by `fin` (awaited only then, and only if
 /// `aborted` doesn't say the other direction found an abort), else the side that
-/// failed. Shared by every relay, so each reports endings the same way.
+/// failed.
 async fn ending_of(
     moved: Result<(), Side>,
     aborted: &AtomicBool,
@@ -375,7 +373,7 @@ pub async fn relay(
         let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, &aborted, None);
         let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, &aborted, watch);
         tokio::pin!(c2s, s2c);
-        drive(c2s, s2c, idle, &activity, &aborted, hard_stop, || {}).await
+        drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
     };
     if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
         ending::pass_on(to, idle, hard_stop).await;
@@ -414,8 +412,6 @@ fn abort_goes_to<'s>(
 /// Poll both directions until both are done, the relay is idle for `idle`, or
 /// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
 /// direction from it runs on until it has delivered what the aborting peer sent.
-/// `refresh` runs before each idle check, so traffic crossbar does not see itself
-/// (the kernel relay's) is noted in `activity` before it is judged.
 async fn drive(
     mut c2s: Pin<&mut impl std::future::Future<Output = Ending>>,
     mut s2c: Pin<&mut impl std::future::Future<Output = Ending>>,
@@ -423,7 +419,6 @@ async fn drive(
     activity: &Activity,
     aborted: &AtomicBool,
     hard_stop: &CancellationToken,
-    refresh: impl Fn() + Sync,
 ) -> (RelayEnd, Option<Abort>) {
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
@@ -435,7 +430,6 @@ async fn drive(
             r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
-                refresh();
                 let quiet = activity.idle_for();
                 if quiet >= idle {
                     return (RelayEnd::IdleTimeout, abort);
@@ -486,61 +480,31 @@ async fn drive(
 /// `crossbar doctor` print.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RelayPlan {
-    /// `kernel` or `splice-auto`.
+    /// `splice-auto`, for now the only relay.
     pub relay: &'static str,
-    /// The configured mode and, for `kernel`/`auto`, whether the BPF program loads.
+    /// The configured mode and why it means that relay.
     pub why: String,
 }
 
-/// The relay a service configured with `mode` uses here (loading the kernel relay's
-/// program on first use: loading needs the privileges `crossbar run` will have).
+/// The relay a service configured with `mode` uses here.
 pub fn plan(mode: crate::config::RelayMode) -> RelayPlan {
     use crate::config::RelayMode;
-    match mode {
-        RelayMode::SpliceAuto => {
-            return RelayPlan {
-                relay: "splice-auto",
-                why: "relay: splice-auto (the default)".into(),
-            }
-        }
-        RelayMode::Auto => {
-            return RelayPlan {
-                relay: "splice-auto",
-                why: AUTO_WHY.into(),
-            }
-        }
-        RelayMode::Kernel => {}
-    }
-    #[cfg(target_os = "linux")]
-    let loaded = kernel::get().map(|_| ());
-    #[cfg(not(target_os = "linux"))]
-    let loaded: Result<(), &str> = Err("not Linux");
-    match loaded {
-        Ok(()) => RelayPlan {
-            relay: "kernel",
-            why: format!(
-                "relay: {}; the BPF sockmap program loads here",
-                mode.as_str()
-            ),
-        },
-        Err(why) => RelayPlan {
-            relay: "splice-auto",
-            why: format!(
-                "relay: {}, but the kernel relay can't load here: {why}",
-                mode.as_str()
-            ),
-        },
+    let why = match mode {
+        RelayMode::SpliceAuto => "relay: splice-auto (the default)",
+        RelayMode::Auto => AUTO_WHY,
+    };
+    RelayPlan {
+        relay: "splice-auto",
+        why: why.into(),
     }
 }
 
 /// Why `relay: auto` chooses splice-auto on every machine for now.
-const AUTO_WHY: &str = "relay: auto chooses splice-auto: measured, the kernel relay costs \
-                        more CPU per connection and per GB than splice, and the kernel's \
-                        sockmap can deliver a segment twice (docs/performance.md)";
+const AUTO_WHY: &str = "relay: auto chooses splice-auto: it is the only relay since the \
+                        kernel (BPF sockmap) relay was retired (docs/performance.md)";
 
-/// [`relay`] with the service's `relay:` mode: the kernel relay when asked for by
-/// name (`kernel`) and loaded (else, having said why once, splice-auto). `auto`
-/// chooses splice-auto (see [`plan`]).
+/// [`relay`] with the service's `relay:` mode; every mode relays with splice-auto
+/// today (see [`plan`]).
 pub async fn relay_as(
     mode: crate::config::RelayMode,
     client: &mut TcpStream,
@@ -550,14 +514,6 @@ pub async fn relay_as(
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
-    #[cfg(target_os = "linux")]
-    if mode == crate::config::RelayMode::Kernel {
-        if let Ok(k) = kernel::get() {
-            // Boxed: inline, it would enlarge every connection's future, splice ones too.
-            let kernel = kernel::relay(k, client, server, idle, counters, watch, hard_stop);
-            return Box::pin(kernel).await;
-        }
-    }
     let _ = mode;
     relay(client, server, idle, counters, watch, hard_stop).await
 }
