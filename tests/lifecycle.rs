@@ -246,17 +246,23 @@ async fn scrape(admin: SocketAddr) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Turn on the admin endpoint of a [`tcp_config`] file, on a free port: its address.
+fn enable_admin(cfg: &Path) -> SocketAddr {
+    let admin = free_port();
+    let yaml = std::fs::read_to_string(cfg).unwrap().replace(
+        "admin: { enabled: false }",
+        &format!("admin: {{ listen: \"{admin}\" }}"),
+    );
+    std::fs::write(cfg, yaml).unwrap();
+    admin
+}
+
 /// SIGHUP with a broken file: the reload is attempted and fails (counted as an
 /// error), and the process keeps serving with the old config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reload_keeps_the_running_config() {
     let (_echo, _dir, listen, cfg) = echo_service("").await;
-    let admin = free_port();
-    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
-        "admin: { enabled: false }",
-        &format!("admin: {{ listen: \"{admin}\" }}"),
-    );
-    std::fs::write(&cfg, yaml).unwrap();
+    let admin = enable_admin(&cfg);
     let mut p = serving(&cfg, None, listen).await;
     wait_listening(admin).await;
     let failed = |text: &str| {
@@ -295,12 +301,7 @@ async fn bad_reload_keeps_the_running_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retired_relay_kernel_starts_and_reloads_with_a_warning() {
     let (_echo, dir, listen, cfg) = echo_service("    relay: kernel\n").await;
-    let admin = free_port();
-    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
-        "admin: { enabled: false }",
-        &format!("admin: {{ listen: \"{admin}\" }}"),
-    );
-    std::fs::write(&cfg, yaml).unwrap();
+    let admin = enable_admin(&cfg);
     let log_path = dir.path().join("stderr.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let p = crossbar_run(&cfg, None, Stdio::from(log));
