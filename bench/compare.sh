@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: direct connection vs crossbar (splice relay) vs
-# crossbar-kernel (`relay: kernel`, BPF sockmap; needs root) vs HAProxy (mode tcp),
-# all on loopback, same backends, same clients, interleaved rounds, medians.
+# Side-by-side benchmark: direct connection vs crossbar vs HAProxy (mode tcp), and
+# optionally vs a baseline crossbar binary (before/after a change, in one run), all
+# on loopback, same backends, same clients, interleaved rounds, medians.
 #
 #   bench/compare.sh            # full run (3 rounds of 5 s per figure), < 10 minutes
 #   bench/compare.sh --quick    # 1 round of 2 s, 2,000 idle connections, < 2 minutes
-#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy --no-kernel
+#   bench/compare.sh --baseline /tmp/crossbar-before --no-haproxy   # before vs after
+#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy --baseline BIN
 #
 # Writes bench/results/latest.json and prints a markdown table (docs/performance.md
 # explains every figure). Every process started here is killed by PID on exit.
 set -euo pipefail
 
-ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1 USE_KERNEL=1
+ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1 BASELINE=
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) ROUNDS=1 SECS=2 IDLE_N=2000 LAT_N=5000 ;;
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
         --idle) IDLE_N=$2; shift ;;
         --concurrency) CONC=$2; shift ;;
         --no-haproxy) USE_HAPROXY=0 ;;
-        --no-kernel) USE_KERNEL=0 ;;
+        --baseline) BASELINE=$(realpath "$2"); shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -46,7 +47,7 @@ if [ "$USE_HAPROXY" = 1 ] && ! command -v haproxy >/dev/null; then
     fi
 fi
 TARGETS="direct crossbar"
-[ "$USE_KERNEL" = 1 ] && TARGETS="$TARGETS crossbar-kernel"
+[ -n "$BASELINE" ] && TARGETS="$TARGETS baseline"
 [ "$USE_HAPROXY" = 1 ] && TARGETS="$TARGETS haproxy"
 HAPROXY_VERSION=$([ "$USE_HAPROXY" = 1 ] && haproxy -v | head -1 | awk '{print $3}' || echo none)
 
@@ -83,19 +84,18 @@ done
 declare -A PORT
 for svc in sink echo t12sid t12tk t13; do
     PORT[crossbar_$svc]=$("$LG" freeport)
-    PORT[crossbar-kernel_$svc]=$("$LG" freeport)
+    PORT[baseline_$svc]=$("$LG" freeport)
     PORT[haproxy_$svc]=$("$LG" freeport)
 done
 ADMIN_PORT=$("$LG" freeport)
 
-# crossbar_yaml TARGET ADMIN RELAY: the config of one crossbar target.
+# crossbar_yaml TARGET ADMIN: the config of one crossbar target.
 crossbar_yaml() {
     local t=$1
     echo "admin: $2"
     echo "defaults:"
     echo "  health: { check: none }"
     echo "  max_connections: $MAXCONN"
-    echo "  relay: $3"
     echo "services:"
     for svc in sink echo; do
         addr=$SINK
@@ -114,8 +114,8 @@ crossbar_yaml() {
         crossbar_backends "$set"
     done
 }
-crossbar_yaml crossbar "{ listen: \"127.0.0.1:$ADMIN_PORT\" }" splice-auto >"$WORK/crossbar.yaml"
-crossbar_yaml crossbar-kernel "{ enabled: false }" kernel >"$WORK/crossbar-kernel.yaml"
+crossbar_yaml crossbar "{ listen: \"127.0.0.1:$ADMIN_PORT\" }" >"$WORK/crossbar.yaml"
+crossbar_yaml baseline "{ enabled: false }" >"$WORK/baseline.yaml"
 
 {
     haproxy_head "$MAXCONN" "$MAXPIPES"
@@ -141,13 +141,10 @@ log "starting crossbar"
 }
 RUST_LOG=warn start crossbar "$XB" run -c "$WORK/crossbar.yaml"
 PID_OF[crossbar]=$LAST_PID
-if [ "$USE_KERNEL" = 1 ]; then
-    "$XB" check -c "$WORK/crossbar-kernel.yaml" | tee "$WORK/crossbar-kernel.check" | grep '^relay:' >&2
-    if ! grep -q ' uses kernel ' "$WORK/crossbar-kernel.check"; then
-        log "WARNING: the kernel relay does not load here: crossbar-kernel is splice"
-    fi
-    RUST_LOG=warn start crossbar-kernel "$XB" run -c "$WORK/crossbar-kernel.yaml"
-    PID_OF[crossbar-kernel]=$LAST_PID
+if [ -n "$BASELINE" ]; then
+    log "starting the baseline $BASELINE"
+    RUST_LOG=warn start baseline "$BASELINE" run -c "$WORK/baseline.yaml"
+    PID_OF[baseline]=$LAST_PID
 fi
 if [ "$USE_HAPROXY" = 1 ]; then
     log "starting haproxy $HAPROXY_VERSION"

@@ -30,7 +30,8 @@ pub struct ReportArgs {
     metrics: Option<PathBuf>,
 }
 
-const TARGETS: [&str; 4] = ["direct", "crossbar", "crossbar-kernel", "haproxy"];
+/// `baseline` is another crossbar binary (compare.sh `--baseline`: before a change).
+const TARGETS: [&str; 4] = ["direct", "crossbar", "baseline", "haproxy"];
 
 /// All lines of one (target, metric).
 #[derive(Default)]
@@ -276,29 +277,23 @@ fn print_table(rows: &[Row], a: &ReportArgs) {
         a.rounds, a.seconds, a.haproxy_version
     );
     println!(
-        "| figure | direct | crossbar | crossbar-kernel | HAProxy | crossbar/HAProxy \
-         | crossbar/direct | kernel/direct | kernel/crossbar |"
+        "| figure | direct | crossbar | baseline | HAProxy | crossbar/HAProxy \
+         | crossbar/direct | crossbar/baseline |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let v = |t: &str| r.values.get(t).copied();
-        let (d, c, k, h) = (
-            v("direct"),
-            v("crossbar"),
-            v("crossbar-kernel"),
-            v("haproxy"),
-        );
+        let (d, c, b, h) = (v("direct"), v("crossbar"), v("baseline"), v("haproxy"));
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             fmt(d),
             fmt(c),
-            fmt(k),
+            fmt(b),
             fmt(h),
             ratio(c, h),
             ratio(c, d),
-            ratio(k, d),
-            ratio(k, c)
+            ratio(c, b)
         );
     }
 }

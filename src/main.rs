@@ -237,6 +237,9 @@ fn main() -> ExitCode {
             Config::load_and_check_files(&config)
         } {
             Ok(cfg) => {
+                for w in &cfg.warnings {
+                    eprintln!("{w}");
+                }
                 print!("{}", cfg.summary());
                 for s in &cfg.services {
                     let plan = crossbar::relay::plan(s.relay).describe();
@@ -371,7 +374,12 @@ fn doctor(
 fn reload(config: Option<PathBuf>, mut admin: AdminArgs) -> ExitCode {
     if let Some(path) = config {
         let cfg = match Config::load_and_check_files(&path) {
-            Ok(cfg) => cfg,
+            Ok(cfg) => {
+                for w in &cfg.warnings {
+                    eprintln!("{w}");
+                }
+                cfg
+            }
             Err(e) => {
                 eprintln!("{e}");
                 eprintln!(

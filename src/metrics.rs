@@ -108,8 +108,6 @@ impl Metrics {
             &["version"],
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        #[cfg(target_os = "linux")]
-        crate::relay::kernel::register_metrics(&r);
         let tables = Arc::new(TableCollector::new());
         r.register(Box::new(TableCollectorHandle(tables.clone())))
             .expect("unique metric name"); // ok: static

@@ -85,7 +85,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     let metrics = Metrics::new();
     // Before any socket is bound: a SIGTERM that arrives once clients can connect
     // must drain them (it waits in the stream for the loop below), not kill the
-    // process by the default action (seen under load, the BPF load in between).
+    // process by the default action (seen under load).
     let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -130,12 +130,12 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         }
         _ => None,
     };
+    config.log_warnings();
     for s in config
         .services
         .iter()
         .filter(|s| s.relay != RelayMode::SpliceAuto)
     {
-        // Loads the kernel relay now (logging once if it can't), not on the first connection.
         let plan = crate::relay::plan(s.relay);
         tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);
     }

@@ -279,7 +279,10 @@ impl Server {
         tracing::info!(config = %path.display(), "reloading");
         crate::system::sd_notify("RELOADING=1");
         let result = match load_config(path).await {
-            Ok(cfg) => self.reload(cfg).await.map_err(|e| e.to_string()),
+            Ok(cfg) => {
+                cfg.log_warnings();
+                self.reload(cfg).await.map_err(|e| e.to_string())
+            }
             Err(e) => Err(e),
         };
         crate::system::sd_notify("READY=1");

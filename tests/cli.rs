@@ -80,6 +80,44 @@ fn check_rejects_a_bad_file_with_file_line_col() {
     assert!(!text(&out.stdout).contains("OK"));
 }
 
+/// A config naming the retired `relay: kernel` passes `crossbar check` (exit 0, as
+/// a Puppet run validating an old catalog needs) with a warning at its
+/// `file:line:col` on stderr, and the relay each non-default service gets is said
+/// on stdout: `auto` chooses splice-auto.
+#[test]
+fn check_warns_about_a_retired_relay_kernel_and_says_what_auto_chooses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.yaml");
+    let backends = "    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n";
+    std::fs::write(
+        &path,
+        format!("services:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    relay: auto\n{backends}  plain:\n    listen: [\"127.0.0.1:0\"]\n    relay: kernel\n{backends}"),
+    )
+    .unwrap();
+
+    let out = crossbar(&["check", "-c", path.to_str().unwrap()]);
+
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:9:12: services.plain.relay: warning: `kernel` was retired",
+            path.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("using splice-auto"), "{stderr}");
+    assert!(
+        stdout.contains("relay: service svc uses splice-auto (relay: auto chooses splice-auto:"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("uses kernel"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{}: OK", path.display())),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn check_of_a_missing_file_fails() {
     let out = crossbar(&["check", "-c", "/nonexistent/crossbar.yaml"]);

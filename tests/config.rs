@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crossbar::config::{
-    Balance, CheckKind, Config, ConfigError, Failback, Mode, OnNonTls, StickOn,
+    Balance, CheckKind, Config, ConfigError, Failback, Mode, OnNonTls, RelayMode, StickOn,
 };
 
 fn root() -> PathBuf {
@@ -423,4 +423,37 @@ fn error_messages_have_this_exact_text(#[case] fixture: &str, #[case] lines: &[&
     ] {
         assert!(!err.contains(rust), "{rust} leaks into: {err}");
     }
+}
+
+/// `relay: kernel` names the retired BPF sockmap relay: a config that still says
+/// it loads (an upgrade must not stop the service or refuse its reload), reads as
+/// `splice-auto`, and carries one warning per place it is written, at its
+/// `file:line:col`; `auto` and `splice-auto` load as they are, without a warning.
+#[test]
+fn retired_relay_kernel_loads_as_splice_auto_with_a_warning() {
+    let yaml = "defaults:\n  relay: kernel\nservices:\n  a:\n    listen: [\"127.0.0.1:1\"]\n    relay: kernel\n    backends: [{ name: x, address: \"127.0.0.1:2\" }]\n  b:\n    listen: [\"127.0.0.1:3\"]\n    backends: [{ name: x, address: \"127.0.0.1:2\" }]\n  c:\n    listen: [\"127.0.0.1:4\"]\n    relay: auto\n    backends: [{ name: x, address: \"127.0.0.1:2\" }]\n";
+    let c = ok(yaml);
+    let relays: Vec<RelayMode> = c.services.iter().map(|s| s.relay).collect();
+    assert_eq!(
+        relays,
+        [
+            RelayMode::SpliceAuto,
+            RelayMode::SpliceAuto,
+            RelayMode::Auto
+        ]
+    );
+    let warnings: Vec<String> = c.warnings.iter().map(|w| w.to_string()).collect();
+    let retired = "warning: `kernel` was retired (the BPF sockmap relay: more CPU than \
+                   splice, and the kernel could deliver a segment twice; \
+                   docs/performance.md); using splice-auto: write `relay: splice-auto` \
+                   or remove the line";
+    assert_eq!(
+        warnings,
+        [
+            format!("test.yaml:2:10: defaults.relay: {retired}"),
+            format!("test.yaml:6:12: services.a.relay: {retired}"),
+        ]
+    );
+    let plain = ok(&yaml.replace("relay: kernel", "relay: splice-auto"));
+    assert!(plain.warnings.is_empty(), "{:?}", plain.warnings);
 }

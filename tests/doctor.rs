@@ -718,3 +718,35 @@ async fn the_default_table_fits_120_columns() {
         "{wide}"
     );
 }
+/// The doctor says which relay each service uses and why: `auto` chooses
+/// splice-auto, and a retired `relay: kernel` is splice-auto too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_are_splice_auto_whatever_relay_says() {
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Accepted and dropped: a `mode: tcp` service passes any protocol.
+        while let Ok((s, _)) = plain.accept().await {
+            drop(s);
+        }
+    });
+    for (relay, relay_says) in [
+        ("auto", "svc: splice-auto (relay: auto chooses splice-auto:"),
+        (
+            "kernel",
+            "svc: splice-auto (the default)",
+        ),
+    ] {
+        let svc = format!("    mode: tcp\n    relay: {relay}\n");
+        let r = doctor_run(&config("svc", &svc, &[("plain", addr, "")]), false).await;
+        let relays: Vec<(&str, &str)> = r
+            .relays
+            .iter()
+            .map(|r| (r.service.as_str(), r.plan.relay))
+            .collect();
+        assert_eq!(relays, [("svc", "splice-auto")]);
+        let table = r.table();
+        assert!(table.contains(relay_says), "{table}");
+        assert!(r.json().contains("\"relay\": \"splice-auto\""));
+    }
+}

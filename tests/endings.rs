@@ -311,24 +311,12 @@ async fn upload_then_reset(mut s: Box<dyn StreamBox>, data: &[u8]) {
 }
 
 fn service_yaml(mode: Mode, backend: SocketAddr) -> String {
-    service_yaml_with(mode, backend, "")
-}
-
-/// The service with more settings (`relay` below: `""` for the default splice relay,
-/// [`KERNEL`] for the BPF one).
-fn service_yaml_with(mode: Mode, backend: SocketAddr, relay: &str) -> String {
     let settings = match mode {
         Mode::Tcp => "    mode: tcp\n".to_string(),
         Mode::Tls => format!("    server_names: [\"{SNI}\"]\n"),
     };
-    one_service(
-        &format!("{settings}{relay}"),
-        &[backend_line("b", backend, "")],
-    )
+    one_service(&settings, &[backend_line("b", backend, "")])
 }
-
-/// `relay: kernel` (BPF sockmap; needs root).
-const KERNEL: &str = "    relay: kernel\n";
 
 // ---------------------------------------------------------------------------
 // Each ending, direct vs through crossbar
@@ -342,11 +330,10 @@ async fn backend_ending_reaches_the_client_as_it_happened(
     #[values(Mode::Tcp, Mode::Tls)] mode: Mode,
     #[values(SMALL, LARGE)] echo: usize,
     #[values(BackendEnd::Reset, BackendEnd::CloseUnread, BackendEnd::Fin)] end: BackendEnd,
-    #[values("", KERNEL)] relay: &str,
 ) {
     let ca = TestCa::new("endings CA").expect("CA");
     let backend = TestBackend::start(mode, &ca, Script::EchoThen(echo, end), None).await;
-    let lb = Crossbar::start(&service_yaml_with(mode, backend.addr, relay)).await;
+    let lb = Crossbar::start(&service_yaml(mode, backend.addr)).await;
     let upload = payload(echo * 2 + 100_000, echo as u64);
 
     let direct = upload_and_read(connect(mode, &ca, backend.addr).await, &upload).await;
@@ -382,11 +369,10 @@ async fn backend_ending_reaches_the_client_as_it_happened(
 async fn client_reset_reaches_the_backend_as_a_reset(
     #[values(Mode::Tcp, Mode::Tls)] mode: Mode,
     #[values(SMALL, LARGE)] len: usize,
-    #[values("", KERNEL)] relay: &str,
 ) {
     let ca = TestCa::new("endings CA").expect("CA");
     let backend = TestBackend::start(mode, &ca, Script::Receive, None).await;
-    let lb = Crossbar::start(&service_yaml_with(mode, backend.addr, relay)).await;
+    let lb = Crossbar::start(&service_yaml(mode, backend.addr)).await;
     let upload = payload(len, len as u64 + 7);
 
     upload_then_reset(connect(mode, &ca, backend.addr).await, &upload).await;

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use common::snapshot::Snapshot;
 use common::*;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
-use rstest::rstest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -122,9 +121,6 @@ impl Load {
     }
 }
 
-/// The service setting of the kernel-relay cases (BPF sockmap: needs root).
-const KERNEL: &str = "    relay: kernel\n";
-
 fn tcp_config(dir: &Path, listen: SocketAddr, backend: SocketAddr, extra: &str) -> PathBuf {
     let yaml = format!(
         "admin: {{ enabled: false }}\n\
@@ -137,13 +133,13 @@ fn tcp_config(dir: &Path, listen: SocketAddr, backend: SocketAddr, extra: &str) 
     path
 }
 
-/// An echo backend behind a tcp-mode service (with `relay` settings) on a free
+/// An echo backend behind a tcp-mode service (with `extra` settings) on a free
 /// port, its config file in a temp dir: `(backend, dir, listen, config)`.
-async fn echo_service(relay: &str) -> (Backend, tempfile::TempDir, SocketAddr, PathBuf) {
+async fn echo_service(extra: &str) -> (Backend, tempfile::TempDir, SocketAddr, PathBuf) {
     let echo = Backend::echo("echo", false).await;
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
-    let cfg = tcp_config(dir.path(), listen, echo.addr, relay);
+    let cfg = tcp_config(dir.path(), listen, echo.addr, extra);
     (echo, dir, listen, cfg)
 }
 
@@ -174,14 +170,10 @@ async fn terminate(mut p: ChildGuard) {
 }
 
 /// Two upgrades in a row under continuous load: not one connection attempt fails,
-/// and a connection established before each upgrade keeps working until it is done
-/// (with the kernel relay, its sockets stay in the old process's map until then).
-#[rstest]
-#[case::splice("")]
-#[case::kernel(KERNEL)]
+/// and a connection established before each upgrade keeps working until it is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
-    let (_echo, dir, listen, cfg) = echo_service(relay).await;
+async fn binary_upgrade_under_load_loses_nothing() {
+    let (_echo, dir, listen, cfg) = echo_service("").await;
     let sock = dir.path().join("upgrade.sock");
 
     let mut old = serving(&cfg, Some(&sock), listen).await;
@@ -228,12 +220,9 @@ async fn binary_upgrade_under_load_loses_nothing(#[case] relay: &str) {
 
 /// SIGTERM: new connections are refused at once, an established one finishes its
 /// work, and the process exits 0 as soon as it is done (well within the timeout).
-#[rstest]
-#[case::splice("")]
-#[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_established_connections_then_exits(#[case] relay: &str) {
-    let (_echo, _dir, listen, cfg) = echo_service(relay).await;
+async fn sigterm_drains_established_connections_then_exits() {
+    let (_echo, _dir, listen, cfg) = echo_service("").await;
     let mut p = serving(&cfg, None, listen).await;
 
     let mut long = TcpStream::connect(listen).await.unwrap();
@@ -263,6 +252,17 @@ async fn scrape(admin: SocketAddr) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Turn on the admin endpoint of a [`tcp_config`] file, on a free port: its address.
+fn enable_admin(cfg: &Path) -> SocketAddr {
+    let admin = free_port();
+    let yaml = std::fs::read_to_string(cfg).unwrap().replace(
+        "admin: { enabled: false }",
+        &format!("admin: {{ listen: \"{admin}\" }}"),
+    );
+    std::fs::write(cfg, yaml).unwrap();
+    admin
+}
+
 /// SIGHUP with a broken file, then with one that checks but can't be applied (an
 /// address in use) and would disable the backend and add another: each reload is
 /// attempted and fails (counted as an error), nothing of either file is applied
@@ -271,12 +271,8 @@ async fn scrape(admin: SocketAddr) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reload_keeps_the_running_config() {
     let (_echo, _dir, listen, cfg) = echo_service("").await;
-    let admin = free_port();
-    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
-        "admin: { enabled: false }",
-        &format!("admin: {{ listen: \"{admin}\" }}"),
-    );
-    std::fs::write(&cfg, &yaml).unwrap();
+    let admin = enable_admin(&cfg);
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
     let mut p = serving(&cfg, None, listen).await;
     wait_listening(admin).await;
     let failed = |text: &str| {
@@ -328,13 +324,53 @@ async fn bad_reload_keeps_the_running_config() {
     terminate(p).await;
 }
 
+/// An operator upgrades crossbar with a config that still names the retired
+/// `relay: kernel`: the process starts and serves (with splice-auto), says so in a
+/// warning at `file:line:col`, and a SIGHUP reload of that same file succeeds and
+/// warns again; neither a start nor a reload is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retired_relay_kernel_starts_and_reloads_with_a_warning() {
+    let (_echo, dir, listen, cfg) = echo_service("    relay: kernel\n").await;
+    let admin = enable_admin(&cfg);
+    let log_path = dir.path().join("stderr.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let p = crossbar_run(&cfg, None, Stdio::from(log));
+    wait_listening(listen).await;
+    wait_listening(admin).await;
+    let warning = format!(
+        "{}:8:12: services.svc.relay: warning: `kernel` was retired",
+        cfg.display()
+    );
+    let warnings = || {
+        let text = std::fs::read_to_string(&log_path).unwrap();
+        text.matches(&warning).count()
+    };
+    assert_eq!(
+        warnings(),
+        1,
+        "{}",
+        std::fs::read_to_string(&log_path).unwrap()
+    );
+    ping(listen)
+        .await
+        .expect("served with the retired relay named");
+
+    p.signal("HUP");
+    let reloaded =
+        |text: &str| metric_value(text, "crossbar_config_reloads_total", &[("result", "ok")]);
+    wait_until_async("the reload counted as done", || async move {
+        scrape(admin).await.is_some_and(|t| reloaded(&t) == 1.0)
+    })
+    .await;
+    assert_eq!(warnings(), 2, "the reload warns again");
+    ping(listen).await.expect("served after the reload");
+    terminate(p).await;
+}
+
 /// A reload that adds one backend and removes another, under continuous load through
 /// the library API: zero failed connections.
-#[rstest]
-#[case::splice("")]
-#[case::kernel(KERNEL)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reload_under_load_refuses_nothing(#[case] relay: &str) {
+async fn reload_under_load_refuses_nothing() {
     let (a, b, c) = (
         Backend::echo("a", false).await,
         Backend::echo("b", false).await,
@@ -342,7 +378,7 @@ async fn reload_under_load_refuses_nothing(#[case] relay: &str) {
     );
     let yaml = |x: &Backend, y: &Backend| {
         one_service(
-            &format!("    mode: tcp\n{relay}"),
+            "    mode: tcp\n",
             &[
                 backend_line(&x.name, x.addr, ""),
                 backend_line(&y.name, y.addr, ""),

@@ -17,6 +17,8 @@ pub(super) struct Checker<'a> {
     pub(super) file: &'a Path,
     pub(super) index: PositionIndex,
     pub(super) diagnostics: Vec<Diagnostic>,
+    /// What is accepted but should be changed (see [`super::Config::warnings`]).
+    pub(super) warnings: Vec<Diagnostic>,
 }
 
 impl Checker<'_> {
@@ -30,6 +32,16 @@ impl Checker<'_> {
         self.diagnostics.push(Diagnostic {
             file: self.file.to_path_buf(),
             position,
+            path: Some(path.to_string()),
+            message: message.into(),
+        });
+    }
+
+    /// Warn about something at `path` that is accepted but should be changed.
+    pub(super) fn warn(&mut self, path: &str, message: impl Into<String>) {
+        self.warnings.push(Diagnostic {
+            file: self.file.to_path_buf(),
+            position: self.index.at(path),
             path: Some(path.to_string()),
             message: message.into(),
         });

@@ -54,6 +54,10 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     /// Services in file order.
     pub services: Vec<ServiceConfig>,
+    /// What the file asks for that crossbar accepts but no longer does as written
+    /// (a retired `relay: kernel`), each with its position: `crossbar check` prints
+    /// them, `crossbar run` logs them at start and at every reload.
+    pub warnings: Vec<Diagnostic>,
 }
 
 /// `admin:` — the HTTP endpoint for /metrics, /healthz and /api.
@@ -218,12 +222,9 @@ pub enum RelayMode {
     /// Copy small messages, splice(2) bulk data (default).
     #[default]
     SpliceAuto,
-    /// BPF sockmap: the kernel forwards between the two sockets (docs/performance.md);
-    /// falls back to `SpliceAuto` where the BPF program can't be loaded.
-    Kernel,
-    /// crossbar chooses: for now `SpliceAuto` everywhere (the kernel relay costs
-    /// more CPU and the kernel's sockmap can deliver a segment twice; see
-    /// docs/performance.md). Only `Kernel` by name turns the kernel relay on.
+    /// crossbar chooses: `SpliceAuto`, the only relay since the kernel (BPF
+    /// sockmap) relay was retired (docs/performance.md). A retired `relay: kernel`
+    /// is read as `SpliceAuto`, with a warning.
     Auto,
 }
 
@@ -232,7 +233,6 @@ impl RelayMode {
     pub fn as_str(&self) -> &'static str {
         match self {
             RelayMode::SpliceAuto => "splice-auto",
-            RelayMode::Kernel => "kernel",
             RelayMode::Auto => "auto",
         }
     }
@@ -447,6 +447,13 @@ impl Config {
     /// Validate configuration text; `path` is used in messages only.
     pub fn from_str_at(text: &str, path: &Path) -> Result<Config, ConfigError> {
         validate::parse(text, path)
+    }
+
+    /// Log each of [`Config::warnings`] (at start and at every reload).
+    pub fn log_warnings(&self) {
+        for w in &self.warnings {
+            tracing::warn!("{w}");
+        }
     }
 
     /// Look up a service by name.

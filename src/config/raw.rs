@@ -182,6 +182,7 @@ pub(super) enum RawOnNonTls {
 #[serde(rename_all = "kebab-case")]
 pub(super) enum RawRelay {
     SpliceAuto,
+    /// Retired (the BPF sockmap relay): read as `splice-auto`, with a warning.
     Kernel,
     Auto,
 }

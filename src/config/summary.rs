@@ -83,7 +83,7 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
     if s.relay != RelayMode::SpliceAuto {
         writeln!(
             f,
-            "  relay     {} (BPF sockmap; splice-auto where it can't load)",
+            "  relay     {} (splice-auto: the only relay)",
             s.relay.as_str()
         )?;
     }

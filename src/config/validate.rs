@@ -37,6 +37,10 @@ const MAX_KEEPALIVE_PROBES: u64 = 127;
 const MAX_QUEUE: u64 = 1_000_000;
 /// Largest backlog: listen(2) takes an int.
 const MAX_BACKLOG: u64 = i32::MAX as u64;
+/// The warning for a retired `relay: kernel`.
+const RELAY_KERNEL_RETIRED: &str = "warning: `kernel` was retired (the BPF sockmap relay: \
+     more CPU than splice, and the kernel could deliver a segment twice; \
+     docs/performance.md); using splice-auto: write `relay: splice-auto` or remove the line";
 /// Largest backend weight; weights are relative, 256 levels are plenty.
 const MAX_WEIGHT: u64 = 256;
 
@@ -125,8 +129,10 @@ pub(super) fn analyse_syntax_ok(text: &str, file: &Path) -> Analysis {
         file,
         index,
         diagnostics: Vec::new(),
+        warnings: Vec::new(),
     };
-    let config = checker.config(&raw);
+    let mut config = checker.config(&raw);
+    config.warnings = checker.warnings;
     diagnostics.extend(
         checker
             .diagnostics
@@ -214,6 +220,7 @@ impl Checker<'_> {
             confirm_budget,
             admin,
             services,
+            warnings: Vec::new(),
         }
     }
 
@@ -381,12 +388,22 @@ impl Checker<'_> {
             retries: retries as u32,
             queue_size: queue as usize,
             slow_start,
-            relay: match raw.relay {
-                None => base.relay,
-                Some(RawRelay::SpliceAuto) => RelayMode::SpliceAuto,
-                Some(RawRelay::Kernel) => RelayMode::Kernel,
-                Some(RawRelay::Auto) => RelayMode::Auto,
-            },
+            relay: self.relay(base.relay, raw.relay, &join(p, "relay")),
+        }
+    }
+
+    /// `relay:` over `base`. The retired `kernel` is read as `splice-auto` with a
+    /// warning, not refused: a config that named it must keep starting and
+    /// reloading after an upgrade (docs/configuration.md).
+    fn relay(&mut self, base: RelayMode, raw: Option<RawRelay>, path: &str) -> RelayMode {
+        match raw {
+            None => base,
+            Some(RawRelay::SpliceAuto) => RelayMode::SpliceAuto,
+            Some(RawRelay::Auto) => RelayMode::Auto,
+            Some(RawRelay::Kernel) => {
+                self.warn(path, RELAY_KERNEL_RETIRED);
+                RelayMode::SpliceAuto
+            }
         }
     }
 

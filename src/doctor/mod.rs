@@ -89,7 +89,7 @@ pub struct ServiceRelay {
 pub struct Report {
     /// The configuration file.
     pub config: String,
-    /// Every service's relay (`kernel` where asked for and the BPF program loads).
+    /// Every service's relay and why (`relay:` as configured).
     pub relays: Vec<ServiceRelay>,
     /// Every backend, in configuration order.
     pub backends: Vec<BackendReport>,

@@ -2,12 +2,14 @@
 //! stays a half-close, an abort (reset or error) becomes a reset of the other peer
 //! once every byte already received from the aborting peer has reached it.
 //!
-//! Any relay (copy, splice, a future kernel one) reports each direction as an
+//! Any relay (copy, splice, any future one) reports each direction as an
 //! [`Ending`]; [`Abort::of`] says which peer aborted, and [`pass_on`] delivers the
 //! abort to the other peer. Linux keeps bytes a socket had received before a reset
 //! readable ahead of the error, on crossbar's sockets and on the peer's, which is
 //! what makes "every byte, then the reset" possible.
+use std::future::Future;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -85,6 +87,38 @@ impl Abort {
             Ending::Local(e) => (source, true, e.kind()),
         };
         Some(Abort { by, local, error })
+    }
+}
+
+/// Which side an I/O error came from.
+#[derive(Debug)]
+pub(super) enum Side {
+    /// Reading from the source failed.
+    Read(io::Error),
+    /// Writing to the destination failed.
+    Write(io::Error),
+    /// Neither: crossbar's own resources (a pipe) failed.
+    Local(io::Error),
+}
+
+/// The [`Ending`] of a direction whose bytes `moved` as far as they went: on EOF
+/// the destination is half-closed by `fin` (awaited only then, and only if
+/// `aborted` doesn't say the other direction found an abort), else the side that
+/// failed.
+pub(super) async fn ending_of(
+    moved: Result<(), Side>,
+    aborted: &AtomicBool,
+    fin: impl Future<Output = io::Result<()>>,
+) -> Ending {
+    match moved {
+        Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
+        Ok(()) => match fin.await {
+            Ok(()) => Ending::Fin,
+            Err(e) => Ending::DestinationAborted(e),
+        },
+        Err(Side::Read(e)) => Ending::SourceAborted(e),
+        Err(Side::Write(e)) => Ending::DestinationAborted(e),
+        Err(Side::Local(e)) => Ending::Local(e),
     }
 }
 

@@ -18,13 +18,13 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use prometheus::IntCounter;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::{Activity, Side};
+use super::ending::Side;
+use super::meter::Meter;
 
 /// Capacity asked for each pipe (F_SETPIPE_SZ), and so the bytes one splice call
 /// can move. Against the default 64 KiB, 256 KiB gave ~25% more single-stream
@@ -141,24 +141,17 @@ pub(super) fn supported() -> bool {
 
 /// Move bytes `src` -> `dst` with splice until `src` reaches EOF (the caller then
 /// half-closes `dst`). Errors say which side failed.
-pub(super) async fn pump(
-    src: &TcpStream,
-    dst: &TcpStream,
-    counter: &IntCounter,
-    total: &AtomicU64,
-    activity: &Activity,
-) -> Result<(), Side> {
+pub(super) async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) -> Result<(), Side> {
     loop {
         src.readable().await.map_err(Side::Read)?;
         let mut lent = match Lent::take() {
             Ok(lent) => lent,
             Err(e) if is_fd_exhaustion(&e) => {
                 note_fallback(&e);
-                match copy_chunk(src, dst, activity).await? {
+                match copy_chunk(src, dst, meter).await? {
                     0 => return Ok(()),
                     n => {
-                        counter.inc_by(n as u64);
-                        total.fetch_add(n as u64, Ordering::Relaxed);
+                        meter.count(n);
                         continue;
                     }
                 }
@@ -176,7 +169,7 @@ pub(super) async fn pump(
             Err(e) => return Err(Side::Read(e)),
         };
         lent.in_pipe = n;
-        activity.touch();
+        meter.touch();
         while lent.in_pipe > 0 {
             dst.writable().await.map_err(Side::Write)?;
             match dst.try_io(Interest::WRITABLE, || {
@@ -187,8 +180,7 @@ pub(super) async fn pump(
                 Err(e) => return Err(Side::Write(e)),
             }
         }
-        counter.inc_by(n as u64);
-        total.fetch_add(n as u64, Ordering::Relaxed);
+        meter.count(n);
     }
 }
 
@@ -212,7 +204,7 @@ fn note_fallback(e: &io::Error) {
 
 /// One read from `src` and all of it written to `dst`, through a temporary buffer:
 /// the path when no pipe can be had. The bytes moved; 0 at EOF.
-async fn copy_chunk(src: &TcpStream, dst: &TcpStream, activity: &Activity) -> Result<usize, Side> {
+async fn copy_chunk(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) -> Result<usize, Side> {
     let mut buf = vec![0u8; FALLBACK_CHUNK];
     let n = loop {
         src.readable().await.map_err(Side::Read)?;
@@ -225,7 +217,7 @@ async fn copy_chunk(src: &TcpStream, dst: &TcpStream, activity: &Activity) -> Re
     if n == 0 {
         return Ok(0);
     }
-    activity.touch();
+    meter.touch();
     let mut written = 0;
     while written < n {
         dst.writable().await.map_err(Side::Write)?;

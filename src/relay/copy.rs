@@ -1,0 +1,182 @@
+//! One direction's pump, like HAProxy's `splice-auto`: small messages are copied
+//! through a per-thread buffer, and a direction that carries bulk data switches to
+//! splice(2) on Linux. While the TLS handshake is under way the server->client bytes
+//! are also shown to a [`ServerWatcher`] (after being forwarded, so inspection adds
+//! no latency).
+use std::cell::RefCell;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+
+use super::ending::{ending_of, Ending, Side};
+use super::meter::Meter;
+#[cfg(target_os = "linux")]
+use super::splice;
+use crate::hello::{ServerHandshake, ServerWatcher};
+
+/// Per-direction copy buffer: large enough for a full TLS record (16 KiB + overhead)
+/// in one read.
+const BUF_SIZE: usize = 16 * 1024 + 256;
+
+/// Inspection of the server's handshake during the relay (boxed by callers: it is
+/// only needed during the handshake, and inline it would enlarge every connection's
+/// future for its whole life).
+pub struct Watch<'a> {
+    /// The watcher fed with server->client bytes.
+    pub watcher: ServerWatcher,
+    /// Called once when the watcher is done.
+    pub on_handshake: Box<dyn FnOnce(&ServerHandshake) + Send + 'a>,
+}
+
+/// Relay `src` to `dst` until EOF, then half-close `dst`, unless `aborted` says the
+/// other direction found an abort: then `dst` is to be reset, and a FIN ahead of
+/// the reset would let it take a truncated stream for a complete one (a reset's
+/// error is reported once per socket, so after the other direction's write saw it,
+/// this direction's read of the aborting peer ends in a plain EOF).
+pub(super) async fn pump(
+    src: ReadHalf<'_>,
+    mut dst: WriteHalf<'_>,
+    meter: &Meter<'_>,
+    aborted: &AtomicBool,
+    watch: Option<Box<Watch<'_>>>,
+) -> Ending {
+    let moved = move_bytes(src, &mut dst, meter, watch).await;
+    ending_of(moved, aborted, dst.shutdown()).await
+}
+
+/// Move bytes `src` -> `dst` until `src` reaches EOF.
+///
+/// Like HAProxy's `splice-auto`: bytes are first copied through a per-thread scratch
+/// buffer, which for the small messages of a TLS handshake and a Puppet request costs
+/// fewer and cheaper syscalls than splice (a read and a write, against two splices and
+/// a pipe). Once a read fills the whole buffer the direction is carrying bulk data
+/// (a catalog, a file), and on Linux it switches to splice(2) for the rest of its
+/// life, unless the handshake is still being watched (the watcher must see the bytes).
+/// No buffer is held per connection: bytes a slow destination doesn't take at once
+/// wait in a `backlog` allocated for that moment only.
+async fn move_bytes(
+    mut src: ReadHalf<'_>,
+    dst: &mut WriteHalf<'_>,
+    meter: &Meter<'_>,
+    mut watch: Option<Box<Watch<'_>>>,
+) -> Result<(), Side> {
+    let mut backlog: Vec<u8> = Vec::new();
+    let mut bulk = false;
+    loop {
+        if !backlog.is_empty() {
+            dst.write_all(&backlog).await.map_err(Side::Write)?;
+            meter.count(backlog.len());
+            backlog = Vec::new();
+        }
+        if bulk && watch.is_none() && splice_enabled() {
+            // Boxed: only bulk directions get here, and inline it would enlarge every
+            // connection's future, idle ones included.
+            #[cfg(target_os = "linux")]
+            {
+                Box::pin(splice::pump(src.as_ref(), dst.as_ref(), meter)).await?;
+                return Ok(());
+            }
+        }
+        let moved =
+            std::future::poll_fn(|cx| copy_once(cx, &mut src, dst, &mut backlog, &mut watch))
+                .await?;
+        match moved {
+            Copied::Eof => {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
+                return Ok(());
+            }
+            Copied::Bytes { written, full } => {
+                meter.touch();
+                meter.count(written);
+                bulk = full;
+            }
+        }
+    }
+}
+
+/// What one [`copy_once`] did.
+enum Copied {
+    /// The source reached EOF.
+    Eof,
+    /// Bytes were read; `written` of them are already in `dst` (the rest in the
+    /// backlog); `full` if the read filled the scratch buffer.
+    Bytes { written: usize, full: bool },
+}
+
+/// One read from `src` into this thread's scratch buffer and as much of a write to
+/// `dst` as it takes now; what it doesn't take goes to `backlog`. All synchronous
+/// within one poll, so the scratch buffer is never held across an await.
+fn copy_once(
+    cx: &mut Context<'_>,
+    src: &mut ReadHalf<'_>,
+    dst: &mut WriteHalf<'_>,
+    backlog: &mut Vec<u8>,
+    watch: &mut Option<Box<Watch<'_>>>,
+) -> Poll<Result<Copied, Side>> {
+    with_scratch(|scratch| {
+        let mut rb = ReadBuf::new(scratch);
+        match Pin::new(&mut *src).poll_read(cx, &mut rb) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(Side::Read(e))),
+            Poll::Ready(Ok(())) => {}
+        }
+        let full = rb.remaining() == 0;
+        let data = rb.filled();
+        if data.is_empty() {
+            return Poll::Ready(Ok(Copied::Eof));
+        }
+        let mut written = 0;
+        while written < data.len() {
+            match Pin::new(&mut *dst).poll_write(cx, &data[written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(Side::Write(io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(m)) => written += m,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Side::Write(e))),
+                Poll::Pending => break,
+            }
+        }
+        backlog.extend_from_slice(&data[written..]);
+        // Inspection after forwarding, so it adds no latency.
+        if let Some(w) = watch.as_mut() {
+            if w.watcher.feed(data) {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
+            }
+        }
+        Poll::Ready(Ok(Copied::Bytes { written, full }))
+    })
+}
+
+thread_local! {
+    /// Each worker thread's copy buffer (see [`pump`]).
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0; BUF_SIZE].into_boxed_slice());
+}
+
+/// Run `f` with this thread's scratch buffer (or, should it be in use, which the
+/// synchronous callers never allow, a temporary one).
+fn with_scratch<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut buf) => f(&mut buf),
+        Err(_) => f(&mut vec![0; BUF_SIZE]),
+    })
+}
+
+/// Zero-copy is on unless `CROSSBAR_NO_SPLICE=1` (for benchmarks and diagnosis).
+fn splice_enabled() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        splice::supported()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}

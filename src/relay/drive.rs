@@ -1,0 +1,333 @@
+//! Runs a relay: both directions' pumps polled to their ends, the idle timeout and
+//! the shutdown deadline, and, when a peer aborted, where that abort goes
+//! ([`ending::pass_on`]).
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::copy::{self, Watch};
+use super::ending::{self, Abort, Ending, Peer};
+use super::meter::{Activity, Meter, RelayCounters};
+use super::outcome::{RelayEnd, RelayStats};
+
+/// Relay `client` <-> `server` until both directions are closed, the connection is
+/// idle for `idle`, a peer aborts, or `hard_stop` fires.
+///
+/// A peer's abort is passed on as an abort ([`ending`]): the aborting peer's bytes
+/// still in flight are delivered first, then the other peer is reset (it is marked
+/// SO_LINGER 0 here and reset when the caller drops it).
+pub async fn relay(
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    idle: Duration,
+    counters: &RelayCounters<'_>,
+    watch: Option<Box<Watch<'_>>>,
+    hard_stop: &CancellationToken,
+) -> RelayStats {
+    let activity = Activity::new();
+    let c2s_meter = Meter::new(counters.c2s, &activity);
+    let s2c_meter = Meter::new(counters.s2c, &activity);
+    let aborted = AtomicBool::new(false);
+    let (end, abort) = {
+        let (cr, cw) = client.split();
+        let (sr, sw) = server.split();
+        let c2s = copy::pump(cr, sw, &c2s_meter, &aborted, None);
+        let s2c = copy::pump(sr, cw, &s2c_meter, &aborted, watch);
+        tokio::pin!(c2s, s2c);
+        drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
+    };
+    if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
+        ending::pass_on(to, idle, hard_stop).await;
+    }
+    let totals = (c2s_meter.total(), s2c_meter.total());
+    RelayStats::new(totals, end, abort)
+}
+
+/// Where an abort is still to be passed on once the relay stopped: the peer that
+/// did not abort, to be reset after it acknowledged the aborting peer's bytes.
+/// `None` when it is settled here: crossbar's own failure resets both peers, and
+/// after an idle timeout or the shutdown deadline delivered bytes wait for no
+/// acknowledgement, so the other peer is reset at once.
+fn abort_goes_to<'s>(
+    a: Abort,
+    end: RelayEnd,
+    client: &'s TcpStream,
+    server: &'s TcpStream,
+) -> Option<&'s TcpStream> {
+    if a.local {
+        ending::reset_on_close(client);
+        ending::reset_on_close(server);
+        return None;
+    }
+    let to = match a.by {
+        Peer::Client => server,
+        Peer::Backend => client,
+    };
+    if end == RelayEnd::IdleTimeout || end == RelayEnd::Shutdown {
+        ending::reset_on_close(to);
+        return None;
+    }
+    Some(to)
+}
+
+/// Poll both directions until both are done, the relay is idle for `idle`, or
+/// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
+/// direction from it runs on until it has delivered what the aborting peer sent.
+async fn drive(
+    mut c2s: Pin<&mut impl Future<Output = Ending>>,
+    mut s2c: Pin<&mut impl Future<Output = Ending>>,
+    idle: Duration,
+    activity: &Activity,
+    aborted: &AtomicBool,
+    hard_stop: &CancellationToken,
+) -> (RelayEnd, Option<Abort>) {
+    let (mut c2s_done, mut s2c_done) = (false, false);
+    let mut first_close: Option<RelayEnd> = None;
+    let mut abort: Option<Abort> = None;
+    let idle_timer = tokio::time::sleep(idle);
+    tokio::pin!(idle_timer);
+    loop {
+        let (source, ending) = tokio::select! {
+            r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
+            r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
+            () = &mut idle_timer => {
+                let quiet = activity.idle_for();
+                if quiet >= idle {
+                    return (RelayEnd::IdleTimeout, abort);
+                }
+                idle_timer.as_mut().reset(tokio::time::Instant::now() + (idle - quiet));
+                continue;
+            }
+            () = hard_stop.cancelled() => return (RelayEnd::Shutdown, abort),
+        };
+        match (Abort::of(source, &ending), abort) {
+            (Some(found), None) => {
+                aborted.store(true, Ordering::Relaxed);
+                abort = Some(found);
+                if found.local {
+                    return (RelayEnd::LocalError, abort);
+                }
+                // Nothing more goes to the peer that aborted.
+                match found.by {
+                    Peer::Client => s2c_done = true,
+                    Peer::Backend => c2s_done = true,
+                }
+            }
+            (Some(_), Some(_)) => {}
+            (None, _) => {
+                let closed = match source {
+                    Peer::Client => RelayEnd::ClientClosed,
+                    Peer::Backend => RelayEnd::ServerClosed,
+                };
+                first_close.get_or_insert(closed);
+            }
+        }
+        if c2s_done && s2c_done {
+            let end = match abort {
+                Some(Abort {
+                    by: Peer::Client, ..
+                }) => RelayEnd::ClientReset,
+                Some(Abort {
+                    by: Peer::Backend, ..
+                }) => RelayEnd::BackendReset,
+                None => first_close.unwrap_or(RelayEnd::ClientClosed),
+            };
+            return (end, abort);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::IntCounter;
+    use sha2::{Digest, Sha256};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    /// Owned test counters (client->server, server->client).
+    fn counters() -> (IntCounter, IntCounter) {
+        let c = |n: &str| IntCounter::new(n, "test").unwrap();
+        (c("c2s"), c("s2c"))
+    }
+
+    fn borrow(c: &(IntCounter, IntCounter)) -> RelayCounters<'_> {
+        RelayCounters {
+            c2s: &c.0,
+            s2c: &c.1,
+        }
+    }
+
+    fn data(len: usize, seed: u64) -> Vec<u8> {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        (0..len).map(|_| rng.u8(..)).collect()
+    }
+
+    /// Write `data` and half-close while reading everything the peer sends until EOF.
+    async fn send_and_drain(stream: &mut TcpStream, data: &[u8]) -> Vec<u8> {
+        let (mut r, mut w) = stream.split();
+        let send = async {
+            w.write_all(data).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let recv = async {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        };
+        let ((), got) = tokio::join!(send, recv);
+        got
+    }
+
+    /// client <-> [relay] <-> server, both directions at once, then half-closes.
+    async fn roundtrip(len: usize) {
+        let (mut client, mut proxy_client_side) = pair().await;
+        let (mut proxy_server_side, mut server) = pair().await;
+        let up = data(len, 1);
+        let down = data(len, 2);
+        let (up2, down2) = (up.clone(), down.clone());
+        let cnt = counters();
+        let stop = CancellationToken::new();
+        let relay = tokio::spawn(async move {
+            let s = relay(
+                &mut proxy_client_side,
+                &mut proxy_server_side,
+                Duration::from_secs(30),
+                &borrow(&cnt),
+                None,
+                &stop,
+            )
+            .await;
+            (s, cnt.0.get(), cnt.1.get())
+        });
+        let srv =
+            tokio::spawn(async move { Sha256::digest(send_and_drain(&mut server, &down2).await) });
+        let got = send_and_drain(&mut client, &up2).await;
+        assert_eq!(
+            Sha256::digest(&got),
+            Sha256::digest(&down),
+            "server->client bytes"
+        );
+        assert_eq!(
+            srv.await.unwrap(),
+            Sha256::digest(&up),
+            "client->server bytes"
+        );
+        let (stats, c2s, s2c) = relay.await.unwrap();
+        assert_eq!(stats.client_to_server, len as u64);
+        assert_eq!(stats.server_to_client, len as u64);
+        assert_eq!((c2s, s2c), (len as u64, len as u64));
+        assert!(
+            matches!(stats.end, RelayEnd::ClientClosed | RelayEnd::ServerClosed),
+            "{:?}",
+            stats.end
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bytes_intact_both_ways_with_half_close() {
+        for len in [0, 1, 1000, 70_000, 4 << 20] {
+            roundtrip(len).await;
+        }
+    }
+
+    /// A destination that takes bytes slowly: what it can't take at once waits in
+    /// the backlog (and then in splice's pipe, once the direction is bulk); nothing
+    /// is lost or reordered, small messages and bulk alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_reader_gets_every_byte_in_order() {
+        let (mut client, mut proxy_client_side) = pair().await;
+        let (mut proxy_server_side, mut server) = pair().await;
+        let cnt = counters();
+        let relay = tokio::spawn(async move {
+            relay(
+                &mut proxy_client_side,
+                &mut proxy_server_side,
+                Duration::from_secs(30),
+                &borrow(&cnt),
+                None,
+                &CancellationToken::new(),
+            )
+            .await
+        });
+        // Small writes first (copied), then bulk (spliced), with no reader yet.
+        let mut sent = Vec::new();
+        for i in 0..200u32 {
+            sent.extend_from_slice(&data(1 + (i as usize * 37) % 300, u64::from(i)));
+        }
+        sent.extend_from_slice(&data(3 << 20, 99));
+        let to_send = sent.clone();
+        let writer = tokio::spawn(async move {
+            let mut at = 0;
+            for i in 0..200usize {
+                let len = 1 + (i * 37) % 300;
+                server.write_all(&to_send[at..at + len]).await.unwrap();
+                at += len;
+            }
+            server.write_all(&to_send[at..]).await.unwrap();
+            server.shutdown().await.unwrap();
+            server
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1000];
+        loop {
+            let n = client.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "bytes differ");
+        drop(client);
+        drop(writer.await.unwrap());
+        let stats = relay.await.unwrap();
+        assert_eq!(stats.server_to_client, sent.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn idle_timeout_closes() {
+        let (_client, mut a) = pair().await;
+        let (mut b, _server) = pair().await;
+        let stats = relay(
+            &mut a,
+            &mut b,
+            Duration::from_millis(200),
+            &borrow(&counters()),
+            None,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(stats.end, RelayEnd::IdleTimeout);
+    }
+
+    #[tokio::test]
+    async fn hard_stop_cuts() {
+        let (_client, mut a) = pair().await;
+        let (mut b, _server) = pair().await;
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let stats = relay(
+            &mut a,
+            &mut b,
+            Duration::from_secs(60),
+            &borrow(&counters()),
+            None,
+            &stop,
+        )
+        .await;
+        assert_eq!(stats.end, RelayEnd::Shutdown);
+    }
+}

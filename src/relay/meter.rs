@@ -1,0 +1,79 @@
+//! What a relay keeps count of as bytes flow: each direction's bytes (into the
+//! backend's metric and the relay's own total) and when a byte last moved either
+//! way (the idle clock).
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use prometheus::IntCounter;
+
+/// Counters the relay adds to as bytes flow, borrowed from the backend's metric handles: no per-connection clone (and so no
+/// reference-count traffic on a cache line every connection to the backend shares).
+#[derive(Clone, Copy)]
+pub struct RelayCounters<'a> {
+    /// Client -> server bytes.
+    pub c2s: &'a IntCounter,
+    /// Server -> client bytes.
+    pub s2c: &'a IntCounter,
+}
+
+/// Activity clock shared by both directions: milliseconds since `start` of the last byte.
+pub(super) struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    /// A clock starting now, with the last byte at its start.
+    pub(super) fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+    /// Note that a byte moved now.
+    pub(super) fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    /// How long since a byte last moved.
+    pub(super) fn idle_for(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// One direction's accounting, shared by its pumps (copy and splice): the
+/// backend's byte counter, the relay's own total for the direction, and the idle
+/// clock both directions share.
+pub(super) struct Meter<'a> {
+    counter: &'a IntCounter,
+    total: AtomicU64,
+    activity: &'a Activity,
+}
+
+impl<'a> Meter<'a> {
+    /// A direction counting into `counter`, its activity on `activity`.
+    pub(super) fn new(counter: &'a IntCounter, activity: &'a Activity) -> Meter<'a> {
+        Meter {
+            counter,
+            total: AtomicU64::new(0),
+            activity,
+        }
+    }
+
+    /// `n` more bytes reached the destination.
+    pub(super) fn count(&self, n: usize) {
+        self.counter.inc_by(n as u64);
+        self.total.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Bytes moved now (for the idle timeout).
+    pub(super) fn touch(&self) {
+        self.activity.touch();
+    }
+
+    /// Every byte counted.
+    pub(super) fn total(self) -> u64 {
+        self.total.into_inner()
+    }
+}
