@@ -269,11 +269,13 @@ async fn confirm_placement(
             (server, lease, Vec::new())
         }
         Wanted::Yes => {
+            // Backends that failed before the first answer count too.
+            let before = search.tried.len();
             // Boxed: only connections that confirm pay for the search's state.
             let c = Box::pin(search.run(server, lease)).await;
             svc.metrics.confirm(c.outcome.as_str());
             log.confirm = Some(c.outcome.as_str());
-            log.tried = c.tried;
+            log.tried = before + c.tried;
             (c.server, c.lease, c.pending)
         }
     }
@@ -282,7 +284,8 @@ async fn confirm_placement(
 /// Step 4: reserve a backend and connect (retrying elsewhere on failure), then send
 /// the PROXY header and the hello. In tls mode a backend that closes before its
 /// first byte, or sends none within `timeouts.server_hello`, is retried like a
-/// refused connect (the client has seen nothing yet).
+/// refused connect (the client has seen nothing yet), and the client bytes read
+/// behind the hello go only to the backend that answered, once it has.
 ///
 /// Like HAProxy's abortonclose: a client that gives up while queued or while we
 /// connect gets no backend connection opened for nobody (a compile slot). A TLS
@@ -299,6 +302,14 @@ async fn connect_and_replay(
 ) -> Result<(TcpStream, Lease, Vec<usize>), ConnError> {
     let tls = hello.is_some();
     let ip = peer.ip().to_canonical();
+    // Only the ClientHello may reach more than one backend. What the client sent
+    // behind it (0-RTT early data, a pipelined record) is held until a backend has
+    // answered and goes to that one alone: early data carries a request, and two
+    // backends that share no anti-replay state would both act on it (RFC 8446 8).
+    let (hello_bytes, held) = match hello {
+        Some(h) => buf.split_at(h.consumed.min(buf.len())),
+        None => (buf, &[][..]),
+    };
     let mut tried: Vec<usize> = Vec::new();
     let mut timed_out = None;
     loop {
@@ -313,19 +324,29 @@ async fn connect_and_replay(
         log.backend = Some(backend.name.clone());
         let sni = hello.and_then(|h| h.sni.as_deref());
         let proxy = backend.config.proxy_protocol;
-        let sent = dial::send_prelude(&mut server, stream, peer, proxy, sni, buf)
+        let sent = dial::send_prelude(&mut server, stream, peer, proxy, sni, hello_bytes)
             .await
             .map_err(|error| ConnError::BackendWrite {
                 backend: backend.name.clone(),
                 error,
             });
-        log.tried = 1;
         if !tls {
             sent?;
             return Ok((server, lease, tried));
         }
         match answered(&server, stream, sent, svc.config.timeouts.server_hello).await? {
-            BackendAnswer::Bytes => return Ok((server, lease, tried)),
+            BackendAnswer::Bytes => {
+                if !held.is_empty() {
+                    server
+                        .write_all(held)
+                        .await
+                        .map_err(|error| ConnError::BackendWrite {
+                            backend: backend.name.clone(),
+                            error,
+                        })?;
+                }
+                return Ok((server, lease, tried));
+            }
             BackendAnswer::Timeout => {
                 let e = server_hello_timeout(svc, &backend);
                 tried.push(backend.index);
@@ -358,9 +379,9 @@ fn server_hello_timeout(svc: &Service, backend: &Backend) -> ConnError {
     }
 }
 
-/// What a backend did with the hello just sent. Until it answers, the client has
-/// sent nothing but its hello: a backend that closes or resets without a byte (it
-/// died with connections in its accept queue) can be retried, hello and all.
+/// What a backend did with the hello just sent. Until it answers, it has been sent
+/// nothing but the hello: a backend that closes or resets without a byte (it died
+/// with connections in its accept queue) can be retried, hello and all.
 async fn answered(
     server: &TcpStream,
     client: &TcpStream,
@@ -503,6 +524,8 @@ async fn connect(
             },
         };
         let b = l.backend().clone();
+        // Every backend this connection went to counts, the failed ones included.
+        log.tried = tried.len() + 1;
         let started = Instant::now();
         match dial::connect_to(&b.config.address, svc.config.timeouts.connect).await {
             Ok(s) => {
