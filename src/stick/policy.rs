@@ -108,7 +108,8 @@ impl Sticking<'_> {
     }
 
     /// A resumption attempt nothing else knows: the short-lived source hint recorded
-    /// at this client's last full handshake.
+    /// at this client's last full handshake, unless its address is shared by many
+    /// clients (then the hint is a miss and the balance algorithm places it).
     fn resume_hint(&self, hello: Option<&ClientHelloInfo>, ip: IpAddr) -> Option<Placement> {
         let resuming = hello.is_some_and(|h| h.ticket.is_some() || !h.psk_identities.is_empty());
         if !resuming || self.sticks_on(StickOn::Source) {
@@ -175,9 +176,13 @@ impl Sticking<'_> {
                 }
             }
         }
-        // A full handshake: remember where this client went, briefly, for its first resumption.
+        // A full handshake: remember where this client went, briefly, for its first
+        // resumption; unless the address is evidently many clients (NAT), see
+        // `StickTable::learn_hint`: following one hint there herded them all.
         if hs.resumed == Some(false) && !self.sticks_on(StickOn::Source) {
-            self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+            let key = self.table.key(KeyKind::Source, &self.source_bytes(ip));
+            self.table.learn_hint(key, backend);
+            self.metrics.learned(KeyKind::Source);
         }
     }
 
