@@ -7,7 +7,7 @@
 //! steps in order, each bounded in time, and knows which side ended it.
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,6 +19,7 @@ use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse, ServerHandshak
 use crate::listener::{Accepted, InheritedOptions};
 use crate::relay::{self, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::{ListenerRoutes, Service, Shared};
+use crate::stick::LearnWhen;
 use crate::{dial, health};
 
 /// Bytes beyond `max_hello_size` we accept in the first read burst (record headers,
@@ -399,10 +400,10 @@ async fn answered(
 }
 
 /// Steps 5-6: relay both ways until both sides closed; in tls mode the server's
-/// handshake is watched on the way and stick entries are learned from it. Answer
-/// bytes read while confirming the placement (`pending`) reach the client, and the
-/// watcher, first. Returns the relay's outcome and the handshake kind
-/// (`full`/`resumed`) if it showed.
+/// handshake is watched on the way and stick entries are learned from it, once the
+/// client has proven enough ([`crate::stick::learn_when`]). Answer bytes read while
+/// confirming the placement (`pending`) reach the client, and the watcher, first.
+/// Returns the relay's outcome and the handshake kind (`full`/`resumed`) if it showed.
 async fn relay_watched(
     stream: &mut TcpStream,
     server: &mut TcpStream,
@@ -412,16 +413,37 @@ async fn relay_watched(
     hard_stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
     let mut handshake = None;
+    let flight = std::sync::Mutex::new(Flight::Waiting);
     let mut watch = hello.map(|h| {
         let seen = &mut handshake;
+        let flight = &flight;
+        let sticking = svc.sticking();
+        let learn = move |hs: &ServerHandshake| {
+            if let Some(s) = svc.sticking() {
+                s.learn_handshake(h, hs, ip, &backend.name);
+            }
+        };
         Box::new(Watch {
             watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
             on_handshake: Box::new(move |hs: &ServerHandshake| {
                 *seen = handshake_kind(backend, hs);
-                if let Some(sticking) = svc.sticking() {
-                    sticking.learn_handshake(h, hs, ip, &backend.name);
+                let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
+                match (crate::stick::learn_when(h, hs), &*f) {
+                    (LearnWhen::Now, _) => learn(hs),
+                    (LearnWhen::AfterClientFlight, Flight::Waiting) => {
+                        *f = Flight::Held(Box::new(hs.clone()));
+                    }
+                    _ => {}
                 }
             }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
+            on_client: sticking.map(|_| {
+                Box::new(move || {
+                    let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Flight::Held(hs) = std::mem::replace(&mut *f, Flight::ClientSpoke) {
+                        learn(&hs);
+                    }
+                }) as Box<dyn FnOnce() + Send + '_>
+            }),
         })
     });
     if !pending.is_empty() {
@@ -432,9 +454,10 @@ async fn relay_watched(
         backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
         if let Some(w) = watch.as_mut() {
             if w.watcher.feed(pending) {
-                if let Some(w) = watch.take() {
-                    (w.on_handshake)(w.watcher.info());
-                }
+                // Done; the relay still runs `on_client` (the done watcher passes
+                // the server's next bytes straight to a no-op).
+                let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
+                on_handshake(w.watcher.info());
             }
         }
     }
@@ -454,6 +477,19 @@ async fn relay_watched(
     )
     .await;
     Ok((stats, handshake))
+}
+
+/// Where a connection is in proving its TLS 1.3 full handshake
+/// ([`crate::stick::learn_when`]): what the server's handshake teaches waits for the
+/// client's next flight.
+enum Flight {
+    /// Neither the server's handshake nor a client byte seen yet.
+    Waiting,
+    /// The server's handshake, held until the client answers it.
+    Held(Box<ServerHandshake>),
+    /// The client has sent a byte during the relay (before the server's handshake
+    /// showed, that byte answered nothing: then it teaches nothing).
+    ClientSpoke,
 }
 
 /// Count a server handshake as full or resumed; its access-log word.

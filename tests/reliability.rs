@@ -570,7 +570,10 @@ async fn bytes_behind_the_hello_reach_only_the_backend_that_answered() {
             "{variant}: the backend that answered got the hello and what followed, once"
         );
         let client = format!("client={from}:");
-        wait_until("the access-log line", || !log.lines_with(&client).is_empty()).await;
+        wait_until("the access-log line", || {
+            !log.lines_with(&client).is_empty()
+        })
+        .await;
         let lines = log.lines_with(&client);
         assert!(
             lines[0].contains("tried=2") && lines[0].contains("backend=\"second\""),

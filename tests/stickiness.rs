@@ -454,7 +454,11 @@ async fn unplaced_resumptions_spread_without_confirmation() {
             tickets: false,
         };
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        backends.push(TlsBackend::start(&ca, name, &[tls::SNI], tls, any).await.unwrap());
+        backends.push(
+            TlsBackend::start(&ca, name, &[tls::SNI], tls, any)
+                .await
+                .unwrap(),
+        );
     }
     let list: Vec<_> = backends.iter().map(|b| (b.name.clone(), b.addr)).collect();
     let yaml = format!(

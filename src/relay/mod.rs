@@ -132,6 +132,9 @@ pub struct Watch<'a> {
     pub watcher: ServerWatcher,
     /// Called once when the watcher is done.
     pub on_handshake: Box<dyn FnOnce(&ServerHandshake) + Send + 'a>,
+    /// Called once when the client's first byte has been relayed (not at its EOF):
+    /// its answer to what the server sent, which proves more than its hello did.
+    pub on_client: Option<Box<dyn FnOnce() + Send + 'a>>,
 }
 
 /// Activity clock shared by both directions: milliseconds since `start` of the last byte.
@@ -363,16 +366,19 @@ pub async fn relay(
     server: &mut TcpStream,
     idle: Duration,
     counters: &RelayCounters<'_>,
-    watch: Option<Box<Watch<'_>>>,
+    mut watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
     let activity = Activity::new();
     let (c2s_total, s2c_total) = (AtomicU64::new(0), AtomicU64::new(0));
     let aborted = AtomicBool::new(false);
+    let on_client = watch.as_mut().and_then(|w| w.on_client.take());
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
         let c2s = pump(cr, sw, counters.c2s, &c2s_total, &activity, &aborted, None);
+        tokio::pin!(c2s);
+        let c2s = once_moved(c2s, &c2s_total, on_client);
         let s2c = pump(sr, cw, counters.s2c, &s2c_total, &activity, &aborted, watch);
         tokio::pin!(c2s, s2c);
         drive(c2s, s2c, idle, &activity, &aborted, hard_stop, || {}).await
@@ -382,6 +388,25 @@ pub async fn relay(
     }
     let totals = (c2s_total.into_inner(), s2c_total.into_inner());
     RelayStats::new(totals, end, abort)
+}
+
+/// `pump`, running `hook` once as soon as its direction has moved a byte (checked
+/// after each poll: bytes are counted before a pump waits again). Not an `async fn`,
+/// which would hold the pump's future twice for the connection's life.
+fn once_moved<'a, F: std::future::Future>(
+    mut pump: Pin<&'a mut F>,
+    total: &'a AtomicU64,
+    mut hook: Option<Box<dyn FnOnce() + Send + 'a>>,
+) -> impl std::future::Future<Output = F::Output> + 'a {
+    std::future::poll_fn(move |cx| {
+        let polled = pump.as_mut().poll(cx);
+        if hook.is_some() && total.load(Ordering::Relaxed) > 0 {
+            if let Some(hook) = hook.take() {
+                hook();
+            }
+        }
+        polled
+    })
 }
 
 /// Where an abort is still to be passed on once the relay stopped: the peer that

@@ -371,7 +371,11 @@ impl StickTable {
         }
         let gen = queue.next_gen();
         self.count.fetch_add(1, Relaxed);
-        let flags = if how == Learn::Hint { HINT_COUNT_ONE } else { 0 };
+        let flags = if how == Learn::Hint {
+            HINT_COUNT_ONE
+        } else {
+            0
+        };
         let entry = Entry::new(key.kind.code(), backend, gen, now, now, flags);
         if self.map.insert(key.hash, entry).is_some() {
             self.count.fetch_sub(1, Relaxed);
@@ -400,7 +404,11 @@ impl StickTable {
             // record is old, so mark it referenced to give it a second chance.
             self.expired.fetch_add(1, Relaxed);
             let gen = e.gen;
-            let hint = if how == Learn::Hint { HINT_COUNT_ONE } else { 0 };
+            let hint = if how == Learn::Hint {
+                HINT_COUNT_ONE
+            } else {
+                0
+            };
             *e = Entry::new(kind, backend, gen, now, now, REFERENCED | hint);
             return true;
         }
