@@ -453,11 +453,15 @@ async fn relay_watched(
             .map_err(|_| ConnError::ClientGone)?;
         backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
         if let Some(w) = watch.as_mut() {
-            if w.watcher.feed(pending) {
+            if w.watcher.feed(pending) && w.on_client.is_some() {
                 // Done; the relay still runs `on_client` (the done watcher passes
                 // the server's next bytes straight to a no-op).
                 let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
                 on_handshake(w.watcher.info());
+            } else if w.watcher.is_done() {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
             }
         }
     }

@@ -327,6 +327,28 @@ fn entry_set(table: &crossbar::stick::StickTable, kind: KeyKind) -> HashSet<Stri
         .collect()
 }
 
+/// `n` TLS 1.2 agents (session IDs, or tickets), each with a full handshake and one
+/// resumption on the same backend; each agent's config and backend.
+async fn agents_resumed_once(
+    ca: &TestCa,
+    addr: SocketAddr,
+    n: usize,
+    tickets: bool,
+) -> Vec<(Arc<rustls::ClientConfig>, String)> {
+    let mut agents = Vec::new();
+    for _ in 0..n {
+        let cfg = testbed::client_config(ca, Versions::Tls12, tickets).unwrap();
+        let first = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
+        let again = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
+        assert!(
+            again.resumed && again.backend == first.backend,
+            "{first:?} {again:?}"
+        );
+        agents.push((cfg, first.backend));
+    }
+    agents
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_session_floods_create_nothing_and_evict_nothing() {
     const FORGED: usize = 2000;
@@ -351,17 +373,7 @@ async fn forged_session_floods_create_nothing_and_evict_nothing() {
     let table = cb.server.service("svc").unwrap().table.clone().unwrap();
 
     // Real agents first: 20 TLS 1.2 sessions, each resumed once (so learned and used).
-    let mut agents = Vec::new();
-    for _ in 0..20 {
-        let cfg = testbed::client_config(&ca, Versions::Tls12, false).unwrap();
-        let first = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
-        let again = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
-        assert!(
-            again.resumed && again.backend == first.backend,
-            "{first:?} {again:?}"
-        );
-        agents.push((cfg, first.backend));
-    }
+    let agents = agents_resumed_once(&ca, addr, 20, false).await;
     let real = entry_set(&table, KeyKind::SessionId);
     assert_eq!(real.len(), 20, "{:?}", table.stats());
 
@@ -502,17 +514,7 @@ async fn bare_tls13_hellos_from_many_addresses_create_nothing_and_evict_nothing(
     let table = cb.server.service("svc").unwrap().table.clone().unwrap();
 
     // Real agents: TLS 1.2 with tickets, each resumed once on its backend.
-    let mut agents = Vec::new();
-    for _ in 0..AGENTS {
-        let cfg = testbed::client_config(&ca, Versions::Tls12, true).unwrap();
-        let first = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
-        let again = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
-        assert!(
-            again.resumed && again.backend == first.backend,
-            "{first:?} {again:?}"
-        );
-        agents.push((cfg, first.backend));
-    }
+    let agents = agents_resumed_once(&ca, addr, AGENTS, true).await;
     tasks_down_to(&cb, idle_tasks).await;
     let before = table.stats();
     let tickets = entry_set(&table, KeyKind::Ticket);

@@ -104,7 +104,7 @@ impl Entry {
         let flags = self.flags.load(Relaxed);
         let seen = ((flags & HINT_COUNT) / HINT_COUNT_ONE + 1).min(HINT_SHARED_AT);
         self.flags
-            .store((flags & !HINT_COUNT) | seen * HINT_COUNT_ONE, Relaxed);
+            .store((flags & !HINT_COUNT) | (seen * HINT_COUNT_ONE), Relaxed);
         seen >= HINT_SHARED_AT
     }
 

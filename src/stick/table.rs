@@ -414,12 +414,11 @@ impl StickTable {
         }
         let same_kind = e.kind == kind;
         match how {
-            Learn::Prefix if same_kind => {
-                if !e.is_shared() && e.backend != backend {
-                    e.backend = NO_BACKEND;
-                    e.flags.fetch_or(SHARED, Relaxed);
-                }
+            Learn::Prefix if same_kind && !e.is_shared() && e.backend != backend => {
+                e.backend = NO_BACKEND;
+                e.flags.fetch_or(SHARED, Relaxed);
             }
+            Learn::Prefix if same_kind => {}
             Learn::Hint if same_kind => {
                 if e.count_hint() {
                     e.backend = NO_BACKEND;
