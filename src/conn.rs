@@ -7,7 +7,7 @@
 //! steps in order, each bounded in time, and knows which side ended it.
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,6 +19,7 @@ use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse, ServerHandshak
 use crate::listener::{Accepted, InheritedOptions};
 use crate::relay::{self, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::{ListenerRoutes, Service, Shared};
+use crate::stick::LearnWhen;
 use crate::{dial, health};
 
 /// Bytes beyond `max_hello_size` we accept in the first read burst (record headers,
@@ -269,11 +270,13 @@ async fn confirm_placement(
             (server, lease, Vec::new())
         }
         Wanted::Yes => {
+            // Backends that failed before the first answer count too.
+            let before = search.tried.len();
             // Boxed: only connections that confirm pay for the search's state.
             let c = Box::pin(search.run(server, lease)).await;
             svc.metrics.confirm(c.outcome.as_str());
             log.confirm = Some(c.outcome.as_str());
-            log.tried = c.tried;
+            log.tried = before + c.tried;
             (c.server, c.lease, c.pending)
         }
     }
@@ -282,7 +285,8 @@ async fn confirm_placement(
 /// Step 4: reserve a backend and connect (retrying elsewhere on failure), then send
 /// the PROXY header and the hello. In tls mode a backend that closes before its
 /// first byte, or sends none within `timeouts.server_hello`, is retried like a
-/// refused connect (the client has seen nothing yet).
+/// refused connect (the client has seen nothing yet), and the client bytes read
+/// behind the hello go only to the backend that answered, once it has.
 ///
 /// Like HAProxy's abortonclose: a client that gives up while queued or while we
 /// connect gets no backend connection opened for nobody (a compile slot). A TLS
@@ -299,6 +303,14 @@ async fn connect_and_replay(
 ) -> Result<(TcpStream, Lease, Vec<usize>), ConnError> {
     let tls = hello.is_some();
     let ip = peer.ip().to_canonical();
+    // Only the ClientHello may reach more than one backend. What the client sent
+    // behind it (0-RTT early data, a pipelined record) is held until a backend has
+    // answered and goes to that one alone: early data carries a request, and two
+    // backends that share no anti-replay state would both act on it (RFC 8446 8).
+    let (hello_bytes, held) = match hello {
+        Some(h) => buf.split_at(h.consumed.min(buf.len())),
+        None => (buf, &[][..]),
+    };
     let mut tried: Vec<usize> = Vec::new();
     let mut timed_out = None;
     loop {
@@ -313,19 +325,29 @@ async fn connect_and_replay(
         log.backend = Some(backend.name.clone());
         let sni = hello.and_then(|h| h.sni.as_deref());
         let proxy = backend.config.proxy_protocol;
-        let sent = dial::send_prelude(&mut server, stream, peer, proxy, sni, buf)
+        let sent = dial::send_prelude(&mut server, stream, peer, proxy, sni, hello_bytes)
             .await
             .map_err(|error| ConnError::BackendWrite {
                 backend: backend.name.clone(),
                 error,
             });
-        log.tried = 1;
         if !tls {
             sent?;
             return Ok((server, lease, tried));
         }
         match answered(&server, stream, sent, svc.config.timeouts.server_hello).await? {
-            BackendAnswer::Bytes => return Ok((server, lease, tried)),
+            BackendAnswer::Bytes => {
+                if !held.is_empty() {
+                    server
+                        .write_all(held)
+                        .await
+                        .map_err(|error| ConnError::BackendWrite {
+                            backend: backend.name.clone(),
+                            error,
+                        })?;
+                }
+                return Ok((server, lease, tried));
+            }
             BackendAnswer::Timeout => {
                 let e = server_hello_timeout(svc, &backend);
                 tried.push(backend.index);
@@ -358,9 +380,9 @@ fn server_hello_timeout(svc: &Service, backend: &Backend) -> ConnError {
     }
 }
 
-/// What a backend did with the hello just sent. Until it answers, the client has
-/// sent nothing but its hello: a backend that closes or resets without a byte (it
-/// died with connections in its accept queue) can be retried, hello and all.
+/// What a backend did with the hello just sent. Until it answers, it has been sent
+/// nothing but the hello: a backend that closes or resets without a byte (it died
+/// with connections in its accept queue) can be retried, hello and all.
 async fn answered(
     server: &TcpStream,
     client: &TcpStream,
@@ -378,10 +400,10 @@ async fn answered(
 }
 
 /// Steps 5-6: relay both ways until both sides closed; in tls mode the server's
-/// handshake is watched on the way and stick entries are learned from it. Answer
-/// bytes read while confirming the placement (`pending`) reach the client, and the
-/// watcher, first. Returns the relay's outcome and the handshake kind
-/// (`full`/`resumed`) if it showed.
+/// handshake is watched on the way and stick entries are learned from it, once the
+/// client has proven enough ([`crate::stick::learn_when`]). Answer bytes read while
+/// confirming the placement (`pending`) reach the client, and the watcher, first.
+/// Returns the relay's outcome and the handshake kind (`full`/`resumed`) if it showed.
 async fn relay_watched(
     stream: &mut TcpStream,
     server: &mut TcpStream,
@@ -391,16 +413,37 @@ async fn relay_watched(
     hard_stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
     let mut handshake = None;
+    let flight = std::sync::Mutex::new(Flight::Waiting);
     let mut watch = hello.map(|h| {
         let seen = &mut handshake;
+        let flight = &flight;
+        let sticking = svc.sticking();
+        let learn = move |hs: &ServerHandshake| {
+            if let Some(s) = svc.sticking() {
+                s.learn_handshake(h, hs, ip, &backend.name);
+            }
+        };
         Box::new(Watch {
             watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
             on_handshake: Box::new(move |hs: &ServerHandshake| {
                 *seen = handshake_kind(backend, hs);
-                if let Some(sticking) = svc.sticking() {
-                    sticking.learn_handshake(h, hs, ip, &backend.name);
+                let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
+                match (crate::stick::learn_when(h, hs), &*f) {
+                    (LearnWhen::Now, _) => learn(hs),
+                    (LearnWhen::AfterClientFlight, Flight::Waiting) => {
+                        *f = Flight::Held(Box::new(hs.clone()));
+                    }
+                    _ => {}
                 }
             }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
+            on_client: sticking.map(|_| {
+                Box::new(move || {
+                    let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Flight::Held(hs) = std::mem::replace(&mut *f, Flight::ClientSpoke) {
+                        learn(&hs);
+                    }
+                }) as Box<dyn FnOnce() + Send + '_>
+            }),
         })
     });
     if !pending.is_empty() {
@@ -410,7 +453,12 @@ async fn relay_watched(
             .map_err(|_| ConnError::ClientGone)?;
         backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
         if let Some(w) = watch.as_mut() {
-            if w.watcher.feed(pending) {
+            if w.watcher.feed(pending) && w.on_client.is_some() {
+                // Done; the relay still runs `on_client` (the done watcher passes
+                // the server's next bytes straight to a no-op).
+                let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
+                on_handshake(w.watcher.info());
+            } else if w.watcher.is_done() {
                 if let Some(w) = watch.take() {
                     (w.on_handshake)(w.watcher.info());
                 }
@@ -433,6 +481,19 @@ async fn relay_watched(
     )
     .await;
     Ok((stats, handshake))
+}
+
+/// Where a connection is in proving its TLS 1.3 full handshake
+/// ([`crate::stick::learn_when`]): what the server's handshake teaches waits for the
+/// client's next flight.
+enum Flight {
+    /// Neither the server's handshake nor a client byte seen yet.
+    Waiting,
+    /// The server's handshake, held until the client answers it.
+    Held(Box<ServerHandshake>),
+    /// The client has sent a byte during the relay (before the server's handshake
+    /// showed, that byte answered nothing: then it teaches nothing).
+    ClientSpoke,
 }
 
 /// Count a server handshake as full or resumed; its access-log word.
@@ -503,6 +564,8 @@ async fn connect(
             },
         };
         let b = l.backend().clone();
+        // Every backend this connection went to counts, the failed ones included.
+        log.tried = tried.len() + 1;
         let started = Instant::now();
         match dial::connect_to(&b.config.address, svc.config.timeouts.connect).await {
             Ok(s) => {

@@ -327,6 +327,28 @@ fn entry_set(table: &crossbar::stick::StickTable, kind: KeyKind) -> HashSet<Stri
         .collect()
 }
 
+/// `n` TLS 1.2 agents (session IDs, or tickets), each with a full handshake and one
+/// resumption on the same backend; each agent's config and backend.
+async fn agents_resumed_once(
+    ca: &TestCa,
+    addr: SocketAddr,
+    n: usize,
+    tickets: bool,
+) -> Vec<(Arc<rustls::ClientConfig>, String)> {
+    let mut agents = Vec::new();
+    for _ in 0..n {
+        let cfg = testbed::client_config(ca, Versions::Tls12, tickets).unwrap();
+        let first = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
+        let again = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
+        assert!(
+            again.resumed && again.backend == first.backend,
+            "{first:?} {again:?}"
+        );
+        agents.push((cfg, first.backend));
+    }
+    agents
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_session_floods_create_nothing_and_evict_nothing() {
     const FORGED: usize = 2000;
@@ -351,17 +373,7 @@ async fn forged_session_floods_create_nothing_and_evict_nothing() {
     let table = cb.server.service("svc").unwrap().table.clone().unwrap();
 
     // Real agents first: 20 TLS 1.2 sessions, each resumed once (so learned and used).
-    let mut agents = Vec::new();
-    for _ in 0..20 {
-        let cfg = testbed::client_config(&ca, Versions::Tls12, false).unwrap();
-        let first = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
-        let again = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
-        assert!(
-            again.resumed && again.backend == first.backend,
-            "{first:?} {again:?}"
-        );
-        agents.push((cfg, first.backend));
-    }
+    let agents = agents_resumed_once(&ca, addr, 20, false).await;
     let real = entry_set(&table, KeyKind::SessionId);
     assert_eq!(real.len(), 20, "{:?}", table.stats());
 
@@ -465,6 +477,113 @@ async fn forged_session_floods_create_nothing_and_evict_nothing() {
         let r = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
         assert!(r.resumed && &r.backend == backend, "{r:?} (was {backend})");
     }
+}
+
+/// Issue #26, 6: a TLS 1.3 full handshake's ServerHello answers a bare hello, which
+/// any address can send for free; learning the source hint from it let 4,000 bare
+/// hellos from 127.9.x.y evict every entry of a 1,000-entry table, and agents that
+/// resumed before resumed 0/40 after (`confirm: false`). Here 20 TLS 1.2 agents
+/// resume 20/20, then 2,000 bare TLS 1.3 hellos from 2,000 addresses, each hanging up
+/// after the server's answer, then the same agents resume 20/20 on their backend:
+/// the flood created no entry and evicted none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_tls13_hellos_from_many_addresses_create_nothing_and_evict_nothing() {
+    const AGENTS: usize = 20;
+    const FLOOD: usize = 2000;
+    const SIZE: usize = 200;
+    let ca = TestCa::new("bare hello flood CA").unwrap();
+    let tls = BackendTls {
+        versions: Versions::Both,
+        tickets: true,
+    };
+    let mut backends = Vec::new();
+    for name in ["b1", "b2", "b3"] {
+        backends.push(tls_backend(&ca, name, tls).await);
+    }
+    let lines: Vec<_> = backends
+        .iter()
+        .map(|b| backend_line(&b.name, b.addr, ""))
+        .collect();
+    let yaml = one_service(
+        &format!("    balance: roundrobin\n    stick: {{ on: [session_id, ticket, psk], size: {SIZE}, expire: 30m, confirm: false, probe_interval: 0s }}\n"),
+        &lines,
+    );
+    let cb = Crossbar::start(&yaml).await;
+    let addr = cb.addr("svc");
+    let idle_tasks = cb.server.open_tasks();
+    let table = cb.server.service("svc").unwrap().table.clone().unwrap();
+
+    // Real agents: TLS 1.2 with tickets, each resumed once on its backend.
+    let agents = agents_resumed_once(&ca, addr, AGENTS, true).await;
+    tasks_down_to(&cb, idle_tasks).await;
+    let before = table.stats();
+    let tickets = entry_set(&table, KeyKind::Ticket);
+    assert!(tickets.len() >= AGENTS, "{before:?}");
+    let learned = |cb: &Crossbar| cb.metric("crossbar_stick_learned_total", &[]);
+    let learned_before = learned(&cb);
+
+    // The flood: a real OpenSSL TLS 1.3 hello (no session offered) from 2,000
+    // addresses; each reads the start of the backend's answer, then hangs up.
+    let hello = hello_fixture("openssl3_tls13.bin");
+    let answered = Arc::new(AtomicU64::new(0));
+    let mut flood = JoinSet::new();
+    for i in 0..FLOOD {
+        let from = std::net::IpAddr::from([127, 9, (i / 250) as u8, (i % 250 + 1) as u8]);
+        let (hello, answered) = (hello.clone(), answered.clone());
+        flood.spawn(async move {
+            let mut c = connect_from(from, addr).await;
+            c.write_all(&hello).await.expect("send hello");
+            let mut buf = [0u8; 4096];
+            if let Ok(Ok(n)) = tokio::time::timeout(PROMPT, c.read(&mut buf)).await {
+                if n > 0 {
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        while flood.len() >= 64 {
+            flood.join_next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(r) = flood.join_next().await {
+        r.unwrap();
+    }
+    tasks_down_to(&cb, idle_tasks).await;
+    let after = table.stats();
+    let flood_learned = learned(&cb) - learned_before;
+    // Every agent still resumes on its backend.
+    let mut kept = 0;
+    for (cfg, backend) in &agents {
+        let r = testbed::get(addr, SNI, cfg.clone(), "/").await.unwrap();
+        kept += usize::from(r.resumed && &r.backend == backend);
+    }
+    println!(
+        "bare TLS 1.3 hellos: {FLOOD} from {FLOOD} addresses ({} answered); table before \
+         {before:?}, after {after:?}; entries learned during the flood: {flood_learned}; \
+         agents resumed on their backend after it: {kept}/{AGENTS}",
+        answered.load(Ordering::Relaxed),
+    );
+    assert!(answered.load(Ordering::Relaxed) as usize >= FLOOD * 9 / 10);
+    assert_eq!(flood_learned, 0.0, "the flood taught the table");
+    assert_eq!(
+        (after.entries, after.evicted),
+        (before.entries, before.evicted)
+    );
+    assert!(tickets.is_subset(&entry_set(&table, KeyKind::Ticket)));
+    assert_eq!(
+        kept, AGENTS,
+        "agents that resumed on their backend after the flood"
+    );
+    // A real TLS 1.3 client, which sends its Finished, still teaches its source hint.
+    let source = |cb: &Crossbar| cb.metric("crossbar_stick_learned_total", &[("key", "source")]);
+    let hints = source(&cb);
+    let cfg = testbed::client_config(&ca, Versions::Tls13, false).unwrap();
+    let r = testbed::get(addr, SNI, cfg, "/").await.unwrap();
+    assert!(!r.resumed);
+    assert_eq!(
+        source(&cb),
+        hints + 1.0,
+        "a completed TLS 1.3 handshake teaches its hint"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -494,6 +494,100 @@ async fn a_backend_that_never_answers_the_hello_is_timed_out() {
 }
 
 // ---------------------------------------------------------------------------
+// Bytes behind the hello (0-RTT early data) reach one backend only (issue #26, 4)
+
+/// A backend that reads the hello (`hello_len` bytes), closes its sending side
+/// without a byte (crossbar sees it close unanswered), then reads what else comes
+/// until crossbar lets go; sends everything it received on `got`.
+async fn unanswering_closer(
+    hello_len: usize,
+) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut got = vec![0u8; hello_len];
+            if s.read_exact(&mut got).await.is_err() {
+                continue;
+            }
+            let _ = s.shutdown().await; // ok: crossbar may be gone already
+            let _ = s.read_to_end(&mut got).await; // ok: what came is what counts
+            let _ = tx.send(got); // ok: the test may have ended
+        }
+    });
+    (addr, rx)
+}
+
+/// A client writes its ClientHello, an early-data record and an application record
+/// in one write. The first backend never answers (then, second variant, closes
+/// unanswered): the hello goes to the second backend, which answers. Only the
+/// hello may reach both: the bytes behind it go to the backend that answered, once,
+/// and the access log counts both backends (`tried=2`). Before: they were sent to
+/// both backends, and the log said `tried=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_behind_the_hello_reach_only_the_backend_that_answered() {
+    let log = LogBuffer::install();
+    let hello = hello_fixture("openssl3_tls13.bin");
+    let mut extra = vec![0x17, 0x03, 0x03, 0x00, 0x05, 1, 2, 3, 4, 5];
+    extra.extend_from_slice(&[0x17, 0x03, 0x03, 0x00, 0x04, 9, 9, 9, 9]);
+    let sent: Vec<u8> = [hello.clone(), extra.clone()].concat();
+    let answer = std::sync::Arc::new(b"answer".to_vec());
+    let settings =
+        "    balance: first\n    retries: 1\n    timeouts: { server_hello: 300ms, idle: 1h }\n";
+    for (i, variant) in ["never answers", "closes unanswered"].iter().enumerate() {
+        let quiet = Backend::silent("quiet").await;
+        let (closer, mut closer_got) = unanswering_closer(hello.len()).await;
+        let first = if i == 0 { quiet.addr } else { closer };
+        let second = Backend::server_first("second", answer.clone()).await;
+        let lb = Crossbar::start(&one_service(
+            settings,
+            &[
+                backend_line("first", first, ""),
+                backend_line("second", second.addr, ""),
+            ],
+        ))
+        .await;
+        let from: std::net::IpAddr = format!("127.0.0.{}", 20 + i).parse().unwrap();
+        let mut client = connect_from(from, lb.addr("svc")).await;
+        client.write_all(&sent).await.unwrap();
+        let (got, _) = within("the answer", read_to_end_or_error(&mut client)).await;
+        assert_eq!(got, *answer, "{variant}");
+        drop(client);
+
+        let first_got = if i == 0 {
+            let r = quiet.next_report().await;
+            assert_eq!(r.received, hello.len() as u64, "{variant}: first backend");
+            (r.sha == sha(&hello)).then(|| hello.clone())
+        } else {
+            within("the closer's report", closer_got.recv()).await
+        };
+        assert_eq!(
+            first_got.as_deref(),
+            Some(&hello[..]),
+            "{variant}: the backend that never answered got only the hello"
+        );
+        let r = second.next_report().await;
+        assert_eq!(
+            (r.received, r.sha),
+            (sent.len() as u64, sha(&sent)),
+            "{variant}: the backend that answered got the hello and what followed, once"
+        );
+        let client = format!("client={from}:");
+        wait_until("the access-log line", || {
+            !log.lines_with(&client).is_empty()
+        })
+        .await;
+        let lines = log.lines_with(&client);
+        assert!(
+            lines[0].contains("tried=2") && lines[0].contains("backend=\"second\""),
+            "{variant}: {}",
+            lines[0]
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
 // A reload that keeps a stick table applies its new lifetimes
 
 /// The remaining lifetime of the only entry of `svc`'s table.

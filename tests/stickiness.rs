@@ -432,3 +432,91 @@ async fn tls12_tickets_stick() {
 async fn tls13_psk_sticks() {
     case(Case::Tls13).await;
 }
+
+/// Issue #26, 9: without confirmation (`confirm: false`, or `confirm_budget` spent)
+/// resumptions the table can't place followed the source hint, and behind one NAT
+/// address that herded every agent onto the backend of the last full handshake
+/// (bench/confirm.sh: busiest backend 100 %). Here 24 TLS 1.3 agents behind
+/// 127.0.0.1 resume with single-use stateful tickets (no key name: every resumption
+/// is unknown to the table, as after a restart), 4 rounds: the busiest backend
+/// answers at most 45 % of them. Beside them 6 TLS 1.2 agents resume by session ID,
+/// which the table knows: every one of their resumptions stays on its backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unplaced_resumptions_spread_without_confirmation() {
+    const COLD: usize = 24;
+    const KNOWN: usize = 6;
+    const ROUNDS: usize = 4;
+    let ca = TestCa::new("herding CA").unwrap();
+    let mut backends = Vec::new();
+    for name in ["b1", "b2", "b3"] {
+        let tls = BackendTls {
+            versions: Versions::Both,
+            tickets: false,
+        };
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        backends.push(
+            TlsBackend::start(&ca, name, &[tls::SNI], tls, any)
+                .await
+                .unwrap(),
+        );
+    }
+    let list: Vec<_> = backends.iter().map(|b| (b.name.clone(), b.addr)).collect();
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    balance: roundrobin\n    \
+         health: {{ check: none }}\n    \
+         stick: {{ on: [session_id, ticket, psk], confirm: false, probe_interval: 0s }}\n    \
+         backends:\n{}",
+        tls::backends_yaml(&list)
+    );
+    let xb = Crossbar::start(&yaml).await;
+    let addr = xb.addr("puppet");
+    let get = |cfg: Arc<rustls::ClientConfig>| async move {
+        tokio::time::timeout(RUSTLS_TIMEOUT, testbed::get(addr, tls::SNI, cfg, "/who"))
+            .await
+            .expect("a request through crossbar timed out")
+            .expect("a request through crossbar")
+    };
+    let cold: Vec<_> = (0..COLD)
+        .map(|_| testbed::client_config(&ca, Versions::Tls13, false).unwrap())
+        .collect();
+    let known: Vec<_> = (0..KNOWN)
+        .map(|_| testbed::client_config(&ca, Versions::Tls12, false).unwrap())
+        .collect();
+    let mut homes = Vec::new();
+    for cfg in &known {
+        homes.push(get(cfg.clone()).await.backend);
+    }
+    for cfg in &cold {
+        get(cfg.clone()).await;
+    }
+    let mut answered: BTreeMap<String, usize> = BTreeMap::new();
+    let mut resumed = 0;
+    for _ in 0..ROUNDS {
+        for (i, cfg) in cold.iter().enumerate() {
+            let r = get(cfg.clone()).await;
+            resumed += usize::from(r.resumed);
+            *answered.entry(r.backend).or_default() += 1;
+            // The known agents resume in between, from the same address.
+            if i % (COLD / KNOWN) == 0 {
+                let k = i / (COLD / KNOWN);
+                let r = get(known[k].clone()).await;
+                assert!(
+                    r.resumed && r.backend == homes[k],
+                    "a session the table knows moved: {r:?}, home {}",
+                    homes[k]
+                );
+            }
+        }
+    }
+    let total = COLD * ROUNDS;
+    let busiest = answered.values().copied().max().unwrap_or(0);
+    println!(
+        "confirm: false, {COLD} agents behind one address x {ROUNDS} rounds: answered by {answered:?} \
+         (busiest {:.0} %), {resumed}/{total} resumed",
+        100.0 * busiest as f64 / total as f64
+    );
+    assert!(
+        busiest as f64 <= MAX_SPREAD_SHARE * total as f64,
+        "herded: {answered:?}"
+    );
+}

@@ -30,6 +30,9 @@ pub struct Watch<'a> {
     pub watcher: ServerWatcher,
     /// Called once when the watcher is done.
     pub on_handshake: Box<dyn FnOnce(&ServerHandshake) + Send + 'a>,
+    /// Called once when the client's first byte has been relayed (not at its EOF):
+    /// its answer to what the server sent, which proves more than its hello did.
+    pub on_client: Option<Box<dyn FnOnce() + Send + 'a>>,
 }
 
 /// Relay `src` to `dst` until EOF, then half-close `dst`, unless `aborted` says the

@@ -25,17 +25,20 @@ pub async fn relay(
     server: &mut TcpStream,
     idle: Duration,
     counters: &RelayCounters<'_>,
-    watch: Option<Box<Watch<'_>>>,
+    mut watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
     let activity = Activity::new();
     let c2s_meter = Meter::new(counters.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &activity);
     let aborted = AtomicBool::new(false);
+    let on_client = watch.as_mut().and_then(|w| w.on_client.take());
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
         let c2s = copy::pump(cr, sw, &c2s_meter, &aborted, None);
+        tokio::pin!(c2s);
+        let c2s = once_moved(c2s, &c2s_meter, on_client);
         let s2c = copy::pump(sr, cw, &s2c_meter, &aborted, watch);
         tokio::pin!(c2s, s2c);
         drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
@@ -45,6 +48,25 @@ pub async fn relay(
     }
     let totals = (c2s_meter.total(), s2c_meter.total());
     RelayStats::new(totals, end, abort)
+}
+
+/// `pump`, running `hook` once as soon as its direction has moved a byte (checked
+/// after each poll: bytes are counted before a pump waits again). Not an `async fn`,
+/// which would hold the pump's future twice for the connection's life.
+fn once_moved<'a, F: Future>(
+    mut pump: Pin<&'a mut F>,
+    meter: &'a Meter<'a>,
+    mut hook: Option<Box<dyn FnOnce() + Send + 'a>>,
+) -> impl Future<Output = F::Output> + 'a {
+    std::future::poll_fn(move |cx| {
+        let polled = pump.as_mut().poll(cx);
+        if hook.is_some() && meter.moved() > 0 {
+            if let Some(hook) = hook.take() {
+                hook();
+            }
+        }
+        polled
+    })
 }
 
 /// Where an abort is still to be passed on once the relay stopped: the peer that

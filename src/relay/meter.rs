@@ -72,6 +72,11 @@ impl<'a> Meter<'a> {
         self.activity.touch();
     }
 
+    /// Bytes counted so far (the relay still running).
+    pub(super) fn moved(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
     /// Every byte counted.
     pub(super) fn total(self) -> u64 {
         self.total.into_inner()

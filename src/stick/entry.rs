@@ -31,8 +31,19 @@ pub(super) const MAX_TTL_SECS: u32 = 365 * 24 * 3600;
 pub(super) const NO_BACKEND: u16 = u16::MAX;
 /// Entry flag: used since its queue record was (re)queued (second chance).
 pub(super) const REFERENCED: u8 = 1;
-/// Entry flag: a ticket prefix seen on two backends (shared ticket keys).
+/// Entry flag: a ticket prefix seen on two backends (shared ticket keys), or a
+/// source hint whose address is evidently shared by many clients (NAT).
 pub(super) const SHARED: u8 = 2;
+/// Entry bits of a source hint: the full handshakes seen from its address while the
+/// hint lived (saturating at 3). Not saved in a state file.
+pub(super) const HINT_COUNT: u8 = 0b1100;
+/// One full handshake in [`HINT_COUNT`].
+pub(super) const HINT_COUNT_ONE: u8 = 0b0100;
+/// Full handshakes from one address within a hint's life that mark the address
+/// shared. One client does one per session; a resumption that failed adds one;
+/// a third means more clients than one are behind the address, and following the
+/// hint would send all of their resumptions to the backend of the last one.
+pub(super) const HINT_SHARED_AT: u8 = 3;
 
 /// One table entry (16 bytes; the map slot with its key is 24).
 pub(super) struct Entry {
@@ -85,6 +96,16 @@ impl Entry {
         if self.flags.load(Relaxed) & REFERENCED == 0 {
             self.flags.fetch_or(REFERENCED, Relaxed);
         }
+    }
+
+    /// Counts one more full handshake of a source hint; true once the address
+    /// counts as shared ([`HINT_SHARED_AT`]).
+    pub(super) fn count_hint(&self) -> bool {
+        let flags = self.flags.load(Relaxed);
+        let seen = ((flags & HINT_COUNT) / HINT_COUNT_ONE + 1).min(HINT_SHARED_AT);
+        self.flags
+            .store((flags & !HINT_COUNT) | (seen * HINT_COUNT_ONE), Relaxed);
+        seen >= HINT_SHARED_AT
     }
 
     /// Clears the referenced bit, returning whether it was set.

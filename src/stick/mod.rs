@@ -44,7 +44,9 @@ mod table;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use policy::{BackendIndex, Placement, StickMetrics, Sticking, RESUME_HINT_TTL};
+pub use policy::{
+    learn_when, BackendIndex, LearnWhen, Placement, StickMetrics, Sticking, RESUME_HINT_TTL,
+};
 pub use state_file::{describe as describe_file_type, StateFileError};
 pub use table::StickTable;
 

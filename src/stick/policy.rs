@@ -49,6 +49,39 @@ impl Placement {
     }
 }
 
+/// When what a server's handshake shows may be learned ([`learn_when`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LearnWhen {
+    /// As soon as it is seen.
+    Now,
+    /// Once the client has sent its next flight after it.
+    AfterClientFlight,
+    /// Not at all.
+    Never,
+}
+
+/// When a server's handshake may teach the table: only once the client has proven
+/// more than that it can send a hello, which costs nothing from any address.
+///
+/// TLS <= 1.2: a full handshake teaches at the server's ChangeCipherSpec, which
+/// follows the client's Finished ([`Sticking::learn_handshake`]); a resumption at
+/// the server's acceptance of the session. TLS 1.3: a resumption teaches at the
+/// ServerHello, since the server accepted the PSK only after checking the client's
+/// binder over the hello. A full handshake's ServerHello answers a bare hello: what
+/// it teaches (the source hint) waits for the client's next flight (its Finished,
+/// encrypted), so bare hellos from many addresses create no entry and evict none.
+/// Client bytes that come before the ServerHello (0-RTT early data, a second hello
+/// after a HelloRetryRequest) are no answer to it: nothing is learned then.
+pub fn learn_when(h: &ClientHelloInfo, hs: &ServerHandshake) -> LearnWhen {
+    if hs.version != Some(hello::version::TLS13) || hs.resumed != Some(false) {
+        LearnWhen::Now
+    } else if h.early_data || hs.hello_retry {
+        LearnWhen::Never
+    } else {
+        LearnWhen::AfterClientFlight
+    }
+}
+
 /// One service's stickiness: its table and rules, its pool and its counters.
 pub struct Sticking<'a> {
     /// The service's table.
@@ -108,7 +141,8 @@ impl Sticking<'_> {
     }
 
     /// A resumption attempt nothing else knows: the short-lived source hint recorded
-    /// at this client's last full handshake.
+    /// at this client's last full handshake, unless its address is shared by many
+    /// clients (then the hint is a miss and the balance algorithm places it).
     fn resume_hint(&self, hello: Option<&ClientHelloInfo>, ip: IpAddr) -> Option<Placement> {
         let resuming = hello.is_some_and(|h| h.ticket.is_some() || !h.psk_identities.is_empty());
         if !resuming || self.sticks_on(StickOn::Source) {
@@ -175,9 +209,13 @@ impl Sticking<'_> {
                 }
             }
         }
-        // A full handshake: remember where this client went, briefly, for its first resumption.
+        // A full handshake: remember where this client went, briefly, for its first
+        // resumption; unless the address is evidently many clients (NAT), see
+        // `StickTable::learn_hint`: following one hint there herded them all.
         if hs.resumed == Some(false) && !self.sticks_on(StickOn::Source) {
-            self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+            let key = self.table.key(KeyKind::Source, &self.source_bytes(ip));
+            self.table.learn_hint(key, backend);
+            self.metrics.learned(KeyKind::Source);
         }
     }
 

@@ -20,6 +20,17 @@ pub(super) enum Found {
     Miss,
 }
 
+/// How a learned key updates its entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Learn {
+    /// An entry: it now points at the backend.
+    Entry,
+    /// A ticket-key prefix: seen on a second backend, it is shared.
+    Prefix,
+    /// A source hint: its address's third full handshake marks it shared.
+    Hint,
+}
+
 /// A concurrent stick table.
 ///
 /// Limits and defaults: at most `size` entries (a `size` of 0 learns nothing); idle
@@ -150,7 +161,17 @@ impl StickTable {
     /// recently used entry (approximately: see the module docs).
     pub fn learn(&self, key: StickKey, backend: &str) {
         if let Some(backend) = self.backends.intern(backend) {
-            self.upsert(key, backend, false);
+            self.upsert(key, backend, Learn::Entry);
+        }
+    }
+
+    /// Record a source hint: `key`'s address just did a full handshake on `backend`.
+    /// The third full handshake from one address within the hint's life marks it
+    /// shared (many clients behind it): a shared hint no longer routes, and stays
+    /// shared, refreshed by each further full handshake, until idle for its lifetime.
+    pub fn learn_hint(&self, key: StickKey, backend: &str) {
+        if let Some(backend) = self.backends.intern(backend) {
+            self.upsert(key, backend, Learn::Hint);
         }
     }
 
@@ -161,7 +182,7 @@ impl StickTable {
     /// recognised as shared until it has been idle for `expire`.
     pub fn learn_prefix(&self, key: StickKey, backend: &str) {
         if let Some(backend) = self.backends.intern(backend) {
-            self.upsert(key, backend, true);
+            self.upsert(key, backend, Learn::Prefix);
         }
     }
 
@@ -330,17 +351,17 @@ impl StickTable {
         self.params.size.saturating_add(slack)
     }
 
-    pub(super) fn upsert(&self, key: StickKey, backend: u16, prefix: bool) {
+    pub(super) fn upsert(&self, key: StickKey, backend: u16, how: Learn) {
         if self.params.size == 0 {
             return;
         }
         let now = self.now();
-        if self.update_existing(key, backend, prefix, now) {
+        if self.update_existing(key, backend, how, now) {
             return;
         }
         let mut queue = self.lock_queue();
         // New keys are only inserted under the queue lock: re-check, then it can't appear.
-        if self.update_existing(key, backend, prefix, now) {
+        if self.update_existing(key, backend, how, now) {
             return;
         }
         while self.count.load(Relaxed) >= self.params.size {
@@ -350,7 +371,12 @@ impl StickTable {
         }
         let gen = queue.next_gen();
         self.count.fetch_add(1, Relaxed);
-        let entry = Entry::new(key.kind.code(), backend, gen, now, now, 0);
+        let flags = if how == Learn::Hint {
+            HINT_COUNT_ONE
+        } else {
+            0
+        };
+        let entry = Entry::new(key.kind.code(), backend, gen, now, now, flags);
         if self.map.insert(key.hash, entry).is_some() {
             self.count.fetch_sub(1, Relaxed);
         }
@@ -366,7 +392,7 @@ impl StickTable {
         &self,
         key: StickKey,
         backend: u16,
-        prefix: bool,
+        how: Learn,
         now: u32,
     ) -> bool {
         let Some(mut e) = self.map.get_mut(&key.hash) else {
@@ -378,20 +404,40 @@ impl StickTable {
             // record is old, so mark it referenced to give it a second chance.
             self.expired.fetch_add(1, Relaxed);
             let gen = e.gen;
-            *e = Entry::new(kind, backend, gen, now, now, REFERENCED);
+            let hint = if how == Learn::Hint {
+                HINT_COUNT_ONE
+            } else {
+                0
+            };
+            *e = Entry::new(kind, backend, gen, now, now, REFERENCED | hint);
             return true;
         }
         let same_kind = e.kind == kind;
-        if prefix && same_kind {
-            if !e.is_shared() && e.backend != backend {
+        match how {
+            Learn::Prefix if same_kind && !e.is_shared() && e.backend != backend => {
                 e.backend = NO_BACKEND;
                 e.flags.fetch_or(SHARED, Relaxed);
             }
-        } else if !same_kind || e.backend != backend || e.is_shared() {
-            e.kind = kind;
-            e.backend = backend;
-            e.learned = now;
-            e.flags.fetch_and(!SHARED, Relaxed);
+            Learn::Prefix if same_kind => {}
+            Learn::Hint if same_kind => {
+                if e.count_hint() {
+                    e.backend = NO_BACKEND;
+                    e.flags.fetch_or(SHARED, Relaxed);
+                } else if e.backend != backend {
+                    e.backend = backend;
+                    e.learned = now;
+                }
+            }
+            _ if !same_kind || e.backend != backend || e.is_shared() => {
+                e.kind = kind;
+                e.backend = backend;
+                e.learned = now;
+                e.flags.fetch_and(!(SHARED | HINT_COUNT), Relaxed);
+                if how == Learn::Hint {
+                    e.flags.fetch_or(HINT_COUNT_ONE, Relaxed);
+                }
+            }
+            _ => {}
         }
         e.touch(now);
         true
@@ -758,6 +804,30 @@ mod tests {
         }
         t.sweep();
         assert!(queue_len(&t) <= 100);
+    }
+
+    #[test]
+    fn source_hint_of_an_address_with_three_full_handshakes_is_shared() {
+        let t = table(16);
+        let source = t.key(KeyKind::Source, &[127, 0, 0, 1]);
+        t.learn_hint(source, "b1");
+        assert_eq!(hit(&t, &source), Some("b1".into()));
+        t.learn_hint(source, "b2");
+        assert_eq!(hit(&t, &source), Some("b2".into()), "the last one, twice");
+        t.learn_hint(source, "b2");
+        assert_eq!(hit(&t, &source), None, "three: many clients behind it");
+        t.learn_hint(source, "b1");
+        assert_eq!(hit(&t, &source), None, "stays shared");
+        assert_eq!(t.stats().entries, 1);
+        // Another address's hint is its own.
+        let other = t.key(KeyKind::Source, &[127, 0, 0, 2]);
+        t.learn_hint(other, "b3");
+        assert_eq!(hit(&t, &other), Some("b3".into()));
+        // An ordinary entry learned over a shared hint routes again, counting afresh.
+        t.learn(source, "b1");
+        assert_eq!(hit(&t, &source), Some("b1".into()));
+        t.learn_hint(source, "b1");
+        assert_eq!(hit(&t, &source), Some("b1".into()));
     }
 
     #[test]

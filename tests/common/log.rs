@@ -30,6 +30,15 @@ impl LogBuffer {
     pub fn contains(&self, text: &str) -> bool {
         String::from_utf8_lossy(&self.0.lock().expect("log")).contains(text)
     }
+
+    /// The lines logged so far that contain `text`.
+    pub fn lines_with(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().expect("log"))
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 impl std::io::Write for LogBuffer {
