@@ -438,7 +438,11 @@ async fn a_fifo_state_file_blocks_neither_a_reload_nor_sigterm() {
 
     lb.proc.signal("TERM");
     assert_eq!(lb.proc.exited(WAIT).await, Some(0), "exits on SIGTERM");
-    assert_eq!(ignoring_fifo(&log, &state), 0, "the refused file was not read");
+    assert_eq!(
+        ignoring_fifo(&log, &state),
+        0,
+        "the refused file was not read"
+    );
 }
 
 /// How often the log at `log` says the FIFO at `state` was ignored.
