@@ -168,7 +168,7 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
             v["state"].as_str().unwrap_or("?"),
             v["active_connections"]
         ),
-        Command::Reload => "reloaded\n".to_string(),
+        Command::Reload => reloaded(&v),
     })
 }
 
@@ -282,8 +282,44 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// `reloaded`, then each warning of the reload on a line of its own.
+fn reloaded(v: &Value) -> String {
+    let mut out = "reloaded\n".to_string();
+    for w in v["warnings"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "warning: {}", text(w)); // ok: writing to a String
+    }
+    out
+}
+
+/// The process line and the last reload's result (and why it failed, or what it
+/// warned about), as the status page's header shows them.
+fn process_lines(p: &Value) -> String {
+    let mut out = format!(
+        "crossbar {}, up {}; config {}\n",
+        text(&p["version"]),
+        crate::admin::page::human_secs(p["uptime_seconds"].as_u64().unwrap_or(0)),
+        text(&p["config"]),
+    );
+    let r = &p["last_reload"];
+    let ago = crate::admin::page::human_secs(r["seconds_ago"].as_u64().unwrap_or(0));
+    let _ = match r["ok"].as_bool() {
+        None => writeln!(out, "last reload: none since start"),
+        Some(true) => writeln!(out, "last reload: OK {ago} ago"),
+        Some(false) => writeln!(
+            out,
+            "last reload: FAILED {ago} ago, running configuration kept: {}",
+            text(&r["error"]).replace('\n', "; ")
+        ),
+    }; // ok: writing to a String
+    for w in r["warnings"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "  warning: {}", text(w)); // ok: writing to a String
+    }
+    out
+}
+
 fn status_table(v: &Value) -> String {
-    let mut out = String::new();
+    let mut out = process_lines(&v["crossbar"]);
+    out.push('\n');
     let empty = Vec::new();
     for svc in v["services"].as_array().unwrap_or(&empty) {
         let listeners: Vec<String> = svc["listeners"]

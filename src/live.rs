@@ -127,6 +127,9 @@ pub struct ReloadOutcome {
     pub at: SystemTime,
     /// `None` if it was applied, else why the running configuration was kept.
     pub error: Option<String>,
+    /// What an applied reload warned about (a retired setting, a service with no
+    /// backend passing its check).
+    pub warnings: Vec<String>,
 }
 
 /// Live facts of the process.
@@ -158,11 +161,12 @@ impl ProcessLive {
         self.started_at
     }
 
-    /// Record a reload's outcome.
-    pub fn note_reload(&self, result: &Result<(), String>) {
+    /// Record a reload's outcome: its warnings, or why it was refused.
+    pub fn note_reload(&self, result: &Result<Vec<String>, String>) {
         let outcome = ReloadOutcome {
             at: SystemTime::now(),
             error: result.as_ref().err().cloned(),
+            warnings: result.clone().unwrap_or_default(),
         };
         *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
     }

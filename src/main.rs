@@ -107,7 +107,9 @@ enum Command {
     },
     /// Reload the running configuration file and wait until it is live (admin API client).
     ///
-    /// With -c FILE, FILE is checked first (like `crossbar check`, files it names
+    /// The server checks the file as `crossbar check` does (files it names included)
+    /// and tries new health settings on the backends first; a refusal prints its
+    /// reason and exits 1, an applied reload prints its warnings. With -c FILE, FILE is checked first (like `crossbar check`, files it names
     /// included) and nothing is sent when it has errors; the admin address and
     /// token file then come from FILE unless --admin/--token-file are given. This is
     /// the unit's ExecReload: `systemctl reload` fails on a bad file.
@@ -462,7 +464,8 @@ Stick-table state files (stick.state_file).
 /run/crossbar/
 The hitless-upgrade socket (run \fB--upgrade-socket\fR /run/crossbar/upgrade.sock).
 .SH SIGNALS
-SIGHUP reloads the configuration file (a bad file keeps the running one);
+SIGHUP reloads the configuration file (a file that does not check, or whose new
+health settings no backend of a serving service passes, keeps the running one);
 SIGTERM and SIGINT stop accepting and drain established connections for up to
 timeouts.shutdown, a second one exits at once.
 .SH SEE ALSO

@@ -176,7 +176,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         tokio::select! {
             _ = hup.recv() => {
                 // Logged and counted inside; on failure the running config stays.
-                let _outcome: Result<(), String> = server.reload_file().await;
+                let _outcome: Result<Vec<String>, String> = server.reload_file().await;
             }
             _ = term.recv() => break,
             _ = int.recv() => break,

@@ -6,6 +6,9 @@
 //! its socket across reloads and only its routing table (and its limit, backlog)
 //! changes. A reload is a transaction: `Server::prepare` does everything that can
 //! fail without writing live state, then one commit under the state lock applies it.
+//! What can fail includes the new health settings: a reload that would leave a
+//! serving service with no backend able to pass its check is refused (see
+//! [`crate::health::gate`]).
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -139,6 +142,18 @@ pub enum ServerError {
     /// Preparing the stick tables failed unexpectedly (the task preparing them ended).
     #[error("preparing the stick tables failed: {0}")]
     Tables(String),
+    /// The new health settings would fail every backend of a service that has
+    /// backends passing now; the reason per service, one a line.
+    #[error("{0}")]
+    HealthGate(String),
+}
+
+/// What [`Server::apply`] is for: a start builds everything new; a reload first
+/// probes the new health settings ([`crate::health::gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applying {
+    Start,
+    Reload,
 }
 
 /// A running balancer.
@@ -189,7 +204,7 @@ impl Server {
             accepting: CancellationToken::new(),
             reloading: tokio::sync::Mutex::new(()),
         });
-        let probes = server.apply(config).await?;
+        let (probes, _no_gate) = server.apply(config, Applying::Start).await?;
         let first_round = async {
             for rx in probes {
                 let _ = rx.await; // ok: a probe task that ended early counts as done
@@ -265,33 +280,51 @@ impl Server {
     /// Replace the running configuration: services rebuilt (stick tables and backend
     /// state carried over by name), new addresses bound, removed ones closed, kept
     /// ones re-routed and their limits and backlog changed. Established connections
-    /// are untouched. On error nothing changed (see `Server::apply`).
-    pub async fn reload(&self, config: Config) -> Result<(), ServerError> {
-        self.apply(config).await.map(drop)
+    /// are untouched. New health settings are probed first and refused when they
+    /// would fail every backend of a service that has backends passing now (see
+    /// [`crate::health::gate`]); returns the gate's warnings. On error nothing
+    /// changed (see `Server::apply`).
+    pub async fn reload(&self, config: Config) -> Result<Vec<String>, ServerError> {
+        self.apply(config, Applying::Reload)
+            .await
+            .map(|(_, warnings)| warnings)
     }
 
-    /// Re-read the config file and apply it; on any error keep the running config.
-    /// Logs and counts the outcome (SIGHUP and `POST /api/reload` both come here);
-    /// the error is the reason, for the admin API to return. The admin endpoint itself
-    /// (listen address, token) is not reloaded: that needs a restart.
-    pub async fn reload_file(&self) -> Result<(), String> {
+    /// Re-read the config file, check it as `crossbar check` does (the files it
+    /// names opened too), and apply it; on any error keep the running config. Logs
+    /// and counts the outcome (SIGHUP and `POST /api/reload` both come here); returns
+    /// the warnings (the file's and the health gate's), or the reason for the admin
+    /// API to return. The admin endpoint itself (listen address, token) is not
+    /// reloaded: that needs a restart.
+    pub async fn reload_file(&self) -> Result<Vec<String>, String> {
         let path = self.config().source.clone();
         tracing::info!(config = %path.display(), "reloading");
         crate::system::sd_notify("RELOADING=1");
         let result = match load_config(path).await {
             Ok(cfg) => {
                 cfg.log_warnings();
-                self.reload(cfg).await.map_err(|e| e.to_string())
+                let mut warnings: Vec<String> =
+                    cfg.warnings.iter().map(|w| w.to_string()).collect();
+                match self.reload(cfg).await {
+                    Ok(gate) => {
+                        for w in &gate {
+                            tracing::warn!("{w}");
+                        }
+                        warnings.extend(gate);
+                        Ok(warnings)
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
             }
             Err(e) => Err(e),
         };
         crate::system::sd_notify("READY=1");
         self.metrics().process.note_reload(&result);
         match result {
-            Ok(()) => {
+            Ok(warnings) => {
                 self.metrics().reload(true);
-                tracing::info!("reload complete");
-                Ok(())
+                tracing::info!(warnings = warnings.len(), "reload complete");
+                Ok(warnings)
             }
             Err(e) => {
                 self.metrics().reload(false);
@@ -304,21 +337,32 @@ impl Server {
     }
 
     /// Apply a configuration as one transaction; returns the first-round signals of
-    /// the new ticket-key learners. Reloads run one at a time. Everything that can
-    /// fail (reading state files, binding new addresses, refusing a listener change
-    /// that can't be applied) happens off to the side in [`Server::prepare`]; the
-    /// commit that follows cannot fail. So a failed reload leaves routes, backend
-    /// states, stick tables, metrics and listener limits exactly as they were.
-    async fn apply(&self, config: Config) -> Result<Vec<Probe>, ServerError> {
+    /// the new ticket-key learners and the health gate's warnings. Reloads run one at
+    /// a time. Everything that can fail (probing new health settings, reading state
+    /// files, binding new addresses, refusing a listener change that can't be
+    /// applied) happens off to the side in [`Server::prepare`]; the commit that
+    /// follows cannot fail. So a failed reload leaves routes, backend states, stick
+    /// tables, metrics and listener limits exactly as they were.
+    async fn apply(
+        &self,
+        config: Config,
+        applying: Applying,
+    ) -> Result<(Vec<Probe>, Vec<String>), ServerError> {
         let _one_at_a_time = self.reloading.lock().await;
-        let prepared = self.prepare(config).await?;
-        Ok(self.commit(prepared))
+        let (prepared, warnings) = self.prepare(config, applying).await?;
+        Ok((self.commit(prepared), warnings))
     }
 
-    /// Build the new runtime off to the side: choose (and load) stick tables, group
-    /// the listen addresses, check what changes on kept ones, bind new ones. Writes
-    /// nothing live; the state lock is held only to copy what the running config has.
-    async fn prepare(&self, config: Config) -> Result<Prepared, ServerError> {
+    /// Build the new runtime off to the side: on a reload, probe the new health
+    /// settings (the gate's warnings are returned); choose (and load) stick tables,
+    /// group the listen addresses, check what changes on kept ones, bind new ones.
+    /// Writes nothing live; the state lock is held only to copy what the running
+    /// config has. The running config serves on meanwhile.
+    async fn prepare(
+        &self,
+        config: Config,
+        applying: Applying,
+    ) -> Result<(Prepared, Vec<String>), ServerError> {
         let (old, running) = {
             let st = self.lock();
             let running: HashMap<ListenKey, ListenConfig> = st
@@ -330,14 +374,21 @@ impl Server {
         };
         let groups = listen_groups(&config);
         check_kept_listeners(&groups, &running)?;
+        let warnings = match applying {
+            Applying::Start => Vec::new(),
+            Applying::Reload => crate::health::gate::judge(&old, &config)
+                .await
+                .map_err(ServerError::HealthGate)?,
+        };
         let tables = prepare_tables(&config, old).await?;
         let fresh = self.bind_new(&groups, &running)?;
-        Ok(Prepared {
+        let prepared = Prepared {
             config,
             tables,
             groups,
             fresh,
-        })
+        };
+        Ok((prepared, warnings))
     }
 
     /// Bind every listen address the running config does not listen on yet (or take
@@ -650,9 +701,11 @@ fn save_all(services: &[Arc<Service>]) {
     }
 }
 
-/// Load the config file on a blocking thread: a reload reads it while serving.
+/// Load the config file on a blocking thread (a reload reads it while serving) and
+/// check it as `crossbar check` does: every file it names is opened too, so a
+/// missing `ca_file` is refused here rather than taking every backend down.
 async fn load_config(path: std::path::PathBuf) -> Result<Config, String> {
-    match tokio::task::spawn_blocking(move || Config::load(&path)).await {
+    match tokio::task::spawn_blocking(move || Config::load_and_check_files(&path)).await {
         Ok(loaded) => loaded.map_err(|e| e.to_string()),
         Err(e) => Err(format!("reading the config file failed: {e}")),
     }

@@ -318,9 +318,31 @@ pub async fn get(
     cfg: Arc<ClientConfig>,
     path: &str,
 ) -> Result<Reply> {
-    let tcp = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
+    get_from(None, addr, server_name, cfg, path).await
+}
+
+/// [`get`] from the local address `from` (any of 127.0.0.0/8 on Linux, to be a
+/// client with an address of its own), or the system's choice with `None`.
+pub async fn get_from(
+    from: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    server_name: &str,
+    cfg: Arc<ClientConfig>,
+    path: &str,
+) -> Result<Reply> {
+    let tcp = match from {
+        None => TcpStream::connect(addr).await,
+        Some(ip) => {
+            let sock = match ip {
+                std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            sock.bind(SocketAddr::new(ip, 0))
+                .with_context(|| format!("binding {ip}"))?;
+            sock.connect(addr).await
+        }
+    }
+    .with_context(|| format!("connecting to {addr}"))?;
     let name = ServerName::try_from(server_name.to_string())
         .map_err(|e| anyhow!("bad server name: {e}"))?;
     let tls = TlsConnector::from(cfg)

@@ -166,6 +166,15 @@ fn demo_runs_and_keeps_every_resumption_on_its_backend() {
         assert!(stdout.contains(line), "no {line:?}:\n{stdout}");
     }
     assert!(stdout.contains("stick tables:"), "{stdout}");
+    // The compilers' service is the preset docs/puppet.md recommends, its agents
+    // each with an address of their own (so `source` stickiness means something).
+    assert!(
+        stdout.contains(
+            "2. puppet (the compilers' preset of docs/puppet.md: leastconn, stick on \
+             session_id/ticket/psk/source;"
+        ) && stdout.contains("agents each from its own address"),
+        "{stdout}"
+    );
 
     // Each step once, in order; the CA step announces as many agents as it lists.
     let steps: Vec<&str> = stdout

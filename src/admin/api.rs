@@ -162,6 +162,7 @@ fn process_json(server: &Server) -> Value {
             "seconds_ago": seconds_since(r.at),
             "ok": r.error.is_none(),
             "error": r.error,
+            "warnings": r.warnings,
         })
     });
     json!({
@@ -361,10 +362,10 @@ pub fn set_backend(
     }))
 }
 
-/// `POST /api/reload`: the same path as SIGHUP.
+/// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.
 pub async fn reload(server: &Arc<Server>) -> Result<Value, ApiError> {
-    server.reload_file().await.map_err(ApiError::ReloadFailed)?;
-    Ok(json!({ "reloaded": true }))
+    let warnings = server.reload_file().await.map_err(ApiError::ReloadFailed)?;
+    Ok(json!({ "reloaded": true, "warnings": warnings }))
 }
 
 /// `GET /healthz`: every configured listen address is bound and crossbar is not

@@ -230,6 +230,18 @@ fn write_header(o: &mut String, p: &Value, refresh: u64) -> fmt::Result {
             "<span id=\"reload\" class=\"ok\">OK, {} ago</span>",
             human_secs(n(r, "seconds_ago"))
         )?;
+        let warnings: Vec<&str> = r["warnings"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if !warnings.is_empty() {
+            write!(
+                o,
+                " <span id=\"reload-warnings\" class=\"warn\">with {} warning(s): {}</span>",
+                warnings.len(),
+                Esc(&warnings.join("; ")),
+            )?;
+        }
     } else {
         write!(
             o,

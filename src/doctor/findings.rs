@@ -3,6 +3,7 @@
 use super::inspect::{TicketKey, CA_CERT_PATH};
 use super::{BackendReport, Finding, Severity, EXPIRY_WARNING_DAYS};
 use crate::config::{Balance, CheckKind, Config, Failback, Mode, ServiceConfig, StickOn};
+use crate::health::explain::{dialed_names, grouped, Failure};
 
 /// Every finding for every service of `config`.
 pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
@@ -62,31 +63,18 @@ fn all_fail(service: &str, backends: &[&BackendReport]) -> String {
         .first()
         .map(|b| b.inspection.check.check.clone())
         .unwrap_or_default();
-    // (reason with the backend's own subject blanked, first reason, backends)
-    let mut groups: Vec<(String, String, Vec<&str>)> = Vec::new();
-    for b in backends {
-        let reason = b.inspection.check.reason.clone().unwrap_or_default();
-        let key = match b.inspection.chain.first() {
-            Some(c) => reason.replace(&c.subject, "\u{0}"),
-            None => reason.clone(),
-        };
-        match groups.iter_mut().find(|g| g.0 == key) {
-            Some(g) => g.2.push(&b.backend),
-            None => groups.push((key, reason, vec![&b.backend])),
-        }
-    }
-    let why: Vec<String> = groups
+    let failures: Vec<Failure<'_>> = backends
         .iter()
-        .map(|(_, reason, names)| match names.as_slice() {
-            [one] => format!("{one}: {reason}"),
-            [first, rest @ ..] => format!("{first}: {reason} (and alike: {})", rest.join(", ")),
-            [] => String::new(),
+        .map(|b| Failure {
+            backend: &b.backend,
+            reason: b.inspection.check.reason.as_deref().unwrap_or_default(),
+            subject: b.inspection.chain.first().map(|c| c.subject.as_str()),
         })
         .collect();
     format!(
         "no backend of {service} will pass its health check ({check}): `crossbar run` \
          would mark every backend down and refuse every client. {}",
-        why.join("; ")
+        grouped(&failures)
     )
 }
 
@@ -115,22 +103,6 @@ fn check_findings(b: &BackendReport) -> Vec<(Severity, String)> {
         )],
         None => Vec::new(),
     }
-}
-
-/// The names agents may dial for `svc`: exact `server_names`, then `names`.
-pub(super) fn dialed_names(svc: &ServiceConfig) -> Vec<&str> {
-    let mut names: Vec<&str> = svc
-        .server_names
-        .iter()
-        .filter(|n| !n.starts_with('*'))
-        .map(String::as_str)
-        .collect();
-    for n in &svc.names {
-        if !names.contains(&n.as_str()) {
-            names.push(n);
-        }
-    }
-    names
 }
 
 fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, String)> {

@@ -14,10 +14,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use super::cert::CertInfo;
-use super::explain::{self, name_text};
 use crate::config::{BackendConfig, CheckKind, HttpsCheck, ServiceConfig};
-use crate::health::{self, AcceptAnyCert, NameSource, Target};
+use crate::health::explain::name_text;
+use crate::health::{self, AcceptAnyCert, CertInfo, NameSource, Target};
 
 /// Time one TLS handshake (connect included) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -117,13 +116,7 @@ pub struct CaCert {
 }
 
 /// Everything the doctor asks one backend; never fails, records what went wrong.
-/// `dialed` are the names agents dial for the service.
-pub async fn inspect(
-    svc: &ServiceConfig,
-    b: &BackendConfig,
-    dialed: &[&str],
-    want_status: bool,
-) -> Inspection {
+pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) -> Inspection {
     let target = health::target(svc, b);
     let (_, source) = health::server_name_for(svc, b);
     let mut out = Inspection {
@@ -131,7 +124,7 @@ pub async fn inspect(
         server_name: name_text(&target.server_name),
         server_name_source: source,
         check: CheckOutcome {
-            check: check_text(&b.health.check),
+            check: health::check_description(&b.health.check),
             passed: false,
             reason: None,
             slow_ms: None,
@@ -156,7 +149,7 @@ pub async fn inspect(
         return out;
     }
     handshakes(&target, &mut out).await;
-    out.check = health_check(b, &target, source, &out.chain, dialed).await;
+    out.check = health_check(svc, b, &out.chain).await;
     if out.tls_versions.iter().any(|v| v == "1.3") {
         out.ticket_key = ticket_key(svc, b, &target).await;
     }
@@ -180,42 +173,17 @@ pub async fn inspect(
 
 /// The backend's configured check, run by the health checker's own code with the
 /// same target (address, server name, PROXY header) and the same TLS settings (CA,
-/// client certificate); bounded by [`REQUEST_TIMEOUT`] rather than `health.timeout`,
-/// so a slow answer is reported as slow instead of as a failure.
-async fn health_check(
-    b: &BackendConfig,
-    target: &Target,
-    source: NameSource,
-    chain: &[CertInfo],
-    dialed: &[&str],
-) -> CheckOutcome {
-    let check = &b.health.check;
-    let started = std::time::Instant::now();
-    let result = health::run_check(check, target, REQUEST_TIMEOUT.max(b.health.timeout)).await;
-    let took = started.elapsed();
-    let https = match check {
-        CheckKind::Https(h) => Some(h),
-        _ => None,
-    };
-    let cx = explain::Context {
-        https,
-        name: &target.server_name,
-        source,
-        chain,
-        dialed,
-    };
+/// client certificate), see [`health::predict`]; bounded by [`REQUEST_TIMEOUT`]
+/// rather than `health.timeout`, so a slow answer is reported as slow instead of as
+/// a failure.
+async fn health_check(svc: &ServiceConfig, b: &BackendConfig, chain: &[CertInfo]) -> CheckOutcome {
+    let limit = REQUEST_TIMEOUT.max(b.health.timeout);
+    let seen = health::predict(svc, b, limit, chain).await;
     CheckOutcome {
-        check: check_text(check),
-        passed: result.is_ok(),
-        reason: result.err().map(|e| explain::check_failure(&e, &cx)),
-        slow_ms: (took > b.health.timeout).then_some(took.as_millis()),
-    }
-}
-
-fn check_text(c: &CheckKind) -> String {
-    match c {
-        CheckKind::Https(h) => format!("https {}", h.path),
-        other => health::check_label(other).to_string(),
+        check: health::check_description(&b.health.check),
+        passed: seen.passed,
+        reason: seen.reason,
+        slow_ms: (seen.took > b.health.timeout).then_some(seen.took.as_millis()),
     }
 }
 

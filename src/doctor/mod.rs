@@ -9,15 +9,13 @@
 //! - [`inspect`]: what one backend shows (handshakes, chain, probes, status).
 //! - [`findings`]: per backend and per service rules over those inspections.
 //! - [`render`]: the table and the JSON.
-mod cert;
-mod explain;
 mod findings;
 mod inspect;
 mod render;
 
 use serde::Serialize;
 
-pub use cert::CertInfo;
+pub use crate::health::CertInfo;
 pub use inspect::{CaCert, CheckOutcome, Inspection, StatusAnswer, TicketKey};
 
 use crate::config::Config;
@@ -125,8 +123,7 @@ pub async fn run(config: &Config, opts: Options) -> Report {
         for (i, b) in svc.backends.iter().enumerate() {
             let (svc, b) = (svc.clone(), b.clone());
             tasks.spawn(async move {
-                let dialed = findings::dialed_names(&svc);
-                let seen = inspect::inspect(&svc, &b, &dialed, opts.status).await;
+                let seen = inspect::inspect(&svc, &b, opts.status).await;
                 ((s, i), seen)
             });
         }

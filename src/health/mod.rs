@@ -16,8 +16,16 @@
 //! `standby` (healthy, no traffic) until an operator enables it, so a Puppet CA
 //! keeps one active signer. Backends that were down together and come back
 //! together start no failover: the backup took no connection, the primary resumes.
+//!
+//! [`predict`] runs one backend's check once with its failure explained in words
+//! (`crossbar doctor` and reloads use it); [`gate`] is a reload's probe of new
+//! health settings before they are committed.
+mod cert;
 mod checks;
 mod error;
+pub(crate) mod explain;
+pub mod gate;
+mod predict;
 mod state;
 mod tls_client;
 
@@ -33,9 +41,11 @@ use crate::balance::Backend;
 use crate::config::{BackendConfig, CheckKind, ServiceConfig};
 use crate::service::Service;
 
+pub use cert::CertInfo;
 pub(crate) use checks::http_get;
 pub use checks::{classify_answer, run_check, HelloReply, Target};
 pub use error::CheckError;
+pub use predict::{predict, Predicted};
 pub use state::{observe, passive_failure, passive_success, Flip};
 pub(crate) use tls_client::AcceptAnyCert;
 
@@ -160,6 +170,15 @@ async fn check_loop(svc: Arc<Service>, b: Arc<Backend>, stop: CancellationToken)
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(started + jittered(h.interval)) => {}
         }
+    }
+}
+
+/// A check as the doctor and a reload's refusal name it: `https /status/v1/simple`,
+/// `tls-hello`, `tcp`, `none`.
+pub fn check_description(c: &CheckKind) -> String {
+    match c {
+        CheckKind::Https(h) => format!("https {}", h.path),
+        other => check_label(other).to_string(),
     }
 }
 

@@ -1,5 +1,6 @@
-//! What `crossbar doctor` reads from a certificate (x509-parser), and whether its
-//! subject alternative names cover a name an agent dials.
+//! What is read from a backend's certificate (x509-parser) for `crossbar doctor`
+//! and for explaining a failed check, and whether its subject alternative names
+//! cover a name an agent dials.
 use std::net::IpAddr;
 
 use serde::Serialize;

@@ -1,13 +1,14 @@
 //! A failed health check in an operator's words: which certificate, which issuer,
 //! which name was checked, and the setting that fixes it, instead of the TLS
-//! library's `UnknownIssuer` or `Other(OtherError(CaUsedAsEndEntity))`.
+//! library's `UnknownIssuer` or `Other(OtherError(CaUsedAsEndEntity))`. Used by
+//! `crossbar doctor` and by a reload refusing new health settings.
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::CertificateError;
 
 use super::cert::CertInfo;
-use crate::config::HttpsCheck;
-use crate::health::{CheckError, NameSource};
+use super::{CheckError, NameSource};
+use crate::config::{HttpsCheck, ServiceConfig};
 
 /// Where Puppet keeps the CA certificate on a master and an agent.
 const PUPPET_CA_PEM: &str = "/etc/puppetlabs/puppet/ssl/certs/ca.pem";
@@ -138,6 +139,60 @@ fn wrong_name(cx: &Context<'_>, leaf: Option<&CertInfo>) -> String {
          certificate's names are {has}. {fix}",
         leaf.subject
     )
+}
+
+/// The names agents may dial for `svc`: exact `server_names`, then `names` (a
+/// wrong-name explanation suggests one the certificate carries).
+pub fn dialed_names(svc: &ServiceConfig) -> Vec<&str> {
+    let mut names: Vec<&str> = svc
+        .server_names
+        .iter()
+        .filter(|n| !n.starts_with('*'))
+        .map(String::as_str)
+        .collect();
+    for n in &svc.names {
+        if !names.contains(&n.as_str()) {
+            names.push(n);
+        }
+    }
+    names
+}
+
+/// One backend's failed check, for [`grouped`].
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// The backend.
+    pub backend: &'a str,
+    /// Why its check failed (from [`check_failure`]).
+    pub reason: &'a str,
+    /// The subject of the certificate it presented, if one was seen.
+    pub subject: Option<&'a str>,
+}
+
+/// `b1: reason (and alike: b2, b3); b4: other reason`: backends whose reasons are
+/// the same words but for their own certificate's subject are said once.
+pub fn grouped(failures: &[Failure<'_>]) -> String {
+    // (reason with the backend's own subject blanked, first reason, backends)
+    let mut groups: Vec<(String, &str, Vec<&str>)> = Vec::new();
+    for f in failures {
+        let key = match f.subject {
+            Some(s) if !s.is_empty() => f.reason.replace(s, "\u{0}"),
+            _ => f.reason.to_string(),
+        };
+        match groups.iter_mut().find(|g| g.0 == key) {
+            Some(g) => g.2.push(f.backend),
+            None => groups.push((key, f.reason, vec![f.backend])),
+        }
+    }
+    let why: Vec<String> = groups
+        .iter()
+        .map(|(_, reason, names)| match names.as_slice() {
+            [one] => format!("{one}: {reason}"),
+            [first, rest @ ..] => format!("{first}: {reason} (and alike: {})", rest.join(", ")),
+            [] => String::new(),
+        })
+        .collect();
+    why.join("; ")
 }
 
 /// The subjects of the certificates in a PEM file (empty when it can't be read).
