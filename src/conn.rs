@@ -1,6 +1,7 @@
 //! One client connection, from accept to the access-log line, as named steps:
-//! decide the client (a trusted tier's PROXY header) -> read the hello -> route -> place -> connect (and replay the hello) -> relay while
-//! watching the server's handshake and learning from it -> log.
+//! decide the client (a trusted tier's PROXY header) -> read the hello -> route ->
+//! place -> connect (and replay the hello) -> relay while watching the server's
+//! handshake and learning from it -> log.
 //!
 //! Where a connection goes is decided by [`crate::stick`]'s placement policy (the
 //! sticky backend) and [`crate::balance`] (everything else); this file only runs the
