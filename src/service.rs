@@ -10,9 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::LogLimiter;
 use crate::balance::{Pool, PoolParams};
-use crate::config::{
-    Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn,
-};
+use crate::config::{Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::route::Routes;
 use crate::stick::{

@@ -483,5 +483,8 @@ fn listen_proxy_protocol_loads_with_its_networks() {
     let all = ok(&yaml.replace("\"192.0.2.7\"", "\"0.0.0.0/0\""));
     let warnings: Vec<String> = all.warnings.iter().map(|w| w.to_string()).collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].contains("0.0.0.0/0 trusts every address"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("0.0.0.0/0 trusts every address"),
+        "{warnings:?}"
+    );
 }

@@ -80,9 +80,15 @@ const NAMES: &[&str] = &[tls::SNI];
 async fn tls_backends(ca: &TestCa, n: usize) -> Vec<TlsBackend> {
     let mut out = Vec::new();
     for i in 0..n {
-        let b = TlsBackend::start(ca, &format!("m{i}"), NAMES, BackendTls::default(), common::any_port())
-            .await
-            .unwrap();
+        let b = TlsBackend::start(
+            ca,
+            &format!("m{i}"),
+            NAMES,
+            BackendTls::default(),
+            common::any_port(),
+        )
+        .await
+        .unwrap();
         out.push(b);
     }
     out
@@ -119,7 +125,12 @@ async fn source_balance_behind_haproxy_sees_the_agents() {
     let log = LogBuffer::install();
     let ca = TestCa::new("proxy CA").unwrap();
     let bs = tls_backends(&ca, 4).await;
-    let lb = Crossbar::start(&two_listeners("    balance: source\n", &backends_yaml(&bs), true)).await;
+    let lb = Crossbar::start(&two_listeners(
+        "    balance: source\n",
+        &backends_yaml(&bs),
+        true,
+    ))
+    .await;
     let addrs = lb.local_addrs("svc");
     let (behind, direct) = (addrs[0], addrs[1]);
     const AGENTS: usize = 250;
@@ -227,7 +238,9 @@ async fn the_header_sent_on_names_the_agent_behind_haproxy() {
         // HAProxy's readiness probe went through as a connection of its own, without
         // a payload: the agent's is the one that carries one.
         let got = loop {
-            let got = within("the backend's report", reports.recv()).await.unwrap();
+            let got = within("the backend's report", reports.recv())
+                .await
+                .unwrap();
             if got.ends_with(b"ping") {
                 break got;
             }
@@ -416,18 +429,60 @@ async fn hostile_headers_each_end_with_their_own_reason() {
     let hello = common::hello_fixture("openssl3_tls13.bin");
     let v1 = b"PROXY TCP4 192.0.2.1 192.0.2.2 1000 8140\r\n".to_vec();
     let cases: Vec<(&str, &str, Vec<u8>, usize, bool)> = vec![
-        ("untrusted", "127.0.0.3", [&v1[..], &hello].concat(), 4096, false),
+        (
+            "untrusted",
+            "127.0.0.3",
+            [&v1[..], &hello].concat(),
+            4096,
+            false,
+        ),
         ("missing", "127.0.0.2", hello.clone(), 4096, false),
-        ("malformed", "127.0.0.2", b"PROXY TCP4 192.0.2.1 nope 1 2\r\n".to_vec(), 4096, false),
-        ("malformed", "127.0.0.2", b"PROXY TCP4 1.2.3.4\x16\x03".to_vec(), 1, false),
+        (
+            "malformed",
+            "127.0.0.2",
+            b"PROXY TCP4 192.0.2.1 nope 1 2\r\n".to_vec(),
+            4096,
+            false,
+        ),
+        (
+            "malformed",
+            "127.0.0.2",
+            b"PROXY TCP4 1.2.3.4\x16\x03".to_vec(),
+            1,
+            false,
+        ),
         ("truncated", "127.0.0.2", v1[..20].to_vec(), 4096, true),
-        ("too_large", "127.0.0.2", v2(0x21, 0x11, &[0; 5000]), 4096, false),
-        ("too_large", "127.0.0.2", [&b"PROXY TCP4 "[..], &[b'1'; 200]].concat(), 1, false),
+        (
+            "too_large",
+            "127.0.0.2",
+            v2(0x21, 0x11, &[0; 5000]),
+            4096,
+            false,
+        ),
+        (
+            "too_large",
+            "127.0.0.2",
+            [&b"PROXY TCP4 "[..], &[b'1'; 200]].concat(),
+            1,
+            false,
+        ),
         ("timeout", "127.0.0.2", v1[..20].to_vec(), 4096, false),
         ("version", "127.0.0.2", v2(0x31, 0x11, &[0; 12]), 1, false),
-        ("command", "127.0.0.2", v2(0x2f, 0x11, &[0; 12]), 4096, false),
+        (
+            "command",
+            "127.0.0.2",
+            v2(0x2f, 0x11, &[0; 12]),
+            4096,
+            false,
+        ),
         ("family", "127.0.0.2", v2(0x21, 0x12, &[0; 12]), 4096, false),
-        ("family", "127.0.0.2", b"PROXY UDP4 1.2.3.4 1.2.3.4 1 2\r\n".to_vec(), 4096, false),
+        (
+            "family",
+            "127.0.0.2",
+            b"PROXY UDP4 1.2.3.4 1.2.3.4 1 2\r\n".to_vec(),
+            4096,
+            false,
+        ),
     ];
     for (reason, from, bytes, chunk, close) in &cases {
         let before = lb.metric(
@@ -445,17 +500,28 @@ async fn hostile_headers_each_end_with_their_own_reason() {
         );
         assert_eq!(after, before + 1.0, "{reason}: counted once");
     }
-    assert_eq!(echo.accepted(), 0, "no hostile connection reached the backend");
+    assert_eq!(
+        echo.accepted(),
+        0,
+        "no hostile connection reached the backend"
+    );
     // A valid header byte by byte, then the client's bytes: served, as the agent.
     let mut c = connect_from("127.0.0.2".parse().unwrap(), addr).await;
-    for b in v2(0x21, 0x11, &[192, 0, 2, 9, 127, 0, 0, 1, 0x10, 0x00, 0x1f, 0xcc]) {
+    for b in v2(
+        0x21,
+        0x11,
+        &[192, 0, 2, 9, 127, 0, 0, 1, 0x10, 0x00, 0x1f, 0xcc],
+    ) {
         c.write_all(&[b]).await.unwrap();
         c.flush().await.unwrap();
     }
     c.write_all(&hello).await.unwrap();
     let mut back = vec![0u8; hello.len()];
     within("echo", c.read_exact(&mut back)).await.unwrap();
-    assert_eq!(back, hello, "the hello reached the backend whole, after the header");
+    assert_eq!(
+        back, hello,
+        "the hello reached the backend whole, after the header"
+    );
     drop(c);
     wait_until("logged as the agent", || {
         log.contains("client=192.0.2.9:4096 via=127.0.0.2:")
@@ -488,7 +554,10 @@ async fn migration_mode_serves_trusted_sources_with_or_without_a_header() {
         drop(c);
         wait_until(client, || log.contains(client)).await;
     }
-    assert!(log.contains("via=-"), "the header-less one came through no tier");
+    assert!(
+        log.contains("via=-"),
+        "the header-less one came through no tier"
+    );
 }
 
 /// Hostile headers leave other connections alone: while 200 trusted connections
@@ -530,22 +599,63 @@ async fn session_stickiness_behind_haproxy_from_one_nat_address() {
         let mut holders = Vec::new();
         for cfg in &agents {
             let tcp = connect_from(nat, front).await;
-            let r = within("full handshake", testbed::get_on(tcp, tls::SNI, cfg.clone(), "/"))
-                .await
-                .unwrap();
+            let r = within(
+                "full handshake",
+                testbed::get_on(tcp, tls::SNI, cfg.clone(), "/"),
+            )
+            .await
+            .unwrap();
             holders.push(r.backend);
         }
         let spread: std::collections::HashSet<&String> = holders.iter().collect();
-        assert!(spread.len() > 1, "{versions:?}: round robin spread {holders:?}");
+        assert!(
+            spread.len() > 1,
+            "{versions:?}: round robin spread {holders:?}"
+        );
         for round in 0..3 {
             for (cfg, holder) in agents.iter().zip(&holders) {
                 let tcp = connect_from(nat, front).await;
-                let r = within("resumption", testbed::get_on(tcp, tls::SNI, cfg.clone(), "/"))
-                    .await
-                    .unwrap();
+                let r = within(
+                    "resumption",
+                    testbed::get_on(tcp, tls::SNI, cfg.clone(), "/"),
+                )
+                .await
+                .unwrap();
                 assert!(r.resumed, "{versions:?} round {round}: resumed");
                 assert_eq!(&r.backend, holder, "{versions:?} round {round}");
             }
         }
     }
+}
+
+/// A reload applies a new PROXY policy to the next connection: once `proxy_protocol`
+/// is removed, the tier's header is no longer read (ended as untrusted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_whose_headers_are_read() {
+    let log = LogBuffer::install();
+    let echo = Backend::echo("e", false).await;
+    let listen = |policy: &str| {
+        format!(
+            "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen:\n      - {{ address: \"127.0.0.1:0\"{policy} }}\n    health: {{ check: none }}\n    backends:\n{}",
+            backend_line("e", echo.addr, "")
+        )
+    };
+    let lb = Crossbar::start(&listen(", proxy_protocol: { accept_from: [\"127.0.0.2\"] }")).await;
+    let addr = lb.addr("svc");
+    let hello = common::hello_fixture("openssl3_tls13.bin");
+    let bytes = [&b"PROXY TCP4 192.0.2.5 192.0.2.6 5 6\r\n"[..], &hello].concat();
+    let mut c = connect_from("127.0.0.2".parse().unwrap(), addr).await;
+    c.write_all(&bytes).await.unwrap();
+    let mut back = vec![0u8; hello.len()];
+    within("echo", c.read_exact(&mut back)).await.unwrap();
+    drop(c);
+    wait_until("served as the agent", || log.contains("client=192.0.2.5:5")).await;
+    lb.reload(&listen("")).await;
+    assert_eq!(lb.addr("svc"), addr, "the listener is kept");
+    let got = send_and_wait_close(addr, "127.0.0.2", &bytes, 4096, false).await;
+    assert!(got.is_empty());
+    wait_until("untrusted after the reload", || {
+        log.contains("end=proxy_error:untrusted")
+    })
+    .await;
 }

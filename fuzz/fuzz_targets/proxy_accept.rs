@@ -6,8 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    // The first byte picks the segmentation (1..=64-byte segments); the second
-    // byte's low bit prefixes a valid signature, so most inputs get past it.
+    // The first byte picks the segmentation (1..=64-byte segments). The input is
+    // also tried behind each valid signature, so mutations reach what follows it.
     let Some((&seg, data)) = data.split_first() else {
         return;
     };

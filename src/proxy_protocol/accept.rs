@@ -195,7 +195,10 @@ mod tests {
         assert_eq!(r, Err(FrontError::Header(ProxyError::Missing)));
         let (r, buf) = front_of(HELLO, "127.0.0.2:5", Some(&policy(false)), 1).await;
         assert_eq!(r.unwrap().client, sa("127.0.0.2:5"));
-        assert!(!buf.is_empty() && HELLO.starts_with(&buf), "the bytes read stay for the hello");
+        assert!(
+            !buf.is_empty() && HELLO.starts_with(&buf),
+            "the bytes read stay for the hello"
+        );
         // A header cut short.
         let (r, _) = front_of(&header[..20], "127.0.0.2:5", Some(&policy(false)), 3).await;
         assert_eq!(r, Err(FrontError::Truncated));

@@ -430,7 +430,10 @@ mod tests {
             (b"PROXY TCP4 1.2.3.4 1.2.3.4 1\r\n".to_vec(), Malformed),
             (b"PROXY TCP4 ::1 ::1 1 2\r\n".to_vec(), Malformed),
             (b"PROXY TCP4 1.2.3.4 1.2.3.4 01 2\r\n".to_vec(), Malformed),
-            (b"PROXY TCP4 1.2.3.4 1.2.3.4 65536 2\r\n".to_vec(), Malformed),
+            (
+                b"PROXY TCP4 1.2.3.4 1.2.3.4 65536 2\r\n".to_vec(),
+                Malformed,
+            ),
             (b"PROXY TCP4 1.2.3.4  1.2.3.4 1 2\r\n".to_vec(), Malformed),
             (b"PROXY TCP4 1.2.3.4 1.2.3.4 1 2\n".to_vec(), Malformed),
             (b"PROXY TCP4 1.2.3.4\r1".to_vec(), Malformed),
@@ -448,10 +451,7 @@ mod tests {
     fn decisions_come_early() {
         assert_eq!(parse(&[0x16]), ProxyParse::Invalid(ProxyError::Missing));
         let big = v2(0x21, 0x11, &[0; MAX_HEADER]);
-        assert_eq!(
-            parse(&big[..16]),
-            ProxyParse::Invalid(ProxyError::TooLarge)
-        );
+        assert_eq!(parse(&big[..16]), ProxyParse::Invalid(ProxyError::TooLarge));
         assert_eq!(
             parse(&v2(0x21, 0x31, &[])[..14]),
             ProxyParse::Invalid(ProxyError::Family)
