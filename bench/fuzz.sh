@@ -4,7 +4,7 @@
 # corpus size. Needs a nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`);
 # CI never runs this: tests/fuzz_props.rs checks the same properties on stable.
 #
-#   bench/fuzz.sh                 # all four targets, 60 s each
+#   bench/fuzz.sh                 # every target, 60 s each
 #   bench/fuzz.sh 20 config       # 20 s, one target
 #   FUZZ_SANITIZER=address bench/fuzz.sh 60   # with ASan (slower; default none:
 #                                             # crossbar is #![deny(unsafe_code)])
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(client_hello server_watcher proxy_header config)
+[ ${#targets[@]} -gt 0 ] || targets=(client_hello server_watcher proxy_header proxy_accept config)
 sanitizer=${FUZZ_SANITIZER:-none}
 
 seeds=fuzz/target/seeds

@@ -8,6 +8,9 @@ use std::time::Instant;
 /// The fields of one access-log line, filled in as the connection progresses.
 #[derive(Default)]
 pub struct AccessLog {
+    /// The client a trusted tier's PROXY header named (the TCP peer, logged as
+    /// `via`, is then the tier); `None`: the peer is the client.
+    pub proxied: Option<SocketAddr>,
     /// The SNI the client sent.
     pub sni: Option<String>,
     /// The service it was routed to.
@@ -35,11 +38,15 @@ pub struct AccessLog {
 }
 
 impl AccessLog {
-    /// Write the line for the connection from `peer` on `listener`, begun at `started`.
+    /// Write the line for the connection from `peer` on `listener`, begun at `started`:
+    /// `client=` the client (named by a PROXY header, or the peer), `via=` the tier
+    /// it came through (`-`: none).
     pub fn write(&self, peer: SocketAddr, listener: &str, started: Instant) {
+        let via = self.proxied.map(|_| peer);
         tracing::info!(
             target: "crossbar::access",
-            client = %peer,
+            client = %self.proxied.unwrap_or(peer),
+            via = %Via(via),
             listener = %listener,
             sni = self.sni.as_deref().unwrap_or("-"),
             service = self.service.as_deref().unwrap_or("-"),
@@ -55,6 +62,18 @@ impl AccessLog {
             end = %self.end,
             error = self.error.as_deref().unwrap_or(""),
         );
+    }
+}
+
+/// A `via` value: the address, or `-`.
+struct Via(Option<SocketAddr>);
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => a.fmt(f),
+            None => f.write_str("-"),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! One client connection, from accept to the access-log line, as named steps:
-//! read the hello -> route -> place -> connect (and replay the hello) -> relay while
-//! watching the server's handshake and learning from it -> log.
+//! decide the client (a trusted tier's PROXY header) -> read the hello -> route ->
+//! place -> connect (and replay the hello) -> relay while watching the server's
+//! handshake and learning from it -> log.
 //!
 //! Where a connection goes is decided by [`crate::stick`]'s placement policy (the
 //! sticky backend) and [`crate::balance`] (everything else); this file only runs the
@@ -17,6 +18,7 @@ use crate::access_log::AccessLog;
 use crate::balance::{Backend, Lease, PickError};
 use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse, ServerHandshake, ServerWatcher};
 use crate::listener::{Accepted, InheritedOptions};
+use crate::proxy_protocol::{self, FrontError};
 use crate::relay::{self, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::{ListenerRoutes, Service, Shared};
 use crate::stick::LearnWhen;
@@ -34,6 +36,8 @@ const HELLO_READ_CHUNK: usize = 4096;
 /// Why a connection ended before or instead of a relay; knows the side at fault.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnError {
+    #[error("{0}")]
+    Front(FrontError),
     #[error("client hello: {0}")]
     Hello(HelloError),
     #[error("no service for server name {0:?}")]
@@ -53,6 +57,7 @@ pub(crate) enum ConnError {
 impl ConnError {
     fn reason(&self) -> String {
         match self {
+            ConnError::Front(e) => format!("proxy_error:{}", e.reason()),
             ConnError::Hello(e) => format!("hello_error:{}", e.reason()),
             ConnError::NoRoute(_) => "refused:no_route".into(),
             ConnError::Pick(e) => format!("refused:{}", e.reason()),
@@ -99,6 +104,9 @@ pub fn handle(
         let failed = match result {
             Ok(()) => false,
             Err(e) => {
+                if let ConnError::Front(f) = &e {
+                    shared.metrics.proxy_refused(&listener, f.reason());
+                }
                 log.end = e.reason();
                 log.error = Some(e.to_string());
                 true
@@ -125,8 +133,12 @@ fn serve<'a>(
     started: Instant,
 ) -> impl std::future::Future<Output = Result<(), ConnError>> + Send + 'a {
     async move {
+        // The header and the hello share the `client_hello` budget, from accept.
+        let deadline = tokio::time::Instant::from_std(started) + routes.hello_timeout;
         let mut buf = Vec::new();
-        let (svc, hello) = read_and_route(stream, &mut buf, routes, shared, log).await?;
+        // From here on `peer` is the client (an agent behind a trusted tier).
+        let peer = front(stream, peer, routes, &mut buf, log, deadline).await?;
+        let (svc, hello) = read_and_route(stream, &mut buf, routes, shared, log, deadline).await?;
         log.service = Some(Arc::from(svc.name()));
         let keepalive = svc.config.keepalive;
         if inherited != Some(InheritedOptions { keepalive }) {
@@ -184,6 +196,27 @@ fn serve<'a>(
     }
 }
 
+/// Step 0: who the client is. From a source the listener trusts, its PROXY header
+/// says ([`proxy_protocol::read_front`]); every later step reads the address this
+/// returns, never the TCP peer. Bytes read past the header stay in `buf`.
+async fn front(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    routes: &ListenerRoutes,
+    buf: &mut Vec<u8>,
+    log: &mut AccessLog,
+    deadline: tokio::time::Instant,
+) -> Result<SocketAddr, ConnError> {
+    let policy = routes.proxy.as_ref();
+    let f = proxy_protocol::read_front(stream, peer, policy, buf, deadline)
+        .await
+        .map_err(ConnError::Front)?;
+    if f.via.is_some() {
+        log.proxied = Some(f.client);
+    }
+    Ok(f.client)
+}
+
 /// Steps 1-2: read the ClientHello (unless the address is `mode: tcp`) and route it
 /// by SNI; non-TLS bytes go to the service that forwards them, if any.
 async fn read_and_route(
@@ -192,12 +225,13 @@ async fn read_and_route(
     routes: &ListenerRoutes,
     shared: &Shared,
     log: &mut AccessLog,
+    deadline: tokio::time::Instant,
 ) -> Result<(Arc<Service>, Option<ClientHelloInfo>), ConnError> {
     if routes.tcp {
         let svc = routes.routes.route(None).ok_or(ConnError::NoRoute(None))?;
         return Ok((svc.clone(), None));
     }
-    match read_hello(stream, buf, routes.max_hello, routes.hello_timeout).await {
+    match read_hello(stream, buf, routes.max_hello, deadline).await {
         Ok(h) => {
             log.sni = h.sni.clone();
             let Some(svc) = routes.routes.route(h.sni.as_deref()) else {
@@ -210,6 +244,11 @@ async fn read_and_route(
             let svc = routes.non_tls.clone().ok_or(ConnError::Hello(e))?;
             svc.metrics.hello_error(e.reason());
             Ok((svc, None))
+        }
+        // A PROXY header from a source not trusted to send one: never parsed, but
+        // named as what it is.
+        Err(HelloError::NotTls) if proxy_protocol::untrusted_header(buf) => {
+            Err(ConnError::Front(FrontError::Untrusted))
         }
         Err(e) => Err(hello_failed(routes, shared, log, e)),
     }
@@ -638,15 +677,15 @@ fn set_keepalive(stream: &TcpStream, ka: Option<crate::config::Keepalive>) {
     }
 }
 
-/// Read until a complete ClientHello (or a reason to give up), within `timeout`
-/// and `max` bytes. Every byte read stays in `buf` to be replayed to the backend.
+/// Read until a complete ClientHello (or a reason to give up), by `deadline` and
+/// within `max` bytes, after what `buf` holds already (read past a PROXY header).
+/// Every byte read stays in `buf` to be replayed to the backend.
 async fn read_hello(
     stream: &mut TcpStream,
     buf: &mut Vec<u8>,
     max: usize,
-    timeout: Duration,
+    deadline: tokio::time::Instant,
 ) -> Result<ClientHelloInfo, HelloError> {
-    let deadline = tokio::time::Instant::now() + timeout;
     let cap = max + HELLO_SLACK;
     loop {
         match hello::parse_client_hello(buf, max) {

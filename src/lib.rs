@@ -3,6 +3,7 @@
 //! One connection flows through the modules in this order:
 //!
 //! - [`listener`]: bind per-service addresses, accept, enforce connection limits.
+//! - [`proxy_protocol`]: from a trusted tier, its PROXY header names the client.
 //! - [`conn`]: one connection's life as named steps, calling the modules below.
 //! - [`hello`]: read the client's ClientHello (bounded in bytes and time).
 //! - [`route`]: listener + SNI -> service.

@@ -397,6 +397,14 @@ impl Metrics {
         }
     }
 
+    /// Count a connection a listener ended at its front for a PROXY header reason
+    /// (`reason="proxy_<reason>"`, see [`crate::proxy_protocol::FrontError::reason`]).
+    pub fn proxy_refused(&self, listener: &str, reason: &str) {
+        self.listener_refused
+            .with_label_values(&[listener, &format!("proxy_{reason}")])
+            .inc();
+    }
+
     /// Count a configuration reload.
     pub fn reload(&self, ok: bool) {
         self.config_reloads

@@ -450,7 +450,8 @@ impl Server {
         let mut listeners = HashMap::new();
         for g in groups {
             let svcs = g.services.iter().map(|&i| services[i].clone()).collect();
-            let routes = Arc::new(ListenerRoutes::build(svcs));
+            let proxy = g.config.proxy_protocol.clone();
+            let routes = Arc::new(ListenerRoutes::build(svcs, proxy));
             if let Some(mut h) = st.listeners.remove(&g.key) {
                 h.routes.store(routes);
                 h.update(g.config);

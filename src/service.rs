@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::access_log::LogLimiter;
 use crate::balance::{Pool, PoolParams};
-use crate::config::{Keepalive, Mode, OnNonTls, ServiceConfig, StickConfig, StickOn};
+use crate::config::{Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn};
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::route::Routes;
 use crate::stick::{
@@ -123,6 +123,8 @@ pub struct ListenerRoutes {
     /// The keepalive the listening socket passes on to accepted connections (the
     /// first service's; connections of a service with another setting set their own).
     pub keepalive: Option<Keepalive>,
+    /// Whose PROXY headers are read (`listen[].proxy_protocol`).
+    pub proxy: Option<ProxyAccept>,
 }
 
 /// State every connection task can reach.
@@ -203,8 +205,9 @@ fn table_params(st: &StickConfig) -> TableParams {
 }
 
 impl ListenerRoutes {
-    /// The routing of one listen address shared by `svcs` (in config order).
-    pub fn build(svcs: Vec<Arc<Service>>) -> ListenerRoutes {
+    /// The routing of one listen address shared by `svcs` (in config order), which
+    /// reads PROXY headers as `proxy` says.
+    pub fn build(svcs: Vec<Arc<Service>>, proxy: Option<ProxyAccept>) -> ListenerRoutes {
         let hello_timeout = svcs
             .iter()
             .map(|s| s.config.timeouts.client_hello)
@@ -224,6 +227,7 @@ impl ListenerRoutes {
                 routes: Routes::single(only.clone()),
                 hello_timeout,
                 max_hello,
+                proxy,
             };
         }
         let non_tls = svcs
@@ -241,6 +245,7 @@ impl ListenerRoutes {
             max_hello,
             non_tls,
             keepalive,
+            proxy,
         }
     }
 }

@@ -343,6 +343,17 @@ pub async fn get_from(
         }
     }
     .with_context(|| format!("connecting to {addr}"))?;
+    get_on(tcp, server_name, cfg, path).await
+}
+
+/// [`get`] on a connection already open (from a chosen source address, or through
+/// another proxy).
+pub async fn get_on(
+    tcp: TcpStream,
+    server_name: &str,
+    cfg: Arc<ClientConfig>,
+    path: &str,
+) -> Result<Reply> {
     let name = ServerName::try_from(server_name.to_string())
         .map_err(|e| anyhow!("bad server name: {e}"))?;
     let tls = TlsConnector::from(cfg)

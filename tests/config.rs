@@ -457,3 +457,34 @@ fn retired_relay_kernel_loads_as_splice_auto_with_a_warning() {
     let plain = ok(&yaml.replace("relay: kernel", "relay: splice-auto"));
     assert!(plain.warnings.is_empty(), "{:?}", plain.warnings);
 }
+
+/// `listen[].proxy_protocol`: networks, `required` (default true), nothing trusted
+/// without the key, the summary names it, and trusting everything loads with a
+/// warning.
+#[test]
+fn listen_proxy_protocol_loads_with_its_networks() {
+    let yaml = "services:\n  a:\n    listen:\n      - { address: \"127.0.0.1:1\", proxy_protocol: { accept_from: [\"10.0.0.0/24\", \"2001:db8::/32\", \"192.0.2.7\"] } }\n      - { address: \"127.0.0.1:2\", proxy_protocol: { accept_from: [\"10.0.0.0/24\"], required: false } }\n      - \"127.0.0.1:3\"\n    backends: [{ name: x, address: \"127.0.0.1:9\" }]\n";
+    let c = ok(yaml);
+    let l = &c.services[0].listen;
+    let p = l[0].proxy_protocol.as_ref().expect("policy");
+    assert!(p.required);
+    assert!(p.trusts("10.0.0.200".parse().unwrap()));
+    assert!(p.trusts("2001:db8:5::1".parse().unwrap()));
+    assert!(p.trusts("192.0.2.7".parse().unwrap()));
+    assert!(!p.trusts("192.0.2.8".parse().unwrap()));
+    assert!(!l[1].proxy_protocol.as_ref().unwrap().required);
+    assert!(l[2].proxy_protocol.is_none(), "nothing trusted by default");
+    let summary = c.summary();
+    assert!(
+        summary.contains("PROXY headers from 10.0.0.0/24, 2001:db8::/32, 192.0.2.7/32 (required)"),
+        "{summary}"
+    );
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let all = ok(&yaml.replace("\"192.0.2.7\"", "\"0.0.0.0/0\""));
+    let warnings: Vec<String> = all.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("0.0.0.0/0 trusts every address"),
+        "{warnings:?}"
+    );
+}

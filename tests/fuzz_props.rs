@@ -362,6 +362,84 @@ fn proxy_decoder_rejects_broken_headers() {
 }
 
 // ---------------------------------------------------------------------------
+// proxy_accept
+
+/// Valid headers of every kind: crossbar's own, v2 LOCAL/UNSPEC, v1 UNKNOWN, v2
+/// with TLVs.
+fn proxy_headers() -> Vec<Vec<u8>> {
+    use crossbar::config::ProxyProtocol::{V1, V2};
+    use crossbar::proxy_protocol::{header, local};
+    let sa = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+    let mut out = vec![
+        header(V1, sa("10.1.2.3:4000"), sa("10.0.0.1:8140"), None),
+        header(V1, sa("[2001:db8::1]:1"), sa("[::1]:65535"), None),
+        header(V2, sa("10.1.2.3:4000"), sa("10.0.0.1:8140"), Some("puppet")),
+        header(V2, sa("[2001:db8::1]:1"), sa("[::1]:8140"), None),
+        local(V1),
+        local(V2),
+        b"PROXY UNKNOWN 1.2.3.4 5.6.7.8 1 2\r\n".to_vec(),
+        b"\r\n\r\n\0\r\nQUIT\n\x21\x00\x00\x03abc".to_vec(),
+    ];
+    let mut tlvs = header(V2, sa("10.1.2.3:4000"), sa("10.0.0.1:8140"), Some("x"));
+    tlvs.extend_from_slice(&[0x01, 0x00, 0x02, b'h', b'2', 0xEA, 0x00, 0x01, 0x01]);
+    let len = u16::from_be_bytes([tlvs[14], tlvs[15]]) + 9;
+    tlvs[14..16].copy_from_slice(&len.to_be_bytes());
+    out.push(tlvs);
+    out
+}
+
+#[test]
+fn proxy_accept_every_split_of_valid_headers() {
+    let hello = hellos().remove(0).1;
+    for h in proxy_headers() {
+        let data = [&h[..], &hello].concat();
+        let cuts: Vec<usize> = (1..data.len()).collect();
+        match checks::proxy_accept(&data, &cuts) {
+            crossbar::proxy_protocol::ProxyParse::Found(_, len) => assert_eq!(len, h.len()),
+            other => panic!("{other:?} for {h:?}"),
+        }
+    }
+}
+
+#[test]
+fn proxy_accept_mutations_and_random_bytes() {
+    let headers = proxy_headers();
+    run_cases("proxy_accept/mutations", |rng| {
+        let mut data = headers[rng.usize(..headers.len())].clone();
+        for _ in 0..rng.usize(1..4) {
+            match rng.u8(..3) {
+                0 if !data.is_empty() => {
+                    let i = rng.usize(..data.len());
+                    data[i] = rng.u8(..);
+                }
+                1 if !data.is_empty() => {
+                    data.truncate(rng.usize(..data.len()));
+                }
+                _ => {
+                    let at = rng.usize(..=data.len());
+                    data.insert(at, rng.u8(..));
+                }
+            }
+        }
+        let extra: Vec<u8> = (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect();
+        data.extend_from_slice(&extra);
+        let c = cuts(rng, data.len());
+        checks::proxy_accept(&data, &c);
+    });
+    run_cases("proxy_accept/random", |rng| {
+        let sig: &[u8] = match rng.u8(..3) {
+            0 => b"PROXY ",
+            1 => b"\r\n\r\n\0\r\nQUIT\n",
+            _ => b"",
+        };
+        let mut data = sig.to_vec();
+        data.extend((0..rng.usize(0..200)).map(|_| rng.u8(..)));
+        let c = cuts(rng, data.len());
+        checks::proxy_accept(&data, &c);
+    });
+}
+
+// ---------------------------------------------------------------------------
 // config
 
 fn config_texts() -> Vec<String> {

@@ -30,7 +30,7 @@ need() {
 # openssl: real TLS peers (s_client, s_server) in the stickiness, relay, confirm
 # and ticket-key tests.
 need openssl openssl
-# haproxy: the PROXY-protocol peer in tests/socket_options.rs.
+# haproxy: the PROXY-protocol peer in tests/socket_options.rs and tests/proxy_accept.rs.
 need haproxy haproxy
 # iproute2 (`ip`, `ss`) and util-linux (`unshare`): network namespaces (tests/ha.rs,
 # the freebind test) and keepalive timers (tests/socket_options.rs).
@@ -76,6 +76,15 @@ if [ -n "$list" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
         stop "apt-get install $list failed"
+fi
+
+# proxy-protocol (PyPI): an independent PROXY protocol implementation that writes the
+# headers crossbar receives and reads the ones it sends (tests/proxy_accept.rs).
+if ! python3 -c "import proxyprotocol" 2>/dev/null; then
+    echo "tests/run.sh: installing proxy-protocol (pip)"
+    pip install -q proxy-protocol==0.11.3 2>/dev/null ||
+        pip install -q --break-system-packages proxy-protocol==0.11.3 ||
+        stop "pip install proxy-protocol failed"
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

@@ -7,6 +7,8 @@
 //! - [`server_watcher`]: `ServerWatcher` fed in arbitrary chunks.
 //! - [`proxy_header`]: `proxy_protocol::header` decoded back by [`decode_proxy`],
 //!   a decoder written from the PROXY protocol spec, not from crossbar's encoder.
+//! - [`proxy_accept`]: `proxy_protocol::parse` (receiving) over growing prefixes,
+//!   checked against [`decode_proxy`] where both accept.
 //! - [`config`]: `Config::from_str_at` on arbitrary text.
 #![forbid(unsafe_code)]
 
@@ -15,6 +17,7 @@ use std::path::Path;
 
 use crossbar::config::{Config, ProxyProtocol};
 use crossbar::hello::{parse_client_hello, ClientHelloInfo, HelloParse, ServerWatcher};
+use crossbar::proxy_protocol::{self, ProxyParse};
 
 /// TLS record header length: a hello that still needs bytes never holds more than
 /// `max` plus one record header (conn.rs reads `max` + 1 KiB at most).
@@ -324,6 +327,47 @@ pub fn proxy_header(src: SocketAddr, dst: SocketAddr, authority: Option<&str>) {
             assert!(h.len() <= V1_MAX, "v1 line of {} bytes", h.len());
         }
     }
+}
+
+/// `proxy_protocol::parse` (the receiving parser) over the growing prefixes of `data`
+/// a reader cut at `cuts` would see, and over `data` whole:
+///
+/// - `NeedMore`* then one decided result that never changes, the whole's;
+/// - `NeedMore` only while fewer than the v2 limit (4 KiB) bytes are buffered;
+/// - `Found(h, len)` is decided exactly at `len` (one byte less still needs more),
+///   and a header with a client address says what [`decode_proxy`] (written from
+///   the spec) reads from the same bytes, when it reads them.
+pub fn proxy_accept(data: &[u8], cuts: &[usize]) -> ProxyParse {
+    let whole = proxy_protocol::parse(data);
+    let mut decided: Option<ProxyParse> = None;
+    for end in prefix_ends(data.len(), cuts) {
+        let r = proxy_protocol::parse(&data[..end]);
+        match (&decided, &r) {
+            (None, ProxyParse::NeedMore) => assert!(
+                end < proxy_protocol::MAX_HEADER,
+                "NeedMore with {end} bytes buffered"
+            ),
+            (None, _) => decided = Some(r.clone()),
+            (Some(d), _) => assert_eq!(d, &r, "result changed at {end} bytes"),
+        }
+    }
+    match &decided {
+        Some(d) => assert_eq!(d, &whole, "a prefix decided differently from the whole"),
+        None => assert_eq!(whole, ProxyParse::NeedMore),
+    }
+    if let ProxyParse::Found(h, len) = &whole {
+        assert!(*len <= data.len() && *len <= proxy_protocol::MAX_HEADER);
+        assert_eq!(proxy_protocol::parse(&data[..*len]), whole, "own bytes");
+        assert_eq!(
+            proxy_protocol::parse(&data[..len - 1]),
+            ProxyParse::NeedMore,
+            "one byte short"
+        );
+        if let (Some(src), Ok(d)) = (h.source, decode_proxy(&data[..*len])) {
+            assert_eq!((src, d.len), (d.src, *len), "the spec decoder agrees");
+        }
+    }
+    whole
 }
 
 /// Build (src, dst, authority) from raw fuzz bytes: a flag byte picks the families

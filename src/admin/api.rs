@@ -115,6 +115,24 @@ fn service(server: &Server, name: &str) -> Result<Arc<Service>, ApiError> {
         .ok_or_else(|| ApiError::UnknownService(name.to_string()))
 }
 
+/// The listen addresses of `svc` that read PROXY headers, with from where.
+fn proxy_listeners(svc: &Service) -> Vec<Value> {
+    svc.config
+        .listen
+        .iter()
+        .filter_map(|l| {
+            let p = l.proxy_protocol.as_ref()?;
+            let from: Vec<String> = p.accept_from.iter().map(|n| n.to_string()).collect();
+            Some(json!({
+                "listen": l.addr.to_string(),
+                "accept_from": from,
+                "required": p.required,
+                "text": format!("{} {p}", l.addr),
+            }))
+        })
+        .collect()
+}
+
 /// `GET /api/services`: every service with its listeners and backends.
 pub fn services(server: &Server) -> Value {
     let list: Vec<Value> = server
@@ -132,6 +150,7 @@ pub fn services(server: &Server) -> Value {
                 "mode": mode_name(svc.config.mode),
                 "balance": balance_name(svc.config.balance),
                 "listeners": listeners,
+                "proxy_protocol": proxy_listeners(svc),
                 "stick_table": svc.table.as_ref().map(|t| table_json(svc, &t.stats())),
                 "queued": svc.pool.queued(),
                 "queue_size": svc.config.queue_size,

@@ -295,6 +295,9 @@ fn write_service(o: &mut String, svc: &Value, cli: &str) -> fmt::Result {
         Esc(s(svc, "balance")),
         Esc(&join(&svc["listeners"])),
     )?;
+    for p in svc["proxy_protocol"].as_array().into_iter().flatten() {
+        write!(o, " &middot; {}", Esc(s(p, "text")))?;
+    }
     write_stick(o, &svc["stick_table"])?;
     let hs = &svc["handshakes"];
     write!(

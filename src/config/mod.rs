@@ -13,6 +13,7 @@ mod health;
 mod indent;
 mod position;
 mod problems;
+mod proxy_accept;
 mod raw;
 mod shared;
 mod stick_rules;
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic};
+pub use proxy_accept::{IpNet, ProxyAccept};
 
 /// Where `crossbar run`, `check` and `reload` look without `-c` (the Debian package's conffile).
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/crossbar/crossbar.yaml";
@@ -325,6 +327,8 @@ pub struct ListenConfig {
     pub freebind: bool,
     /// Concurrent connections accepted on this address; more are refused.
     pub max_connections: usize,
+    /// PROXY headers read from the tiers in front (`None`: from nobody).
+    pub proxy_protocol: Option<ProxyAccept>,
 }
 
 /// Where a backend lives: a host name (resolved at each connect) or an IP.

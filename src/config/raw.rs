@@ -296,6 +296,15 @@ pub(super) struct RawListenLong {
     pub backlog: Option<u64>,
     pub freebind: Option<bool>,
     pub max_connections: Option<u64>,
+    pub proxy_protocol: Option<RawProxyAccept>,
+}
+
+/// `listen[].proxy_protocol:` (receiving PROXY headers from the tiers in front).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProxyAccept {
+    pub accept_from: Vec<String>,
+    pub required: Option<bool>,
 }
 
 impl<'de> Deserialize<'de> for RawListen {

@@ -91,10 +91,18 @@ impl Checker<'_> {
                 }
             }
             let lc = &svc.listen[l];
-            if (lc.backlog, lc.freebind, lc.max_connections)
-                != (first.backlog, first.freebind, first.max_connections)
-            {
-                let msg = format!("{addr} is shared with {others}: its backlog, freebind and max_connections must be the same everywhere");
+            if (
+                lc.backlog,
+                lc.freebind,
+                lc.max_connections,
+                &lc.proxy_protocol,
+            ) != (
+                first.backlog,
+                first.freebind,
+                first.max_connections,
+                &first.proxy_protocol,
+            ) {
+                let msg = format!("{addr} is shared with {others}: its backlog, freebind, max_connections and proxy_protocol must be the same everywhere");
                 self.err(&format!("{p}.listen[{l}]"), msg);
             }
         }

@@ -94,6 +94,9 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
             "  listen    {} (backlog {}, max {} connections{freebind})",
             l.addr, l.backlog, l.max_connections
         )?;
+        if let Some(p) = &l.proxy_protocol {
+            writeln!(f, "            {p}")?;
+        }
     }
     if !s.server_names.is_empty() || s.default {
         let mut names = s.server_names.join(", ");

@@ -580,6 +580,7 @@ impl Checker<'_> {
                 backlog: d.backlog,
                 freebind: false,
                 max_connections: d.max_connections,
+                proxy_protocol: None,
             };
             if let RawListen::Long(l) = item {
                 lc.backlog = self.int(
@@ -598,6 +599,9 @@ impl Checker<'_> {
                 );
                 lc.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
                 lc.freebind = l.freebind.unwrap_or(false);
+                if let Some(pp) = &l.proxy_protocol {
+                    lc.proxy_protocol = self.proxy_accept(pp, &join(&ip, "proxy_protocol"));
+                }
             }
             // Port 0 asks the kernel for a free port: each is a listener of its own.
             if addr.port() != 0 && out.iter().any(|o| o.addr == addr) {

@@ -26,6 +26,11 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
                     .into(),
             );
         }
+        for l in &svc.listen {
+            if let Some(p) = &l.proxy_protocol {
+                add(Severity::Info, None, format!("listen {}: {p}", l.addr));
+            }
+        }
         let none_pass = no_backend_passes(&mine);
         for b in &mine {
             for (sev, msg) in backend_findings(svc, b) {

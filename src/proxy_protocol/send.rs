@@ -1,12 +1,10 @@
-//! PROXY protocol v1 and v2 headers sent to backends before the client's bytes, so a
-//! backend (or an intermediate proxy) sees the agent's real address.
-//! Spec: <https://www.haproxy.org/download/2.9/doc/proxy-protocol.txt>.
+//! Sending: the PROXY v1 or v2 header crossbar writes to a backend before the client's
+//! bytes, so a backend (or an intermediate proxy) sees the agent's real address.
 use std::net::{IpAddr, SocketAddr};
 
+use super::{PP2_TYPE_AUTHORITY, V2_SIGNATURE};
 use crate::config::ProxyProtocol;
 
-/// The 12-byte v2 signature.
-pub const V2_SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
 /// v2, command PROXY.
 const V2_VER_CMD_PROXY: u8 = 0x21;
 /// v2, command LOCAL (a connection of the proxy's own).
@@ -17,8 +15,6 @@ const V2_UNSPEC: u8 = 0x00;
 const V2_TCP4: u8 = 0x11;
 /// AF_INET6 + STREAM.
 const V2_TCP6: u8 = 0x21;
-/// TLV type carrying the host name the client asked for (its SNI).
-pub const PP2_TYPE_AUTHORITY: u8 = 0x02;
 /// A DNS name is at most 253 bytes; longer SNI values are not sent.
 const MAX_AUTHORITY: usize = 253;
 
