@@ -215,6 +215,7 @@ mod tests {
             pool,
             table: None,
             tasks: CancellationToken::new(),
+            connections: Default::default(),
         }
     }
 
