@@ -194,7 +194,8 @@ impl Ord for ByStart {
 
 /// Wall-clock time `started` corresponds to (for the API's `since`).
 pub fn wall_clock(started: Instant) -> SystemTime {
-    SystemTime::now() - started.elapsed()
+    let now = SystemTime::now();
+    now.checked_sub(started.elapsed()).unwrap_or(now)
 }
 
 #[cfg(test)]
