@@ -1,10 +1,14 @@
-//! `crossbar status | table | backend | reload`: clients of the admin API.
+//! `crossbar status | table | backend | connections | reload`: clients of the admin API.
 //!
 //! One HTTP/1.1 request per command over hyper's client connection (no pooling:
 //! a command is one request). Output is a compact aligned table, or the server's
-//! JSON as is with `--json`.
+//! JSON as is with `--json`. The admin address and token file come from `--admin`
+//! and `--token-file`, else the environment, else the config file given with `-c`
+//! ([`ClientOptions::new`]); when nothing answers there, the error says which
+//! address was tried, where it came from and how to point at another.
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
@@ -33,15 +37,95 @@ pub fn admin_url(listen: std::net::SocketAddr) -> String {
 /// Time for the whole request: connect, send, read the answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where the admin address a command uses came from (said when nothing answers there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminSource {
+    /// Nothing given: [`DEFAULT_ADMIN_URL`].
+    Default,
+    /// `--admin`.
+    Flag,
+    /// `CROSSBAR_ADMIN` in the environment.
+    Env,
+    /// `admin.listen` of the config file given with `-c`.
+    Config(PathBuf),
+}
+
+impl std::fmt::Display for AdminSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminSource::Default => write!(
+                f,
+                "the default (no -c FILE, --admin or CROSSBAR_ADMIN given)"
+            ),
+            AdminSource::Flag => write!(f, "the one given with --admin"),
+            AdminSource::Env => write!(f, "the one in CROSSBAR_ADMIN (environment)"),
+            AdminSource::Config(p) => write!(f, "admin.listen of {}", p.display()),
+        }
+    }
+}
+
 /// Where the admin API is and how to talk to it.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     /// Base URL, `http://host:port`.
     pub admin: String,
+    /// Where `admin` came from.
+    pub source: AdminSource,
     /// File holding the bearer token for write commands.
     pub token_file: Option<PathBuf>,
     /// Print the server's JSON instead of a table.
     pub json: bool,
+}
+
+/// What the command line said about the admin endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct Given {
+    /// `--admin URL` or `CROSSBAR_ADMIN`.
+    pub url: Option<String>,
+    /// `url` came from the environment, not the flag.
+    pub url_from_env: bool,
+    /// `--token-file` or `CROSSBAR_TOKEN_FILE`.
+    pub token_file: Option<PathBuf>,
+    /// `--json`.
+    pub json: bool,
+}
+
+/// `-c FILE` names a config without an admin endpoint.
+#[derive(Debug, thiserror::Error)]
+#[error("{} disables the admin endpoint (admin.enabled: false): there is no admin API to talk to (a reload is then SIGHUP: systemctl kill -s HUP crossbar)", .0.display())]
+pub struct NoAdminEndpoint(pub PathBuf);
+
+impl ClientOptions {
+    /// The options of an admin command: `--admin`/`--token-file` (or their
+    /// environment variables) first, then `admin.listen` and `admin.token_file` of
+    /// `config` (the file given with `-c`, loaded), then the default address.
+    pub fn new(
+        given: Given,
+        config: Option<(&Path, &crate::config::Config)>,
+    ) -> Result<ClientOptions, NoAdminEndpoint> {
+        let from_file = match config {
+            Some((path, cfg)) => match &cfg.admin {
+                Some(a) => Some((path, a)),
+                None => return Err(NoAdminEndpoint(path.to_path_buf())),
+            },
+            None => None,
+        };
+        let (admin, source) = match (given.url, from_file) {
+            (Some(url), _) if given.url_from_env => (url, AdminSource::Env),
+            (Some(url), _) => (url, AdminSource::Flag),
+            (None, Some((path, a))) => (admin_url(a.listen), AdminSource::Config(path.into())),
+            (None, None) => (DEFAULT_ADMIN_URL.to_string(), AdminSource::Default),
+        };
+        let token_file = given
+            .token_file
+            .or_else(|| from_file.and_then(|(_, a)| a.token_file.clone()));
+        Ok(ClientOptions {
+            admin,
+            source,
+            token_file,
+            json: given.json,
+        })
+    }
 }
 
 /// One client command.
@@ -49,17 +133,26 @@ pub struct ClientOptions {
 pub enum Command {
     /// Services, listeners and backends.
     Status,
-    /// A stick table's most recent entries.
+    /// A stick table's most recent entries, or those of one key or client.
     TableShow {
         /// Service name.
         service: String,
         /// Entries to show (server default 1000).
         limit: Option<usize>,
+        /// Only this entry or client's entries.
+        pick: Option<Pick>,
     },
     /// Empty a stick table.
     TableFlush {
         /// Service name.
         service: String,
+    },
+    /// Delete one entry, or a client's entries.
+    TableDelete {
+        /// Service name.
+        service: String,
+        /// Which.
+        pick: Pick,
     },
     /// Drain, enable or disable a backend.
     Backend {
@@ -69,9 +162,46 @@ pub enum Command {
         backend: String,
         /// What to do.
         action: Action,
+        /// Also when it is the service's last available backend.
+        force: bool,
+    },
+    /// The open connections (the oldest first).
+    Connections {
+        /// Only this service's.
+        service: Option<String>,
+        /// Only this client's.
+        client: Option<IpAddr>,
+        /// At most this many (server default 100).
+        limit: Option<usize>,
     },
     /// Reload the configuration file.
     Reload,
+}
+
+/// Stick entries named by the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// The entry with this key (the 16 hex digits `table show` prints).
+    Key(u64),
+    /// The entries learned from this client address.
+    Client(IpAddr),
+}
+
+impl Pick {
+    fn query(&self) -> String {
+        match self {
+            Pick::Key(k) => format!("key={k:016x}"),
+            Pick::Client(ip) => format!("client={ip}"),
+        }
+    }
+}
+
+/// Parse a stick key as `table show` prints it (16 hex digits).
+pub fn parse_key(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s, 16)
+        .ok()
+        .filter(|_| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| format!("expected the 16 hex digits `table show` prints, got {s:?}"))
 }
 
 /// A client command failed.
@@ -90,6 +220,20 @@ pub enum CliError {
         url: String,
         /// What went wrong.
         reason: String,
+    },
+    /// Nothing listens at the admin address.
+    #[error("nothing answers at {url} (connection refused): is crossbar running?\n  \
+             the address is {from}\n  \
+             to use another: -c FILE (admin.listen and admin.token_file of crossbar's \
+             config, e.g. -c {default_config}), --admin http://HOST:PORT or \
+             CROSSBAR_ADMIN=http://HOST:PORT\n  \
+             to see whether it runs: systemctl status crossbar (journalctl -u crossbar \
+             says why it stopped)", default_config = crate::config::DEFAULT_CONFIG_PATH)]
+    NotRunning {
+        /// The URL tried.
+        url: String,
+        /// Where it came from.
+        from: AdminSource,
     },
     /// The server answered with an error; `body` is its JSON error.
     #[error("{status}: {}", error_message(body))]
@@ -111,33 +255,60 @@ fn error_message(body: &str) -> String {
         .unwrap_or_else(|| body.trim().to_string())
 }
 
+/// `?a&b` from the parameters given, or "".
+fn query(params: &[Option<String>]) -> String {
+    let given: Vec<&str> = params.iter().flatten().map(String::as_str).collect();
+    if given.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", given.join("&"))
+    }
+}
+
 impl Command {
     fn request(&self) -> (Method, String) {
         match self {
             Command::Status => (Method::GET, "/api/services".into()),
-            Command::TableShow { service, limit } => {
-                let q = limit.map(|n| format!("?limit={n}")).unwrap_or_default();
+            Command::TableShow {
+                service,
+                limit,
+                pick,
+            } => {
+                let q = query(&[limit.map(|n| format!("limit={n}")), pick.map(|p| p.query())]);
                 (Method::GET, format!("/api/tables/{service}{q}"))
             }
             Command::TableFlush { service } => (Method::DELETE, format!("/api/tables/{service}")),
+            Command::TableDelete { service, pick } => (
+                Method::DELETE,
+                format!("/api/tables/{service}?{}", pick.query()),
+            ),
             Command::Backend {
                 service,
                 backend,
                 action,
+                force,
             } => (
                 Method::POST,
-                format!("/api/backends/{service}/{backend}/{}", action_name(*action)),
+                format!(
+                    "/api/backends/{service}/{backend}/{}{}",
+                    action.as_str(),
+                    if *force { "?force=true" } else { "" }
+                ),
             ),
+            Command::Connections {
+                service,
+                client,
+                limit,
+            } => {
+                let q = query(&[
+                    service.as_ref().map(|s| format!("service={s}")),
+                    client.map(|c| format!("client={c}")),
+                    limit.map(|n| format!("limit={n}")),
+                ]);
+                (Method::GET, format!("/api/connections{q}"))
+            }
             Command::Reload => (Method::POST, "/api/reload".into()),
         }
-    }
-}
-
-fn action_name(a: Action) -> &'static str {
-    match a {
-        Action::Drain => "drain",
-        Action::Enable => "enable",
-        Action::Disable => "disable",
     }
 }
 
@@ -149,7 +320,15 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
         .map(Secret::from_file)
         .transpose()?;
     let (method, path) = cmd.request();
-    let body = request(&opts.admin, method, &path, token.as_ref()).await?;
+    let body = match request(&opts.admin, method, &path, token.as_ref()).await {
+        Err(CliError::Transport { url, reason }) if reason.starts_with(REFUSED) => {
+            return Err(CliError::NotRunning {
+                url,
+                from: opts.source.clone(),
+            })
+        }
+        r => r?,
+    };
     if opts.json {
         return Ok(body);
     }
@@ -157,10 +336,25 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
         serde_json::from_str(&body).map_err(|e| CliError::BadAnswer(format!("{e}: {body}")))?;
     Ok(match cmd {
         Command::Status => status_table(&v),
-        Command::TableShow { .. } => table_view(&v),
+        Command::TableShow { pick: None, .. } => table_view(&v),
+        Command::TableShow { pick: Some(p), .. } => picked_view(&v, p),
         Command::TableFlush { service } => {
             format!("{service}: flushed {} entries\n", v["flushed"])
         }
+        Command::TableDelete { service, .. } => {
+            let mut out = String::new();
+            for e in v["deleted"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    out,
+                    "{service}: deleted {} {} ({})",
+                    text(&e["kind"]),
+                    text(&e["key"]),
+                    backend_cell(e)
+                ); // ok: writing to a String
+            }
+            out
+        }
+        Command::Connections { .. } => connections_view(&v),
         Command::Backend {
             service, backend, ..
         } => format!(
@@ -171,6 +365,9 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
         Command::Reload => reloaded(&v),
     })
 }
+
+/// How a refused connect's transport error starts (told apart by [`run`]).
+const REFUSED: &str = "connect refused: ";
 
 /// Split `http://host:port[/prefix]` into what to connect to and the path prefix.
 fn target(base: &str) -> Result<(String, u16, String), CliError> {
@@ -200,7 +397,10 @@ pub async fn request(
     let exchange = async {
         let tcp = TcpStream::connect((host.as_str(), port))
             .await
-            .map_err(|e| transport(format!("connect: {e}")))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => transport(format!("{REFUSED}{e}")),
+                _ => transport(format!("connect: {e}")),
+            })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
             .map_err(|e| transport(e.to_string()))?;
@@ -379,20 +579,93 @@ fn table_view(v: &Value) -> String {
         s["evicted"],
         entries.len()
     );
+    out.push_str(&entry_rows(&entries));
+    out
+}
+
+fn backend_cell(e: &Value) -> String {
+    if e["backend"].is_null() {
+        "(shared)".to_string()
+    } else {
+        text(&e["backend"])
+    }
+}
+
+/// Stick entries as a table with its header.
+fn entry_rows(entries: &[Value]) -> String {
     let mut rows = vec![["KIND", "KEY", "BACKEND", "AGE", "EXPIRES IN"]
         .map(String::from)
         .to_vec()];
-    for e in &entries {
+    for e in entries {
         rows.push(vec![
             text(&e["kind"]),
             text(&e["key"]),
-            if e["backend"].is_null() {
-                "(shared)".to_string()
-            } else {
-                text(&e["backend"])
-            },
+            backend_cell(e),
             format!("{}s", e["age_seconds"]),
             format!("{}s", e["expires_in_seconds"]),
+        ]);
+    }
+    columns(&rows)
+}
+
+/// `table show --key/--client`: what was looked up, then the entries found.
+fn picked_view(v: &Value, pick: &Pick) -> String {
+    let entries = v["entries"].as_array().cloned().unwrap_or_default();
+    let l = &v["lookup"];
+    let mut out = match pick {
+        Pick::Key(_) => format!("{}: key {}: ", text(&v["service"]), text(&l["key"])),
+        Pick::Client(_) => format!(
+            "{}: client {} (source prefix {}): ",
+            text(&v["service"]),
+            text(&l["client"]),
+            text(&l["prefix"])
+        ),
+    };
+    out.push_str(match entries.len() {
+        0 => "no entry\n",
+        1 => "1 entry\n",
+        _ => "entries\n",
+    });
+    if !entries.is_empty() {
+        out.push_str(&entry_rows(&entries));
+    }
+    if let Pick::Client(ip) = pick {
+        let _ = writeln!(
+            out,
+            "(session, ticket and PSK entries keep no client address; `crossbar connections --client {ip}` shows its open connections and their backends)"
+        ); // ok: writing to a String
+    }
+    out
+}
+
+/// `crossbar connections`: a count line, then one row per connection.
+fn connections_view(v: &Value) -> String {
+    let list = v["connections"].as_array().cloned().unwrap_or_default();
+    let mut out = format!(
+        "{} open connection(s); showing the {} oldest\n",
+        v["total"],
+        list.len()
+    );
+    let mut rows = vec![[
+        "SERVICE",
+        "CLIENT",
+        "BACKEND",
+        "AGE",
+        "C->S BYTES",
+        "S->C BYTES",
+        "STATE",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for c in &list {
+        rows.push(vec![
+            text(&c["service"]),
+            text(&c["client"]),
+            text(&c["backend"]),
+            format!("{}s", c["age_seconds"]),
+            text(&c["bytes"]["client_to_server"]),
+            text(&c["bytes"]["server_to_client"]),
+            text(&c["state"]),
         ]);
     }
     out.push_str(&columns(&rows));
@@ -415,6 +688,57 @@ mod tests {
         );
         assert!(target("https://h:1").is_err());
         assert!(target("h:1").is_err());
+    }
+
+    #[test]
+    fn options_come_from_flags_then_env_then_the_config_file() {
+        let cfg = crate::config::Config::from_str_at(
+            "admin: { listen: \"0.0.0.0:9999\", token_file: /etc/t }\nservices:\n  s:\n    listen: [\"127.0.0.1:0\"]\n    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n",
+            Path::new("c.yaml"),
+        )
+        .unwrap();
+        let file = Some((Path::new("c.yaml"), &cfg));
+        let o = ClientOptions::new(Given::default(), file).unwrap();
+        assert_eq!(o.admin, "http://127.0.0.1:9999");
+        assert_eq!(o.source, AdminSource::Config("c.yaml".into()));
+        assert_eq!(o.token_file, Some(PathBuf::from("/etc/t")));
+        let flag = Given {
+            url: Some("http://[::1]:1".into()),
+            token_file: Some("/x".into()),
+            ..Given::default()
+        };
+        let o = ClientOptions::new(flag.clone(), file).unwrap();
+        assert_eq!(
+            (o.admin.as_str(), o.source, o.token_file),
+            ("http://[::1]:1", AdminSource::Flag, Some("/x".into()))
+        );
+        let env = Given {
+            url_from_env: true,
+            ..flag
+        };
+        assert_eq!(
+            ClientOptions::new(env, None).unwrap().source,
+            AdminSource::Env
+        );
+        let o = ClientOptions::new(Given::default(), None).unwrap();
+        assert_eq!(
+            (o.admin.as_str(), o.source),
+            (DEFAULT_ADMIN_URL, AdminSource::Default)
+        );
+        let off = crate::config::Config::from_str_at(
+            "admin: { enabled: false }\nservices:\n  s:\n    listen: [\"127.0.0.1:0\"]\n    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n",
+            Path::new("off.yaml"),
+        )
+        .unwrap();
+        assert!(ClientOptions::new(Given::default(), Some((Path::new("off.yaml"), &off))).is_err());
+    }
+
+    #[test]
+    fn keys_are_16_hex_digits() {
+        assert_eq!(parse_key("00000000000000ff"), Ok(255));
+        assert!(parse_key("ff").is_err());
+        assert!(parse_key("+0000000000000ff").is_err());
+        assert!(parse_key("0x000000000000ff").is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 
 use crate::access_log::AccessLog;
 use crate::balance::{Backend, Lease, PickError};
+use crate::connections::{OpenConn, Opening};
 use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse, ServerHandshake, ServerWatcher};
 use crate::listener::{Accepted, InheritedOptions};
 use crate::proxy_protocol::{self, FrontError};
@@ -176,12 +177,15 @@ fn serve<'a>(
         backend.metrics.bytes_c2s.inc_by(replayed);
         // The hello buffer is not needed for the rest of a possibly hours-long connection.
         drop(buf);
+        let open = (replayed, pending.len() as u64, hello.is_some());
+        let listed = svc
+            .connections
+            .open(Opening::new(peer, &backend.name, started, open));
         let watched = (hello.as_ref(), client_ip, pending.as_slice());
         let (stats, handshake) = relay_watched(
             stream,
             &mut server,
-            &svc,
-            &backend,
+            (&svc, &backend, listed.conn()),
             watched,
             &shared.hard_stop,
         )
@@ -446,8 +450,7 @@ async fn answered(
 async fn relay_watched(
     stream: &mut TcpStream,
     server: &mut TcpStream,
-    svc: &Service,
-    backend: &Backend,
+    (svc, backend, open): (&Service, &Backend, &OpenConn),
     (hello, ip, pending): (Option<&ClientHelloInfo>, IpAddr, &[u8]),
     hard_stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
@@ -466,6 +469,7 @@ async fn relay_watched(
             watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
             on_handshake: Box::new(move |hs: &ServerHandshake| {
                 *seen = handshake_kind(backend, hs);
+                open.handshake_seen();
                 let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
                 match (crate::stick::learn_when(h, hs), &*f) {
                     (LearnWhen::Now, _) => learn(hs),
@@ -507,6 +511,7 @@ async fn relay_watched(
     let counters = RelayCounters {
         c2s: &backend.metrics.bytes_c2s,
         s2c: &backend.metrics.bytes_s2c,
+        conn: &open.bytes,
     };
     let idle = svc.config.timeouts.idle;
     let stats = relay::relay_as(

@@ -15,13 +15,14 @@
 //! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
 //! - [`relay`]: replay the hello, watch the server's handshake, then pump bytes both
 //!   ways untouched.
+//! - [`connections`]: listed from backend choice to its end (`crossbar connections`).
 //! - [`access_log`]: one line per connection at its end.
 //!
 //! The layers, each using only the ones below it:
 //!
 //! - commands: [`run`] (`crossbar run`: signals, upgrades, the admin endpoint),
 //!   [`demo`] (a self-contained run with local TLS backends), [`admin_client`] (the
-//!   `crossbar status|table|backend|reload` clients of the admin API), [`doctor`]
+//!   `crossbar status|table|backend|connections|reload` clients of the admin API), [`doctor`]
 //!   (`crossbar doctor`: every backend's certificates, TLS, stickiness and status
 //!   checked before traffic is switched);
 //! - [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz, /api) and
@@ -35,7 +36,8 @@
 //!   connections share, among it the confirmation [`budget`]), built from [`config`]
 //!   (YAML -> validated model) over [`balance`], [`stick`], [`route`], [`metrics`]
 //!   (with [`live`]: since-when,
-//!   peaks, last check and reload for the status page) and [`access_log`];
+//!   peaks, last check and reload for the status page), [`connections`] (the open
+//!   ones, per service) and [`access_log`];
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
 #![deny(unsafe_code)]
@@ -48,6 +50,7 @@ pub mod budget;
 pub mod config;
 pub mod confirm;
 pub mod conn;
+pub mod connections;
 pub mod demo;
 pub mod dial;
 pub mod doctor;

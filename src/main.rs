@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use crossbar::admin::Action;
-use crossbar::admin_client::{ClientOptions, Command as ClientCommand, DEFAULT_ADMIN_URL};
+use crossbar::admin_client::{ClientOptions, Command as ClientCommand, Given, Pick};
 use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// Command lines shown by `--help` and in crossbar(1).
@@ -18,9 +18,12 @@ Examples:
   crossbar doctor -c /etc/crossbar/crossbar.yaml --status   # before switching traffic
   crossbar reload -c /etc/crossbar/crossbar.yaml   # check, then reload and wait
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
-  crossbar status                       # services and backends, from the admin API
-  crossbar backend drain puppet/compile1 --token-file /etc/crossbar/admin.token
-  crossbar table show puppet --limit 20";
+  crossbar status -c /etc/crossbar/crossbar.yaml   # admin address and token from the config
+  crossbar backend drain puppet/compile1 -c /etc/crossbar/crossbar.yaml
+  crossbar table show puppet --limit 20
+  crossbar table show puppet --client 10.1.2.3     # where this agent's source entry points
+  crossbar table delete puppet --key 3f2a0c9e51d7b864 -c /etc/crossbar/crossbar.yaml
+  crossbar connections puppet                      # open connections, the oldest first";
 
 /// Layer-4 TLS-passthrough load balancer for Puppet masters.
 #[derive(Parser)]
@@ -91,17 +94,38 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Show or flush a service's stick table (admin API client).
+    /// Show, look up, delete or flush a service's stick entries (admin API client).
     Table {
         #[command(subcommand)]
         command: TableCommand,
     },
     /// Drain, enable or disable a backend (admin API client).
+    ///
+    /// Draining or disabling the last available backend of a service is refused
+    /// (the server refuses it: every new client would get no backend) unless
+    /// --force is given; enabling never is.
     Backend {
         /// What to do: drain (no new connections, open ones continue), enable, disable.
         action: BackendAction,
         /// The backend, as SERVICE/BACKEND.
         target: String,
+        /// Drain or disable it even when it is the last available backend of its service.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// The open connections, the oldest first: service, client, backend, age,
+    /// bytes each way and state (admin API client; HAProxy's `show sess`).
+    Connections {
+        /// Only this service's connections.
+        service: Option<String>,
+        /// Only the connections from this client address.
+        #[arg(long, value_name = "ADDR")]
+        client: Option<std::net::IpAddr>,
+        /// Connections to show (1..=10000; the server's default is 100).
+        #[arg(long)]
+        limit: Option<usize>,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -114,9 +138,6 @@ enum Command {
     /// token file then come from FILE unless --admin/--token-file are given. This is
     /// the unit's ExecReload: `systemctl reload` fails on a bad file.
     Reload {
-        /// Check this configuration file first; take the admin endpoint from it.
-        #[arg(short, long)]
-        config: Option<PathBuf>,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -156,13 +177,37 @@ const DOCTOR_CONFIG_ERROR: u8 = 2;
 
 #[derive(Subcommand)]
 enum TableCommand {
-    /// The most recently used entries and the table's counters.
+    /// The most recently used entries and the table's counters, or one entry
+    /// (--key) or the entry a client address falls under (--client).
     Show {
         /// Service name.
         service: String,
         /// Entries to show (1..=10000; the server's default is 1000).
         #[arg(long)]
         limit: Option<usize>,
+        /// Only the entry with this key (16 hex digits, as `table show` prints it).
+        #[arg(long, value_parser = crossbar::admin_client::parse_key, conflicts_with = "client")]
+        key: Option<u64>,
+        /// Only the source entry this client address falls under (`source`
+        /// stickiness, or the resume hint of its last full handshake). Session,
+        /// ticket and PSK entries keep no client address.
+        #[arg(long, value_name = "ADDR")]
+        client: Option<std::net::IpAddr>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Delete one entry (--key) or the source entry of a client address (--client):
+    /// that client then lands wherever balancing puts it.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["key", "client"])))]
+    Delete {
+        /// Service name.
+        service: String,
+        /// The entry's key (16 hex digits, as `table show` prints it).
+        #[arg(long, value_parser = crossbar::admin_client::parse_key)]
+        key: Option<u64>,
+        /// The client address whose source entry goes.
+        #[arg(long, value_name = "ADDR")]
+        client: Option<std::net::IpAddr>,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -185,9 +230,13 @@ enum BackendAction {
 /// How to reach the admin API.
 #[derive(clap::Args)]
 struct AdminArgs {
-    /// Admin endpoint URL.
-    #[arg(long = "admin", env = "CROSSBAR_ADMIN", default_value = DEFAULT_ADMIN_URL)]
-    url: String,
+    /// crossbar's configuration file: the admin address and token file come from
+    /// its `admin:` section (--admin and --token-file override it).
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// Admin endpoint URL [default: http://127.0.0.1:9140, or admin.listen of -c FILE].
+    #[arg(long = "admin", env = "CROSSBAR_ADMIN", value_name = "URL")]
+    url: Option<String>,
     /// File holding the bearer token (needed for writes when the server has admin.token_file).
     #[arg(long, env = "CROSSBAR_TOKEN_FILE")]
     token_file: Option<PathBuf>,
@@ -197,13 +246,63 @@ struct AdminArgs {
 }
 
 impl AdminArgs {
-    fn options(self) -> ClientOptions {
-        ClientOptions {
-            admin: self.url,
+    /// The client options: --admin/--token-file (or their environment variables)
+    /// over -c FILE's `admin:` section over the default. With `check`, FILE is
+    /// checked like `crossbar check` (the files it names included) and its warnings
+    /// are printed. On error, what to exit with (the reason is printed).
+    fn options(self, url_from_env: bool, check: bool) -> Result<ClientOptions, ExitCode> {
+        let given = Given {
+            url: self.url,
+            url_from_env,
             token_file: self.token_file,
             json: self.json,
+        };
+        let Some(path) = self.config else {
+            return ClientOptions::new(given, None).map_err(|e| fail(&e));
+        };
+        let loaded = if check {
+            Config::load_and_check_files(&path)
+        } else {
+            Config::load(&path)
+        };
+        let cfg = match loaded {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                eprintln!("{e}");
+                if check {
+                    eprintln!(
+                        "reload refused: {} has errors; the running configuration stays",
+                        path.display()
+                    );
+                } else {
+                    eprintln!("error: the admin address comes from {}: fix it, or give --admin (and --token-file)", path.display());
+                }
+                return Err(ExitCode::FAILURE);
+            }
+        };
+        if check {
+            for w in &cfg.warnings {
+                eprintln!("{w}");
+            }
         }
+        ClientOptions::new(given, Some((&path, &cfg))).map_err(|e| fail(&e))
     }
+}
+
+/// Print `error: E` and exit 1.
+fn fail(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::FAILURE
+}
+
+/// Did `--admin`'s value come from CROSSBAR_ADMIN (said when nothing answers there)?
+fn admin_url_from_env(matches: &clap::ArgMatches) -> bool {
+    let mut m = matches;
+    while let Some((_, sub)) = m.subcommand() {
+        m = sub;
+    }
+    m.ids().any(|id| id == "url")
+        && m.value_source("url") == Some(clap::parser::ValueSource::EnvVariable)
 }
 
 fn init_logging(format: LogFormat, default: &str) {
@@ -222,7 +321,12 @@ fn init_logging(format: LogFormat, default: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let url_from_env = admin_url_from_env(&matches);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // The demo prints its own story; its access log is there with RUST_LOG=info.
     let default_level = match cli.command {
         Command::Run { .. } | Command::Check { .. } => "info",
@@ -281,21 +385,26 @@ fn main() -> ExitCode {
         Command::Demo { serve } => {
             report(runtime(None).and_then(|rt| rt.block_on(crossbar::demo::run(serve))))
         }
-        Command::Status { admin } => client(admin, ClientCommand::Status),
-        Command::Table {
-            command:
-                TableCommand::Show {
-                    service,
-                    limit,
-                    admin,
-                },
-        } => client(admin, ClientCommand::TableShow { service, limit }),
-        Command::Table {
-            command: TableCommand::Flush { service, admin },
-        } => client(admin, ClientCommand::TableFlush { service }),
+        Command::Status { admin } => client(admin, url_from_env, ClientCommand::Status),
+        Command::Table { command } => table(command, url_from_env),
+        Command::Connections {
+            service,
+            client: from,
+            limit,
+            admin,
+        } => client(
+            admin,
+            url_from_env,
+            ClientCommand::Connections {
+                service,
+                client: from,
+                limit,
+            },
+        ),
         Command::Backend {
             action,
             target,
+            force,
             admin,
         } => {
             let Some((service, backend)) = target.split_once('/') else {
@@ -309,21 +418,71 @@ fn main() -> ExitCode {
             };
             client(
                 admin,
+                url_from_env,
                 ClientCommand::Backend {
                     service: service.to_string(),
                     backend: backend.to_string(),
                     action,
+                    force,
                 },
             )
         }
-        Command::Reload { config, admin } => reload(config, admin),
+        Command::Reload { admin } => reload(admin, url_from_env),
+    }
+}
+
+/// `crossbar table show|delete|flush`.
+fn table(command: TableCommand, url_from_env: bool) -> ExitCode {
+    let pick = |key: Option<u64>, addr: Option<std::net::IpAddr>| {
+        key.map(Pick::Key).or(addr.map(Pick::Client))
+    };
+    match command {
+        TableCommand::Show {
+            service,
+            limit,
+            key,
+            client: addr,
+            admin,
+        } => client(
+            admin,
+            url_from_env,
+            ClientCommand::TableShow {
+                service,
+                limit,
+                pick: pick(key, addr),
+            },
+        ),
+        TableCommand::Delete {
+            service,
+            key,
+            client: addr,
+            admin,
+        } => match pick(key, addr) {
+            Some(pick) => client(
+                admin,
+                url_from_env,
+                ClientCommand::TableDelete { service, pick },
+            ),
+            None => fail(&"give --key KEY or --client ADDR"),
+        },
+        TableCommand::Flush { service, admin } => {
+            client(admin, url_from_env, ClientCommand::TableFlush { service })
+        }
     }
 }
 
 /// Run one admin API client command: its output on stdout, or the error on stderr
 /// and exit 1 (with `--json`, the server's JSON error as is).
-fn client(args: AdminArgs, cmd: ClientCommand) -> ExitCode {
-    let opts = args.options();
+fn client(args: AdminArgs, url_from_env: bool, cmd: ClientCommand) -> ExitCode {
+    let opts = match args.options(url_from_env, false) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    send(&opts, &cmd)
+}
+
+/// Send `cmd` with `opts`; print the answer or the error.
+fn send(opts: &ClientOptions, cmd: &ClientCommand) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -331,7 +490,7 @@ fn client(args: AdminArgs, cmd: ClientCommand) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return report(Err(e).context("starting the runtime")),
     };
-    match rt.block_on(crossbar::admin_client::run(&opts, &cmd)) {
+    match rt.block_on(crossbar::admin_client::run(opts, cmd)) {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
@@ -373,36 +532,11 @@ fn doctor(
 
 /// `crossbar reload [-c FILE]`: check FILE first, then reload through the admin API
 /// (which answers once the new config is live, or with the reason it was refused).
-fn reload(config: Option<PathBuf>, mut admin: AdminArgs) -> ExitCode {
-    if let Some(path) = config {
-        let cfg = match Config::load_and_check_files(&path) {
-            Ok(cfg) => {
-                for w in &cfg.warnings {
-                    eprintln!("{w}");
-                }
-                cfg
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                eprintln!(
-                    "reload refused: {} has errors; the running configuration stays",
-                    path.display()
-                );
-                return ExitCode::FAILURE;
-            }
-        };
-        let Some(a) = cfg.admin else {
-            eprintln!("error: {} disables the admin endpoint: reload with SIGHUP (systemctl kill -s HUP crossbar)", path.display());
-            return ExitCode::FAILURE;
-        };
-        if admin.url == DEFAULT_ADMIN_URL {
-            admin.url = crossbar::admin_client::admin_url(a.listen);
-        }
-        if admin.token_file.is_none() {
-            admin.token_file = a.token_file;
-        }
+fn reload(admin: AdminArgs, url_from_env: bool) -> ExitCode {
+    match admin.options(url_from_env, true) {
+        Ok(opts) => send(&opts, &ClientCommand::Reload),
+        Err(code) => code,
     }
-    client(admin, ClientCommand::Reload)
 }
 
 /// `crossbar generate WHAT [DIR]`: the man pages into DIR, or a completion script on stdout.

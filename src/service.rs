@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::access_log::LogLimiter;
 use crate::balance::{Pool, PoolParams};
 use crate::config::{Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn};
+use crate::connections::OpenConnections;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::route::Routes;
 use crate::stick::{
@@ -29,6 +30,8 @@ pub struct Service {
     pub metrics: ServiceMetrics,
     /// Cancels this service's background tasks (sweeper, health checks, saver).
     pub tasks: CancellationToken,
+    /// Its open connections (handed over by a reload, like the backends' state).
+    pub connections: Arc<OpenConnections>,
 }
 
 impl std::fmt::Debug for Service {
@@ -94,6 +97,7 @@ impl Service {
             table,
             metrics: metrics.service(&sc.name),
             tasks: CancellationToken::new(),
+            connections: old.map(|o| o.connections.clone()).unwrap_or_default(),
         })
     }
 

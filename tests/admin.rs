@@ -592,7 +592,7 @@ async fn dashboard_and_alerts_use_real_metrics() {
     let a = call(
         bed.admin,
         Method::POST,
-        "/api/backends/broken/gone/disable",
+        "/api/backends/broken/gone/disable?force=true",
         None,
     )
     .await;
@@ -1525,4 +1525,530 @@ async fn idle_connections_never_lock_out_health_checks() {
         "none refused"
     );
     drop(silent);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 27, item 5: what an operator coming from HAProxy expects of the CLI and API
+
+/// The state of `service/backend` as crossbar holds it.
+fn state(bed: &Bed, service: &str, backend: &str) -> &'static str {
+    bed.xb.backend(service, backend).state_name()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_out_the_last_available_backend_needs_force() {
+    let bed = Bed::start(None).await;
+    let admin = bed.admin;
+    let post = |path: String| async move { call(admin, Method::POST, &path, None).await };
+    // `broken` has one backend (no health check: it counts as up).
+    for action in ["drain", "disable"] {
+        let a = post(format!("/api/backends/broken/gone/{action}")).await;
+        assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
+        let e = a.json()["error"].as_str().unwrap().to_string();
+        assert!(
+            e.contains(
+                "gone is the last available backend of service \"broken\" (its only backend)"
+            ) && e.contains(&format!("to {action} it leaves no backend"))
+                && e.contains("force=true")
+                && e.contains(&format!("crossbar backend {action} --force")),
+            "{e}"
+        );
+        assert_eq!(state(&bed, "broken", "gone"), "up");
+    }
+    let a = post("/api/backends/broken/gone/drain?force=true".into()).await;
+    assert_eq!(
+        (a.status, a.json()["state"].as_str()),
+        (StatusCode::OK, Some("drain"))
+    );
+    // Enabling is never refused; `force=false` is no force.
+    let a = post("/api/backends/broken/gone/enable".into()).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let a = post("/api/backends/broken/gone/disable?force=false".into()).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
+    let a = post("/api/backends/broken/gone/disable?force=maybe".into()).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    let a = post("/api/backends/broken/gone/disable?forse=1".into()).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    assert_eq!(state(&bed, "broken", "gone"), "up");
+
+    // Two backends: the first goes, the second is then the last one.
+    let a = post("/api/backends/plain/p1/drain".into()).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let a = post("/api/backends/plain/p2/disable".into()).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
+    assert!(
+        a.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("p2 is the last available backend of service \"plain\" (others: p1 drain)"),
+        "{}",
+        a.body
+    );
+    assert_eq!(state(&bed, "plain", "p2"), "up");
+    assert_eq!(bed.once("plain").await, "p2");
+    // Re-draining a backend already out of rotation is no loss.
+    let a = post("/api/backends/plain/p1/disable".into()).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let a = post("/api/backends/plain/p1/enable".into()).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let a = post("/api/backends/plain/p2/disable".into()).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(bed.once("plain").await, "p1");
+}
+
+/// A full TLS 1.3 handshake and one request from the loopback address `from`, with a
+/// fresh session cache; the backend that answered.
+async fn agent_from(bed: &Bed, from: std::net::IpAddr) -> String {
+    let cfg = testbed::client_config(&bed.ca, Versions::Tls13, true).unwrap();
+    let tcp = common::connect_from(from, bed.listen("puppet")).await;
+    let name = rustls::pki_types::ServerName::try_from(SNI).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let req = hyper::Request::get("/")
+        .header("host", SNI)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    driver.abort();
+    String::from_utf8_lossy(&body).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stick_entries_are_looked_up_and_deleted_by_client_and_by_key() {
+    let bed = Bed::start(None).await;
+    let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+        ("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap());
+    let on_a = agent_from(&bed, a).await;
+    let on_b = agent_from(&bed, b).await;
+    let table = |q: String| {
+        let admin = bed.admin;
+        async move { call(admin, Method::GET, &format!("/api/tables/puppet{q}"), None).await }
+    };
+    let delete = |q: &str| {
+        let (admin, path) = (bed.admin, format!("/api/tables/puppet?{q}"));
+        async move { call(admin, Method::DELETE, &path, None).await }
+    };
+
+    // By client: the resume hint each agent's full handshake left, on its backend.
+    for (ip, backend) in [(a, &on_a), (b, &on_b)] {
+        let v = table(format!("?client={ip}")).await.json();
+        assert_eq!(v["lookup"]["client"], ip.to_string(), "{v}");
+        assert_eq!(v["lookup"]["prefix"], format!("{ip}/32"), "{v}");
+        let entries = v["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{v}");
+        assert_eq!(entries[0]["kind"], "source", "{v}");
+        assert_eq!(entries[0]["backend"], backend.as_str(), "{v}");
+    }
+    let v = table("?client=127.0.0.9".into()).await.json();
+    assert_eq!(v["entries"], serde_json::json!([]), "{v}");
+    let a6 = table("?client=::ffff:127.0.0.2".into()).await.json();
+    assert_eq!(a6["entries"].as_array().unwrap().len(), 1, "{a6}");
+
+    // By key: an entry `table show` lists is found by its key alone.
+    let all = table(String::new()).await.json();
+    let before = all["stats"]["entries"].as_u64().unwrap();
+    // (A full TLS 1.3 handshake teaches the ticket-key prefix of the backend.)
+    let prefix = all["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "ticket_prefix")
+        .unwrap_or_else(|| panic!("no ticket_prefix entry: {all}"))
+        .clone();
+    let key = prefix["key"].as_str().unwrap().to_string();
+    let v = table(format!("?key={key}")).await.json();
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1, "{v}");
+    for field in ["kind", "key", "backend"] {
+        assert_eq!(v["entries"][0][field], prefix[field], "{v}");
+    }
+
+    // A typo on a DELETE is refused, not taken for "flush everything".
+    let typo = delete(&format!("kye={key}")).await;
+    assert_eq!(typo.status, StatusCode::BAD_REQUEST, "{}", typo.body);
+    let both = delete(&format!("key={key}&client={a}")).await;
+    assert_eq!(both.status, StatusCode::BAD_REQUEST, "{}", both.body);
+    assert_eq!(
+        table(String::new()).await.json()["stats"]["entries"],
+        before
+    );
+
+    // Deleting one entry by key removes it alone.
+    let d = delete(&format!("key={key}")).await;
+    assert_eq!(d.status, StatusCode::OK, "{}", d.body);
+    assert_eq!(d.json()["deleted"][0]["key"], key.as_str());
+    assert_eq!(d.json()["deleted"][0]["kind"], "ticket_prefix");
+    let v = table(format!("?key={key}")).await.json();
+    assert_eq!(v["entries"], serde_json::json!([]), "{v}");
+    assert_eq!(v["stats"]["entries"], before - 1);
+    let again = delete(&format!("key={key}")).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
+    assert!(again.json()["error"].as_str().unwrap().contains(&format!(
+        "no stick entry of service \"puppet\" for key {key}"
+    )));
+
+    // Deleting by client removes that client's entry, not the other's.
+    let d = delete(&format!("client={a}")).await;
+    assert_eq!(d.status, StatusCode::OK, "{}", d.body);
+    assert_eq!(d.json()["deleted"][0]["kind"], "source");
+    assert_eq!(d.json()["deleted"][0]["backend"], on_a.as_str());
+    let gone = table(format!("?client={a}")).await.json();
+    assert_eq!(gone["entries"], serde_json::json!([]), "{gone}");
+    let kept = table(format!("?client={b}")).await.json();
+    assert_eq!(kept["entries"].as_array().unwrap().len(), 1, "{kept}");
+    assert_eq!(kept["stats"]["entries"], before - 2);
+    let again = delete(&format!("client={a}")).await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND, "{}", again.body);
+    for q in [
+        "?key=xyz",
+        "?client=host",
+        "?client=127.0.0.2:80",
+        "?key=12",
+    ] {
+        assert_eq!(table(q.into()).await.status, StatusCode::BAD_REQUEST, "{q}");
+    }
+    // No table, no lookup.
+    let a = call(
+        bed.admin,
+        Method::GET,
+        "/api/tables/plain?client=127.0.0.1",
+        None,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+/// `GET /api/connections` with a query, as JSON.
+async fn open_connections(admin: SocketAddr, query: &str) -> Value {
+    let a = call(
+        admin,
+        Method::GET,
+        &format!("/api/connections{query}"),
+        None,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    a.json()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_are_listed_with_their_backend_and_bytes() {
+    use tokio::io::AsyncReadExt;
+    let echo = common::Backend::echo("e1", false).await;
+    let xb = Crossbar::start(&format!(
+        "admin: {{ enabled: false }}\ndefaults:\n  health: {{ check: none }}\n\
+         services:\n  raw:\n    mode: tcp\n    listen: [\"127.0.0.1:0\"]\n    backends:\n      \
+         - {{ name: e1, address: \"{}\" }}\n",
+        echo.addr
+    ))
+    .await;
+    let endpoint = xb.serve_admin(None).await;
+    let admin = endpoint.addr;
+    assert_eq!(open_connections(admin, "").await["total"], 0);
+
+    // Three connections; the first moves 1000 bytes each way.
+    let mut first = TcpStream::connect(xb.addr("raw")).await.unwrap();
+    let data = common::payload(1000, 7);
+    first.write_all(&data).await.unwrap();
+    let mut back = vec![0u8; data.len()];
+    first.read_exact(&mut back).await.unwrap();
+    assert_eq!(back, data);
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(xb.addr("raw")).await.unwrap();
+        s.write_all(b"x").await.unwrap();
+        let mut one = [0u8; 1];
+        s.read_exact(&mut one).await.unwrap();
+        others.push(s);
+    }
+    let local = first.local_addr().unwrap().to_string();
+    // The relay counts a byte just after writing it on: wait until the echo's last is.
+    let svc = xb.server.service("raw").unwrap();
+    common::wait_until("the echo counted", || {
+        let (oldest, _) = svc.connections.oldest(1, |_| true);
+        oldest[0]
+            .bytes
+            .s2c
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1000
+    })
+    .await;
+    let v = open_connections(admin, "?service=raw&limit=1").await;
+    assert_eq!(v["total"], 3, "{v}");
+    assert_eq!(v["limit"], 1, "{v}");
+    let list = v["connections"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{v}");
+    let c = &list[0];
+    // The oldest first: the one that moved the payload.
+    assert_eq!(c["client"], local.as_str(), "{v}");
+    assert_eq!(c["service"], "raw");
+    assert_eq!(c["backend"], "e1");
+    assert_eq!(c["state"], "relaying");
+    assert_eq!(c["bytes"]["client_to_server"], 1000, "{v}");
+    assert_eq!(c["bytes"]["server_to_client"], 1000, "{v}");
+    assert!(c["age_seconds"].is_u64() && c["since"].is_string(), "{v}");
+    let all = open_connections(admin, "").await;
+    assert_eq!(all["connections"].as_array().unwrap().len(), 3, "{all}");
+    assert_eq!(all["limit"], admin::DEFAULT_CONNECTIONS_LIMIT);
+    let mine = open_connections(admin, "?client=127.0.0.1").await;
+    assert_eq!(mine["total"], 3, "{mine}");
+    let none = open_connections(admin, "?client=127.0.0.9").await;
+    assert_eq!(
+        (
+            none["total"].as_u64(),
+            none["connections"].as_array().map(Vec::len)
+        ),
+        (Some(0), Some(0))
+    );
+    for q in ["?service=nope"] {
+        let a = call(admin, Method::GET, &format!("/api/connections{q}"), None).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{q}");
+    }
+    for q in ["?limit=0", "?backend=e1", "?client=x"] {
+        let a = call(admin, Method::GET, &format!("/api/connections{q}"), None).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{q}");
+    }
+
+    // Closed, it is gone (the others stay).
+    drop(first);
+    common::wait_until("the closed connection unlisted", || {
+        svc.connections.len() == 2
+    })
+    .await;
+    let v = open_connections(admin, "").await;
+    assert_eq!(v["total"], 2, "{v}");
+    assert!(
+        v["connections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["client"] != local.as_str()),
+        "{v}"
+    );
+    drop(others);
+    common::wait_until("every connection unlisted", || svc.connections.is_empty()).await;
+    assert_eq!(open_connections(admin, "").await["total"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_is_listed_on_the_backend_that_answers_it() {
+    let bed = Bed::start(None).await;
+    let mut held = Held::open(&bed, "plain").await;
+    let backend = held.who().await;
+    let v = open_connections(bed.admin, "?service=plain").await;
+    assert_eq!(v["total"], 1, "{v}");
+    let c = &v["connections"][0];
+    assert_eq!(c["backend"], backend.as_str(), "{v}");
+    assert_eq!(c["state"], "relaying", "{v}");
+    // At least the ClientHello went one way and a certificate the other.
+    assert!(
+        c["bytes"]["client_to_server"].as_u64().unwrap() > 200,
+        "{v}"
+    );
+    assert!(
+        c["bytes"]["server_to_client"].as_u64().unwrap() > 500,
+        "{v}"
+    );
+    assert_eq!(
+        open_connections(bed.admin, "?service=puppet").await["total"],
+        0
+    );
+    drop(held);
+    common::wait_until("the TLS connection unlisted", || {
+        bed.xb
+            .server
+            .service("plain")
+            .unwrap()
+            .connections
+            .is_empty()
+    })
+    .await;
+}
+
+/// A config file for the CLI's `-c`: its admin endpoint is `admin` (with the
+/// token file `token`, if any); its one service is never started.
+fn cli_config(dir: &Path, admin: SocketAddr, token: Option<&Path>) -> PathBuf {
+    let path = dir.join("cli.yaml");
+    let token = token.map_or(String::new(), |t| {
+        format!(", token_file: \"{}\"", t.display())
+    });
+    std::fs::write(
+        &path,
+        format!(
+            "admin: {{ listen: \"{admin}\"{token} }}\nservices:\n  s:\n    listen: [\"127.0.0.1:0\"]\n    \
+             backends:\n      - {{ name: a, address: \"127.0.0.1:1\" }}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_with_a_config_file_force_lookups_and_connections() {
+    let bed = Bed::start(Some("cli-token")).await;
+    let token = bed.token_file();
+    let file = cli_config(bed.xb.dir(), bed.admin, Some(&token));
+    let c = file.display().to_string();
+
+    // -c FILE: the address and the token come from the config.
+    let (ok, out, err) = cli(args(&["status", "-c", &c])).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("plain (tls, roundrobin)"), "{out}");
+    let (ok, out, err) = cli(args(&["backend", "drain", "plain/p1", "-c", &c])).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "plain/p1: drain (0 active connections)\n");
+
+    // The last available backend: refused, then done with --force.
+    let (ok, out, err) = cli(args(&["backend", "disable", "plain/p2", "-c", &c])).await;
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("409")
+            && err.contains(
+                "p2 is the last available backend of service \"plain\" (others: p1 drain)"
+            )
+            && err.contains("crossbar backend disable --force"),
+        "{err}"
+    );
+    assert_eq!(state(&bed, "plain", "p2"), "up");
+    let (ok, out, err) = cli(args(&[
+        "backend", "disable", "plain/p2", "--force", "-c", &c,
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "plain/p2: disabled (0 active connections)\n");
+    for b in ["p1", "p2"] {
+        let (ok, _, err) = cli(args(&[
+            "backend",
+            "enable",
+            &format!("plain/{b}"),
+            "-c",
+            &c,
+        ]))
+        .await;
+        assert!(ok, "{err}");
+    }
+    // --admin overrides the file (and nothing answers there).
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (ok, _, err) = cli(args(&[
+        "status",
+        "-c",
+        &c,
+        "--admin",
+        &format!("http://{dead}"),
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("nothing answers at http://{dead}")),
+        "{err}"
+    );
+    assert!(
+        err.contains("the address is the one given with --admin"),
+        "{err}"
+    );
+
+    // Stick entries by client and by key.
+    let on_a = agent_from(&bed, "127.0.0.2".parse().unwrap()).await;
+    let (ok, out, err) = cli(args(&[
+        "table",
+        "show",
+        "puppet",
+        "--client",
+        "127.0.0.2",
+        "-c",
+        &c,
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("puppet: client 127.0.0.2 (source prefix 127.0.0.2/32): 1 entry\n"),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("source "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[2], on_a, "{out}");
+    let key = cells[1].to_string();
+    assert!(
+        out.contains("crossbar connections --client 127.0.0.2"),
+        "{out}"
+    );
+    let (ok, out, err) = cli(args(&["table", "show", "puppet", "--key", &key, "-c", &c])).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("puppet: key {key}: 1 entry\n")),
+        "{out}"
+    );
+    let (ok, out, err) = cli(args(&[
+        "table", "delete", "puppet", "--key", &key, "-c", &c,
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("puppet: deleted source {key} ({on_a})\n"));
+    let (ok, out, err) = cli(args(&[
+        "table",
+        "show",
+        "puppet",
+        "--client",
+        "127.0.0.2",
+        "-c",
+        &c,
+    ]))
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains(": no entry\n"), "{out}");
+    let (ok, _, err) = cli(args(&[
+        "table",
+        "delete",
+        "puppet",
+        "--client",
+        "127.0.0.2",
+        "-c",
+        &c,
+    ]))
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("404") && err.contains("no stick entry"),
+        "{err}"
+    );
+
+    // Open connections.
+    let mut held = Held::open(&bed, "plain").await;
+    let backend = held.who().await;
+    let (ok, out, err) = cli(args(&["connections", "plain", "-c", &c])).await;
+    assert!(ok, "{err}");
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("1 open connection(s); showing the 1 oldest"),
+        "{out}"
+    );
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["SERVICE", "CLIENT", "BACKEND", "AGE", "C->S", "BYTES", "S->C", "BYTES", "STATE"]
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        (row[0], row[2], row[6]),
+        ("plain", backend.as_str(), "relaying"),
+        "{out}"
+    );
+    assert!(row[1].starts_with("127.0.0.1:"), "{out}");
+    let (ok, out, _) = cli(args(&["connections", "--json", "-c", &c])).await;
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["total"], 1, "{v}");
+    drop(held);
 }

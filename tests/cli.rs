@@ -313,3 +313,106 @@ fn check_prints_the_relay_of_every_service() {
         "{stdout}"
     );
 }
+
+/// An address nothing listens on (bound, then closed).
+fn dead_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("local addr")
+}
+
+/// When nothing answers at the admin address, the error says which address was
+/// tried, where it came from and how to point at another or check the service.
+#[test]
+fn admin_commands_say_where_the_address_came_from_when_nothing_answers() {
+    let dead = dead_addr();
+    let url = format!("http://{dead}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crossbar.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "admin: {{ listen: \"{dead}\" }}\nservices:\n  s:\n    listen: [\"127.0.0.1:0\"]\n    \
+             backends:\n      - {{ name: a, address: \"127.0.0.1:1\" }}\n"
+        ),
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_crossbar"));
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .env_remove("CROSSBAR_ADMIN")
+            .env_remove("CROSSBAR_TOKEN_FILE");
+        if let Some(e) = env {
+            cmd.env("CROSSBAR_ADMIN", e);
+        }
+        cmd.output().expect("running the crossbar binary")
+    };
+    let cases: [(&[&str], Option<&str>, String); 5] = [
+        (
+            &["status", "--admin", &url],
+            None,
+            "the one given with --admin".into(),
+        ),
+        (
+            &["connections"],
+            Some(&url),
+            "the one in CROSSBAR_ADMIN (environment)".into(),
+        ),
+        (
+            &["status", "-c", file],
+            None,
+            format!("admin.listen of {file}"),
+        ),
+        (
+            &["table", "show", "s", "-c", file],
+            None,
+            format!("admin.listen of {file}"),
+        ),
+        (
+            &["backend", "drain", "s/a", "--force", "-c", file],
+            None,
+            format!("admin.listen of {file}"),
+        ),
+    ];
+    for (args, env, from) in cases {
+        let out = run(args, env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "nothing answers at {url} (connection refused): is crossbar running?"
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("the address is {from}\n")),
+            "{args:?}: {stderr}"
+        );
+        for hint in [
+            "-c FILE",
+            "--admin http://HOST:PORT",
+            "CROSSBAR_ADMIN=",
+            "systemctl status crossbar",
+        ] {
+            assert!(stderr.contains(hint), "{args:?}: no {hint:?} in {stderr}");
+        }
+    }
+    // A config without an admin endpoint, or with errors, says so.
+    std::fs::write(&path, "admin: { enabled: false }\nservices:\n  s:\n    listen: [\"127.0.0.1:0\"]\n    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n").unwrap();
+    let out = run(&["status", "-c", file], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("disables the admin endpoint"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(&path, "services: {}\nbogus: 1\n").unwrap();
+    let out = run(&["status", "-c", file], None);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("bogus") && stderr.contains("give --admin"),
+        "{stderr}"
+    );
+}

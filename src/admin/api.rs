@@ -1,6 +1,8 @@
 //! The admin API's resources as JSON: services and backends, stick tables, backend
 //! state changes and reload. Pure functions of the running [`Server`], so the HTTP
 //! layer in `mod.rs` only routes and authorizes.
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -14,6 +16,8 @@ use crate::service::Service;
 
 /// Entries `GET /api/tables/{service}` returns without `?limit=`.
 pub const DEFAULT_TABLE_LIMIT: usize = 1000;
+/// Connections `GET /api/connections` returns without `?limit=` (the oldest).
+pub const DEFAULT_CONNECTIONS_LIMIT: usize = 100;
 /// Largest `?limit=`: the walk keeps a heap of this size and the answer is ~150 bytes
 /// an entry, so ~1.5 MB of JSON: enough to debug, small enough that an
 /// unauthenticated reader can't make crossbar build tens of MB per request.
@@ -39,6 +43,27 @@ pub enum ApiError {
     /// A query parameter is malformed or out of range.
     #[error("bad query: {0}")]
     BadQuery(String),
+    /// No stick entry matched the key or client to delete.
+    #[error("no stick entry of service {service:?} for {what}")]
+    NoEntry {
+        /// Service.
+        service: String,
+        /// `key K` or `client A (prefix P)`.
+        what: String,
+    },
+    /// Draining or disabling this backend would leave its service with no backend
+    /// available, and `force` was not given.
+    #[error("{backend} is the last available backend of service {service:?}{others}: to {action} it leaves no backend for new connections (every new client is refused: no_backend); add force=true to do it anyway (crossbar backend {action} --force)")]
+    LastBackend {
+        /// Service.
+        service: String,
+        /// Backend.
+        backend: String,
+        /// `drain` or `disable`.
+        action: &'static str,
+        /// The other backends and their states, `" (others: b2 down)"`, or `""`.
+        others: String,
+    },
     /// The configuration file could not be reloaded; the old one keeps running.
     #[error("reload failed, keeping the running configuration: {0}")]
     ReloadFailed(String),
@@ -54,8 +79,10 @@ impl ApiError {
         match self {
             ApiError::UnknownService(_)
             | ApiError::UnknownBackend { .. }
-            | ApiError::NoTable(_) => S::NOT_FOUND,
+            | ApiError::NoTable(_)
+            | ApiError::NoEntry { .. } => S::NOT_FOUND,
             ApiError::BadQuery(_) => S::BAD_REQUEST,
+            ApiError::LastBackend { .. } => S::CONFLICT,
             ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
             ApiError::Internal(_) => S::INTERNAL_SERVER_ERROR,
         }
@@ -81,6 +108,15 @@ impl Action {
             "enable" => Some(Action::Enable),
             "disable" => Some(Action::Disable),
             _ => None,
+        }
+    }
+
+    /// The path segment (`drain`, `enable`, `disable`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Drain => "drain",
+            Action::Enable => "enable",
+            Action::Disable => "disable",
         }
     }
 
@@ -256,56 +292,178 @@ fn stats(s: &crate::stick::TableStats) -> Value {
     })
 }
 
-/// Parse `limit=N` out of a query string; other parameters are refused so a typo
-/// is not silently ignored.
-pub fn table_limit(query: Option<&str>) -> Result<usize, ApiError> {
-    let mut limit = DEFAULT_TABLE_LIMIT;
+/// The parameters of a query string, `k=v` or bare `k` (value ""), each known
+/// (one of `allowed`) and given once: a typo is refused, not silently ignored
+/// (on a DELETE, ignoring it would flush the whole table).
+fn params<'q>(
+    query: Option<&'q str>,
+    allowed: &[&str],
+) -> Result<Vec<(&'q str, &'q str)>, ApiError> {
+    let mut seen: Vec<(&str, &str)> = Vec::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k != "limit" {
+        if !allowed.contains(&k) {
             return Err(ApiError::BadQuery(format!(
-                "unknown parameter {k:?} (only `limit`)"
+                "unknown parameter {k:?} (here: {})",
+                allowed.join(", ")
             )));
         }
-        limit = v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_TABLE_LIMIT).contains(n))
-            .ok_or_else(|| {
-                ApiError::BadQuery(format!(
-                    "limit must be an integer in 1..={MAX_TABLE_LIMIT}, got {v:?}"
-                ))
-            })?;
+        if seen.iter().any(|(s, _)| *s == k) {
+            return Err(ApiError::BadQuery(format!("{k:?} given twice")));
+        }
+        seen.push((k, v));
     }
-    Ok(limit)
+    Ok(seen)
 }
 
-/// `GET /api/tables/{service}`: the most recently used entries and the table's counters.
-pub fn table(server: &Server, name: &str, limit: usize) -> Result<Value, ApiError> {
+/// `limit=N`: an integer in 1..=`max`.
+fn limit_param(v: &str, max: usize) -> Result<usize, ApiError> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            ApiError::BadQuery(format!("limit must be an integer in 1..={max}, got {v:?}"))
+        })
+}
+
+/// `client=ADDR`: an IP address (a port after it is refused: entries and
+/// connections are looked up by address).
+fn client_param(v: &str) -> Result<IpAddr, ApiError> {
+    v.parse::<IpAddr>()
+        .map(|ip| ip.to_canonical())
+        .map_err(|_| ApiError::BadQuery(format!("client must be an IP address, got {v:?}")))
+}
+
+/// Which stick entries a table request is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// The entry with this key hash (the 16 hex digits `table show` prints).
+    Key(u64),
+    /// The source entry a client address falls under (`source` stickiness or the
+    /// resume hint); session, ticket and PSK entries keep no client address.
+    Client(IpAddr),
+}
+
+/// `GET /api/tables/{service}`'s parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableQuery {
+    /// Entries to return at most.
+    pub limit: usize,
+    /// Only these entries (else the most recently used).
+    pub pick: Option<Pick>,
+}
+
+/// Parse `key=HEX` or `client=ADDR` (at most one of them).
+fn pick(params: &[(&str, &str)]) -> Result<Option<Pick>, ApiError> {
+    let mut pick = None;
+    for (k, v) in params {
+        let p = match *k {
+            "key" => u64::from_str_radix(v, 16)
+                .ok()
+                .filter(|_| v.len() == 16 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+                .map(Pick::Key)
+                .ok_or_else(|| {
+                    ApiError::BadQuery(format!(
+                        "key must be the 16 hex digits `table show` prints, got {v:?}"
+                    ))
+                })?,
+            "client" => Pick::Client(client_param(v)?),
+            _ => continue,
+        };
+        if pick.replace(p).is_some() {
+            return Err(ApiError::BadQuery("give key or client, not both".into()));
+        }
+    }
+    Ok(pick)
+}
+
+/// Parse `GET /api/tables/{service}`'s query: `limit=N`, and `key=HEX` or
+/// `client=ADDR`; other parameters are refused.
+pub fn table_query(query: Option<&str>) -> Result<TableQuery, ApiError> {
+    let params = params(query, &["limit", "key", "client"])?;
+    let mut limit = DEFAULT_TABLE_LIMIT;
+    if let Some((_, v)) = params.iter().find(|(k, _)| *k == "limit") {
+        limit = limit_param(v, MAX_TABLE_LIMIT)?;
+    }
+    Ok(TableQuery {
+        limit,
+        pick: pick(&params)?,
+    })
+}
+
+/// Parse `DELETE /api/tables/{service}`'s query: nothing (flush the table), or
+/// `key=HEX` or `client=ADDR` (those entries only).
+pub fn delete_query(query: Option<&str>) -> Result<Option<Pick>, ApiError> {
+    pick(&params(query, &["key", "client"])?)
+}
+
+fn entry_json(e: &crate::stick::EntryView) -> Value {
+    json!({
+        "kind": e.kind.as_str(),
+        "key": e.hash_hex,
+        "backend": e.backend.as_deref(),
+        "age_seconds": e.age.as_secs(),
+        "expires_in_seconds": e.expires_in.as_secs(),
+    })
+}
+
+/// The entry a pick names, if any, and a description of what was asked
+/// (`key K` or `client A (prefix P)`); `remove` takes it out of the table.
+fn picked(
+    svc: &Service,
+    table: &crate::stick::StickTable,
+    pick: Pick,
+    remove: bool,
+) -> (Option<crate::stick::EntryView>, Value) {
+    let (hash, asked) = match pick {
+        Pick::Key(hash) => (hash, json!({ "key": format!("{hash:016x}") })),
+        Pick::Client(ip) => match svc.config.stick.as_ref() {
+            Some(cfg) => {
+                let (key, prefix) = crate::stick::source_key(table, cfg, ip);
+                (
+                    key.hash,
+                    json!({ "client": ip.to_string(), "prefix": prefix }),
+                )
+            }
+            None => return (None, json!({ "client": ip.to_string() })),
+        },
+    };
+    let found = if remove {
+        table.remove(hash)
+    } else {
+        table.entry(hash)
+    };
+    (found, asked)
+}
+
+/// `GET /api/tables/{service}`: the most recently used entries, or those a pick
+/// names, and the table's counters.
+pub fn table(server: &Server, name: &str, q: TableQuery) -> Result<Value, ApiError> {
     let svc = service(server, name)?;
     let table = svc
         .table
         .as_ref()
         .ok_or_else(|| ApiError::NoTable(name.to_string()))?;
-    let entries: Vec<Value> = table
-        .entries(limit)
-        .iter()
-        .map(|e| {
-            json!({
-                "kind": e.kind.as_str(),
-                "key": e.hash_hex,
-                "backend": e.backend.as_deref(),
-                "age_seconds": e.age.as_secs(),
-                "expires_in_seconds": e.expires_in.as_secs(),
-            })
-        })
-        .collect();
-    Ok(json!({
+    let (entries, asked): (Vec<Value>, Value) = match q.pick {
+        None => (
+            table.entries(q.limit).iter().map(entry_json).collect(),
+            Value::Null,
+        ),
+        Some(p) => {
+            let (found, asked) = picked(&svc, table, p, false);
+            (found.iter().map(entry_json).collect(), asked)
+        }
+    };
+    let mut v = json!({
         "service": name,
-        "limit": limit,
+        "limit": q.limit,
         "stats": stats(&table.stats()),
         "entries": entries,
-    }))
+    });
+    if !asked.is_null() {
+        v["lookup"] = asked;
+    }
+    Ok(v)
 }
 
 /// Table dumps built at a time: each walks the whole table and holds up to
@@ -317,30 +475,67 @@ static TABLE_DUMPS: Semaphore = Semaphore::const_new(1);
 pub async fn table_dump(
     server: Arc<Server>,
     name: String,
-    limit: usize,
+    q: TableQuery,
+) -> Result<String, ApiError> {
+    dump(move || table(&server, &name, q)).await
+}
+
+/// Build a walk's answer as JSON text on the blocking pool, one walk at a time
+/// ([`TABLE_DUMPS`]).
+async fn dump(
+    walk: impl FnOnce() -> Result<Value, ApiError> + Send + 'static,
 ) -> Result<String, ApiError> {
     let _turn = TABLE_DUMPS
         .acquire()
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     tokio::task::spawn_blocking(move || {
-        table(&server, &name, limit).map(|v| {
+        walk().map(|v| {
             let mut body = v.to_string();
             body.push('\n');
             body
         })
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("table dump: {e}")))?
+    .map_err(|e| ApiError::Internal(format!("dump: {e}")))?
 }
 
-/// `DELETE /api/tables/{service}`: remove every entry.
-pub fn flush(server: &Server, name: &str) -> Result<Value, ApiError> {
+/// `DELETE /api/tables/{service}`: remove every entry, or (with a pick) the one
+/// it names; a pick that names nothing is [`ApiError::NoEntry`].
+pub fn delete(server: &Server, name: &str, pick: Option<Pick>) -> Result<Value, ApiError> {
     let svc = service(server, name)?;
     let table = svc
         .table
         .as_ref()
         .ok_or_else(|| ApiError::NoTable(name.to_string()))?;
+    let Some(pick) = pick else {
+        return Ok(flush(name, table));
+    };
+    let (found, asked) = picked(&svc, table, pick, true);
+    let Some(e) = found else {
+        let what = match (&asked["key"], &asked["client"], &asked["prefix"]) {
+            (Value::String(k), _, _) => format!("key {k}"),
+            (_, Value::String(c), Value::String(p)) => format!("client {c} (prefix {p})"),
+            (_, Value::String(c), _) => format!("client {c}"),
+            _ => asked.to_string(),
+        };
+        return Err(ApiError::NoEntry {
+            service: name.to_string(),
+            what,
+        });
+    };
+    tracing::info!(
+        service = name,
+        kind = e.kind.as_str(),
+        key = e.hash_hex,
+        backend = e.backend.as_deref(),
+        "admin: stick entry deleted"
+    );
+    Ok(json!({ "service": name, "lookup": asked, "deleted": [entry_json(&e)] }))
+}
+
+/// Remove every entry of `table`.
+fn flush(name: &str, table: &crate::stick::StickTable) -> Value {
     let before = table.stats().entries;
     table.clear();
     tracing::info!(
@@ -348,15 +543,35 @@ pub fn flush(server: &Server, name: &str) -> Result<Value, ApiError> {
         entries = before,
         "admin: stick table flushed"
     );
-    Ok(json!({ "service": name, "flushed": before }))
+    json!({ "service": name, "flushed": before })
 }
 
+/// Parse `POST /api/backends/...`'s query: nothing, or `force` (`force=true`,
+/// `force=1`; `force=false` and `force=0` are the default).
+pub fn force_query(query: Option<&str>) -> Result<bool, ApiError> {
+    match params(query, &["force"])?.first() {
+        None => Ok(false),
+        Some((_, "" | "true" | "1")) => Ok(true),
+        Some((_, "false" | "0")) => Ok(false),
+        Some((_, v)) => Err(ApiError::BadQuery(format!(
+            "force must be true or false, got {v:?}"
+        ))),
+    }
+}
+
+/// Backend state changes, one at a time: two operators draining the last two
+/// backends at once must not both pass the last-backend check.
+static BACKEND_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `POST /api/backends/{service}/{backend}/{action}`: set the operator state.
+/// Draining or disabling the last available backend of the service is refused
+/// ([`ApiError::LastBackend`]) unless `force`; enabling never is.
 pub fn set_backend(
     server: &Server,
     name: &str,
     backend: &str,
     action: Action,
+    force: bool,
 ) -> Result<Value, ApiError> {
     let svc = service(server, name)?;
     let b = svc
@@ -366,6 +581,12 @@ pub fn set_backend(
             service: name.to_string(),
             backend: backend.to_string(),
         })?;
+    let _one_at_a_time = BACKEND_CHANGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !force && action != Action::Enable {
+        last_available(&svc, b, action)?;
+    }
     b.set_admin_state(action.state());
     tracing::info!(
         service = name,
@@ -379,6 +600,113 @@ pub fn set_backend(
         "state": b.state_name(),
         "active_connections": b.active(),
     }))
+}
+
+/// Refuse to take `b` out of rotation when it is the only available backend left.
+fn last_available(svc: &Service, b: &Backend, action: Action) -> Result<(), ApiError> {
+    let others: Vec<&Arc<Backend>> = svc
+        .pool
+        .backends
+        .iter()
+        .filter(|o| o.name != b.name)
+        .collect();
+    if !b.is_available() || others.iter().any(|o| o.is_available()) {
+        return Ok(());
+    }
+    let list: Vec<String> = others
+        .iter()
+        .map(|o| format!("{} {}", o.name, o.state_name()))
+        .collect();
+    Err(ApiError::LastBackend {
+        service: svc.name().to_string(),
+        backend: b.name.to_string(),
+        action: action.as_str(),
+        others: if list.is_empty() {
+            " (its only backend)".to_string()
+        } else {
+            format!(" (others: {})", list.join(", "))
+        },
+    })
+}
+
+/// `GET /api/connections`'s parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionsQuery {
+    /// Only this service's connections.
+    pub service: Option<String>,
+    /// Only connections from this client address.
+    pub client: Option<IpAddr>,
+    /// Connections to return at most (the oldest).
+    pub limit: usize,
+}
+
+/// Parse `GET /api/connections`'s query: `service=NAME`, `client=ADDR`, `limit=N`.
+pub fn connections_query(query: Option<&str>) -> Result<ConnectionsQuery, ApiError> {
+    let mut q = ConnectionsQuery {
+        service: None,
+        client: None,
+        limit: DEFAULT_CONNECTIONS_LIMIT,
+    };
+    for (k, v) in params(query, &["service", "client", "limit"])? {
+        match k {
+            "service" => q.service = Some(v.to_string()),
+            "client" => q.client = Some(client_param(v)?),
+            _ => q.limit = limit_param(v, MAX_TABLE_LIMIT)?,
+        }
+    }
+    Ok(q)
+}
+
+/// `GET /api/connections`: the oldest open connections (of a service, of a
+/// client), with their backend, age, bytes each way and state, and how many
+/// matched in all.
+pub fn connections(server: &Server, q: &ConnectionsQuery) -> Result<Value, ApiError> {
+    let services = match &q.service {
+        Some(name) => vec![service(server, name)?],
+        None => server.services(),
+    };
+    let keep = |c: &crate::connections::OpenConn| q.client.map_or(true, |ip| c.client.ip() == ip);
+    let mut total = 0;
+    let mut all = Vec::new();
+    for svc in &services {
+        let (list, matched) = svc.connections.oldest(q.limit, keep);
+        total += matched;
+        all.extend(list.into_iter().map(|c| (svc.name().to_string(), c)));
+    }
+    all.sort_by_key(|(_, c)| c.started);
+    all.truncate(q.limit);
+    let draining = server.is_draining();
+    let list: Vec<Value> = all
+        .iter()
+        .map(|(service, c)| {
+            let age = c.started.elapsed();
+            json!({
+                "service": service,
+                "client": c.client.to_string(),
+                "backend": &*c.backend,
+                "since": rfc3339(crate::connections::wall_clock(c.started)),
+                "age_seconds": age.as_secs(),
+                "state": if draining { "draining" } else { c.state() },
+                "bytes": {
+                    "client_to_server": c.bytes.c2s.load(Ordering::Relaxed),
+                    "server_to_client": c.bytes.s2c.load(Ordering::Relaxed),
+                },
+            })
+        })
+        .collect();
+    Ok(json!({
+        "limit": q.limit,
+        "total": total,
+        "connections": list,
+    }))
+}
+
+/// [`connections`] as JSON text, built on the blocking pool like table dumps.
+pub async fn connections_dump(
+    server: Arc<Server>,
+    q: ConnectionsQuery,
+) -> Result<String, ApiError> {
+    dump(move || connections(&server, &q)).await
 }
 
 /// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.
@@ -409,6 +737,55 @@ pub fn healthz(server: &Server) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn table_limit(q: Option<&str>) -> Result<usize, ApiError> {
+        table_query(q).map(|q| q.limit)
+    }
+
+    #[test]
+    fn picks() {
+        let q = |s| table_query(Some(s)).map(|q| q.pick);
+        assert_eq!(
+            q("key=00000000000000ff&limit=3").unwrap(),
+            Some(Pick::Key(255))
+        );
+        assert_eq!(
+            q("client=::ffff:10.1.2.3").unwrap(),
+            Some(Pick::Client("10.1.2.3".parse().unwrap()))
+        );
+        for bad in [
+            "key=ff",
+            "key=zz00000000000000",
+            "key=+00000000000000f",
+            "client=10.1.2.3:80",
+            "client=host",
+            "key=00000000000000ff&client=::1",
+            "limit=1&limit=2",
+        ] {
+            assert!(q(bad).is_err(), "{bad}");
+        }
+        assert_eq!(delete_query(None).unwrap(), None);
+        for bad in ["limit=3", "kye=00000000000000ff", "force"] {
+            assert!(delete_query(Some(bad)).is_err(), "{bad}");
+        }
+        assert!(force_query(Some("force")).unwrap());
+        assert!(force_query(Some("force=true")).unwrap());
+        assert!(!force_query(Some("force=0")).unwrap());
+        assert!(!force_query(None).unwrap());
+        assert!(force_query(Some("force=yes please")).is_err());
+        assert!(force_query(Some("forse")).is_err());
+        let c = connections_query(Some("service=puppet&client=127.0.0.2&limit=5")).unwrap();
+        assert_eq!(
+            (c.service.as_deref(), c.client, c.limit),
+            (Some("puppet"), Some("127.0.0.2".parse().unwrap()), 5)
+        );
+        assert_eq!(
+            connections_query(None).unwrap().limit,
+            DEFAULT_CONNECTIONS_LIMIT
+        );
+        assert!(connections_query(Some("limit=0")).is_err());
+        assert!(connections_query(Some("backend=b1")).is_err());
+    }
 
     #[test]
     fn limits() {

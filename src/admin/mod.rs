@@ -1,5 +1,6 @@
 //! The admin HTTP endpoint: the status page at `/`, `/metrics`, `/healthz` and the `/api` to inspect
-//! services, show and flush stick tables, drain/enable/disable backends and reload.
+//! services and open connections, show, look up and delete stick entries,
+//! drain/enable/disable backends and reload.
 //!
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
 //! header read timeout, then a timeout on the rest of the request, request bodies
@@ -34,7 +35,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use api::{Action, DEFAULT_TABLE_LIMIT, MAX_TABLE_LIMIT};
+pub use api::{Action, DEFAULT_CONNECTIONS_LIMIT, DEFAULT_TABLE_LIMIT, MAX_TABLE_LIMIT};
 pub use auth::{constant_time_eq, Secret, TokenError};
 pub use throttle::WARN_INTERVAL;
 
@@ -294,6 +295,14 @@ fn json_reply(status: StatusCode, v: &Value) -> Reply {
     reply(status, "application/json", body)
 }
 
+/// A JSON text already built, or the error.
+fn json_text(r: Result<String, api::ApiError>) -> Reply {
+    match r {
+        Ok(body) => reply(StatusCode::OK, "application/json", body),
+        Err(e) => error(e.status(), e),
+    }
+}
+
 fn error(status: StatusCode, msg: impl std::fmt::Display) -> Reply {
     json_reply(status, &json!({ "error": msg.to_string() }))
 }
@@ -305,6 +314,7 @@ enum Route<'a> {
     Metrics,
     Healthz,
     Services,
+    Connections,
     Table(&'a str),
     Backend(&'a str, &'a str, Action),
     Reload,
@@ -318,6 +328,7 @@ impl Route<'_> {
             ["metrics"] => Route::Metrics,
             ["healthz"] => Route::Healthz,
             ["api", "services"] => Route::Services,
+            ["api", "connections"] => Route::Connections,
             ["api", "tables", s] if !s.is_empty() => Route::Table(s),
             ["api", "backends", s, b, a] if !s.is_empty() && !b.is_empty() => {
                 Route::Backend(s, b, Action::parse(a)?)
@@ -511,17 +522,24 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
             }
         }
         Route::Services => Ok(api::services(server)),
-        Route::Table(s) if method == Method::DELETE => api::flush(server, s),
-        Route::Table(s) => {
-            return match api::table_limit(query) {
-                Ok(n) => match api::table_dump(server.clone(), s.to_string(), n).await {
-                    Ok(body) => reply(StatusCode::OK, "application/json", body),
-                    Err(e) => error(e.status(), e),
-                },
+        Route::Connections => {
+            return match api::connections_query(query) {
+                Ok(q) => json_text(api::connections_dump(server.clone(), q).await),
                 Err(e) => error(e.status(), e),
             }
         }
-        Route::Backend(s, b, a) => api::set_backend(server, s, b, a),
+        Route::Table(s) if method == Method::DELETE => {
+            api::delete_query(query).and_then(|pick| api::delete(server, s, pick))
+        }
+        Route::Table(s) => {
+            return match api::table_query(query) {
+                Ok(q) => json_text(api::table_dump(server.clone(), s.to_string(), q).await),
+                Err(e) => error(e.status(), e),
+            }
+        }
+        Route::Backend(s, b, a) => {
+            api::force_query(query).and_then(|force| api::set_backend(server, s, b, a, force))
+        }
         Route::Reload => api::reload(server).await,
     };
     match result {

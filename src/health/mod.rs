@@ -234,6 +234,7 @@ mod tests {
             pool,
             table: None,
             tasks: CancellationToken::new(),
+            connections: Default::default(),
         }
     }
 

@@ -29,8 +29,8 @@ pub async fn relay(
     hard_stop: &CancellationToken,
 ) -> RelayStats {
     let activity = Activity::new();
-    let c2s_meter = Meter::new(counters.c2s, &activity);
-    let s2c_meter = Meter::new(counters.s2c, &activity);
+    let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
+    let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
     let aborted = AtomicBool::new(false);
     let on_client = watch.as_mut().and_then(|w| w.on_client.take());
     let (end, abort) = {
@@ -188,6 +188,8 @@ mod tests {
         RelayCounters {
             c2s: &c.0,
             s2c: &c.1,
+            // A test relay's totals live as long as the test process.
+            conn: Box::leak(Box::default()),
         }
     }
 

@@ -14,6 +14,20 @@ pub struct RelayCounters<'a> {
     pub c2s: &'a IntCounter,
     /// Server -> client bytes.
     pub s2c: &'a IntCounter,
+    /// This connection's own totals, readable while the relay runs (the admin
+    /// API's list of open connections reads them).
+    pub conn: &'a ConnBytes,
+}
+
+/// One connection's bytes each way so far: the relay adds to them as it counts
+/// (one relaxed add on a line no other connection touches); anyone holding the
+/// connection's entry may read them while it runs.
+#[derive(Debug, Default)]
+pub struct ConnBytes {
+    /// Client -> server bytes.
+    pub c2s: AtomicU64,
+    /// Server -> client bytes.
+    pub s2c: AtomicU64,
 }
 
 /// Activity clock shared by both directions: milliseconds since `start` of the last byte.
@@ -43,20 +57,28 @@ impl Activity {
 }
 
 /// One direction's accounting, shared by its pumps (copy and splice): the
-/// backend's byte counter, the relay's own total for the direction, and the idle
+/// backend's byte counter, the connection's total for the direction (which may
+/// already hold bytes sent before the relay: the replayed hello), and the idle
 /// clock both directions share.
 pub(super) struct Meter<'a> {
     counter: &'a IntCounter,
-    total: AtomicU64,
+    total: &'a AtomicU64,
+    /// `total` when the relay started.
+    start: u64,
     activity: &'a Activity,
 }
 
 impl<'a> Meter<'a> {
-    /// A direction counting into `counter`, its activity on `activity`.
-    pub(super) fn new(counter: &'a IntCounter, activity: &'a Activity) -> Meter<'a> {
+    /// A direction counting into `counter` and `total`, its activity on `activity`.
+    pub(super) fn new(
+        counter: &'a IntCounter,
+        total: &'a AtomicU64,
+        activity: &'a Activity,
+    ) -> Meter<'a> {
         Meter {
             counter,
-            total: AtomicU64::new(0),
+            start: total.load(Ordering::Relaxed),
+            total,
             activity,
         }
     }
@@ -72,13 +94,13 @@ impl<'a> Meter<'a> {
         self.activity.touch();
     }
 
-    /// Bytes counted so far (the relay still running).
+    /// Bytes this relay counted so far (the relay still running).
     pub(super) fn moved(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
+        self.total.load(Ordering::Relaxed).wrapping_sub(self.start)
     }
 
-    /// Every byte counted.
+    /// Every byte this relay counted.
     pub(super) fn total(self) -> u64 {
-        self.total.into_inner()
+        self.moved()
     }
 }

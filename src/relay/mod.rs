@@ -32,7 +32,7 @@ mod splice;
 pub use copy::Watch;
 pub use drive::relay;
 pub use ending::{Abort, Ending, Peer};
-pub use meter::RelayCounters;
+pub use meter::{ConnBytes, RelayCounters};
 pub use outcome::{RelayEnd, RelayStats};
 pub use plan::{plan, RelayPlan};
 

@@ -45,7 +45,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use policy::{
-    learn_when, BackendIndex, LearnWhen, Placement, StickMetrics, Sticking, RESUME_HINT_TTL,
+    learn_when, source_key, BackendIndex, LearnWhen, Placement, StickMetrics, Sticking,
+    RESUME_HINT_TTL,
 };
 pub use state_file::{describe as describe_file_type, StateFileError};
 pub use table::StickTable;

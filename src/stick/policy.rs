@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::{KeyKind, StickTable};
+use super::{KeyKind, StickKey, StickTable};
 use crate::config::{StickConfig, StickOn};
 use crate::hello::{self, ClientHelloInfo, ServerHandshake};
 
@@ -295,6 +295,26 @@ pub fn source_bytes(config: &StickConfig, ip: IpAddr) -> Vec<u8> {
         IpAddr::V4(a) => mask(&a.octets(), config.source_prefix_v4),
         IpAddr::V6(a) => mask(&a.octets(), config.source_prefix_v6),
     }
+}
+
+/// The source entry (`source` stickiness or the resume hint) a client address
+/// falls under: its key, and the prefix it covers (`10.1.2.0/24`; every client of
+/// the prefix shares the entry).
+pub fn source_key(table: &StickTable, config: &StickConfig, ip: IpAddr) -> (StickKey, String) {
+    let ip = ip.to_canonical();
+    let bytes = source_bytes(config, ip);
+    let (net, bits) = match ip {
+        IpAddr::V4(_) => (
+            <[u8; 4]>::try_from(bytes.as_slice()).map(IpAddr::from),
+            config.source_prefix_v4,
+        ),
+        IpAddr::V6(_) => (
+            <[u8; 16]>::try_from(bytes.as_slice()).map(IpAddr::from),
+            config.source_prefix_v6,
+        ),
+    };
+    let prefix = format!("{}/{bits}", net.unwrap_or(ip));
+    (table.key(KeyKind::Source, &bytes), prefix)
 }
 
 /// Does the client offer TLS 1.3? (Then its legacy session ID is random, not state.)

@@ -313,6 +313,47 @@ impl StickTable {
             .collect()
     }
 
+    /// The unexpired entry whose key hash is `hash` (as `entries` shows it), if any.
+    /// Does not refresh it.
+    pub fn entry(&self, hash: u64) -> Option<EntryView> {
+        let now = self.now();
+        let e = self.map.get(&hash)?;
+        if e.idle(now) > self.ttl_of(e.kind) {
+            return None;
+        }
+        self.view(now, hash, &e)
+    }
+
+    /// Remove the entry whose key hash is `hash`; what it was, if it was there and
+    /// unexpired. The client it held then lands wherever balancing puts it.
+    pub fn remove(&self, hash: u64) -> Option<EntryView> {
+        let now = self.now();
+        let (_, e) = self.map.remove(&hash)?;
+        self.count.fetch_sub(1, Relaxed);
+        if e.idle(now) > self.ttl_of(e.kind) {
+            self.expired.fetch_add(1, Relaxed);
+            return None;
+        }
+        self.view(now, hash, &e)
+    }
+
+    /// An entry as the admin API shows it.
+    fn view(&self, now: u32, hash: u64, e: &Entry) -> Option<EntryView> {
+        let last_used = e.last_used.load(Relaxed);
+        let ttl = self.ttl_of(e.kind);
+        Some(EntryView {
+            kind: KeyKind::from_code(e.kind)?,
+            hash_hex: format!("{hash:016x}"),
+            backend: if e.is_shared() {
+                None
+            } else {
+                self.backends.name(e.backend)
+            },
+            age: secs(now.saturating_sub(e.learned)),
+            expires_in: secs(ttl.saturating_sub(now.saturating_sub(last_used))),
+        })
+    }
+
     /// Move the test clock forward (expiry tests without sleeping).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn advance_clock(&self, by: Duration) {
@@ -573,6 +614,29 @@ mod tests {
 
     fn queue_len(t: &StickTable) -> usize {
         t.lock_queue().records.len()
+    }
+
+    #[test]
+    fn one_entry_is_found_and_removed_by_its_hash() {
+        let t = learned(table(16), 0..3, "b1");
+        let key = sid(&t, 1);
+        let shown = t.entry(key.hash).expect("entry 1");
+        assert_eq!(shown.hash_hex, format!("{:016x}", key.hash));
+        assert_eq!(
+            (shown.kind, shown.backend.as_deref()),
+            (KeyKind::SessionId, Some("b1"))
+        );
+        assert!(t.entries(16).contains(&shown));
+        assert_eq!(t.remove(key.hash), Some(shown));
+        assert_eq!((t.entry(key.hash), t.remove(key.hash)), (None, None));
+        assert_eq!(hit(&t, &key), None);
+        assert_eq!(t.stats().entries, 2);
+        assert_eq!(hit(&t, &sid(&t, 2)), Some("b1".into()));
+        // An expired entry is not shown; removing it counts it as expired.
+        t.advance_clock(EXPIRE + Duration::from_secs(2));
+        let k0 = sid(&t, 0);
+        assert_eq!((t.entry(k0.hash), t.remove(k0.hash)), (None, None));
+        assert_eq!((t.stats().entries, t.stats().expired), (1, 1));
     }
 
     #[rstest]
