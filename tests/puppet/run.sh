@@ -7,10 +7,10 @@
 # Environment:
 #   CROSSBAR_BIN   crossbar binary (default target/release/crossbar; built if missing)
 #   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
-#   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent
-#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|file|certs|jdk|serverlist|sni|failover)
+#   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent/puppetdb
+#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|file|certs|jdk|serverlist|sni|exported|failover)
 #
-# Topology (at most 2 JVMs; see docs/puppet.md "Verified with"):
+# Topology (2 puppetserver JVMs and a PuppetDB JVM (-Xmx256m); docs/puppet.md "Verified with"):
 #   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
 #   ca2 (127.0.0.22:8140) hot-standby CA (rsync copy of ca1's cadir) + compile 2 + files 2
 #   crossbar VIPs: puppet 127.0.0.10, puppetca 127.0.0.11, puppetfiles 127.0.0.12 (:8140),
@@ -23,6 +23,14 @@
 #     lacking the service names, for `crossbar doctor`'s error
 #   agents a1..aN: own confdir/ssldir/vardir, sourceaddress 127.0.0.10N
 #   JDK clients (tests/puppet/JdkResume.java): all from 127.0.0.150
+#   pdb1 (127.0.0.31:8081): a real PuppetDB (Debian's puppetdb 7, PostgreSQL 15), its
+#     certificate from the Puppet CA; the masters' terminus (puppet-terminus-puppetdb:
+#     facts, catalogs, reports, storeconfigs) reaches it through a crossbar whose
+#     `puppetdb` service (conf/puppet.yaml's preset) listens on puppetdb.xb.test:8081
+#   lb (agent lb.xb.test): applies packaging/puppet/crossbar, which collects the
+#     `@@crossbar::backend`s the masters' own agent runs exported and writes the config
+#     of a third crossbar (puppetlb.xb.test, 127.0.0.16:8140), reloaded with
+#     `crossbar reload -c` (the unit's ExecReload; no systemd here)
 # Prints "PASS name: figures" / "FAIL name: why" per check, then "N passed, M failed".
 # Exit status: 0 when every check passed, 1 otherwise, 2 on a setup error.
 
@@ -37,15 +45,23 @@ VIP_FILES=127.0.0.12
 VIP_SNI=127.0.0.13
 VIP_DOWN=127.0.0.14
 VIP_PDB=127.0.0.15
+VIP_LB=127.0.0.16
+IP_PDB1=127.0.0.31
 IP_COMPILE3=127.0.0.23
 IP_CA1=127.0.0.21
 IP_CA2=127.0.0.22
 ADMIN_PORT=19140
 ADMIN_SNI_PORT=19141
 ADMIN_DOWN_PORT=19142
+ADMIN_PDB_PORT=19143
+ADMIN_LB_PORT=19144
 ADMIN=http://127.0.0.1:$ADMIN_PORT
 ADMIN_SNI=http://127.0.0.1:$ADMIN_SNI_PORT
 ADMIN_DOWN=http://127.0.0.1:$ADMIN_DOWN_PORT
+ADMIN_PDB=http://127.0.0.1:$ADMIN_PDB_PORT
+ADMIN_LB=http://127.0.0.1:$ADMIN_LB_PORT
+PG_CLUSTER="15 main"
+PDB_DB=xb_e2e_pdb
 # An agent must give up on a balancer that holds a connection only after
 # http_connect_timeout (Puppet's default: 2 minutes); the server_list failover
 # must finish well before that: under half of it.
@@ -68,6 +84,7 @@ PASSED=0
 FAILED=0
 declare -A PIDS=()        # name -> pid of what this script started
 CREATED_FACTER=0
+STARTED_PG=0
 W=""
 
 log() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
@@ -101,6 +118,10 @@ cleanup() {
     for n in "${!PIDS[@]}"; do stop_pid "$n"; done
     hosts_remove
     [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
+    if [ "$STARTED_PG" = 1 ]; then
+        # shellcheck disable=SC2086
+        pg_ctlcluster $PG_CLUSTER stop >/dev/null 2>&1
+    fi
     if [ -n "$W" ] && [ -d "$W" ]; then
         if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
     fi
@@ -122,6 +143,8 @@ hosts_write() { # mode: vip | sni
         echo "$f puppetfiles.$DOMAIN"
         echo "$VIP_DOWN puppetdown.$DOMAIN"
         echo "$VIP_PDB puppetdb.$DOMAIN"
+        echo "$VIP_LB puppetlb.$DOMAIN"
+        echo "$IP_PDB1 pdb1.$DOMAIN"
         echo "$IP_CA1 ca1.$DOMAIN"
         echo "$IP_CA2 ca2.$DOMAIN"
         echo "$HOSTS_END"
@@ -168,7 +191,13 @@ logdir = $d/log
 codedir = $W/code
 cadir = $d/ca
 autosign = $d/etc/autosign.conf
+# PuppetDB (puppet-terminus-puppetdb), reached through crossbar's puppetdb service
+storeconfigs = true
+storeconfigs_backend = puppetdb
+reports = puppetdb
 EOF
+    printf '[main]\nserver_urls = https://puppetdb.%s:8081\nsoft_write_failure = false\n' "$DOMAIN" > "$d/etc/puppetdb.conf"
+    printf -- '---\nserver:\n  facts:\n    terminus: puppetdb\n    cache: yaml\nmaster:\n  facts:\n    terminus: puppetdb\n    cache: yaml\n' > "$d/etc/routes.yaml"
     echo "*.$DOMAIN" > "$d/etc/autosign.conf"
     chmod 644 "$d/etc/autosign.conf"
     cat > "$d/conf.d/webserver.conf" <<EOF
@@ -288,14 +317,113 @@ agent_run() { # name [extra args]; prints the exit code, log into agents/NAME/ru
     echo $?
 }
 
+# ------------------------------------------------------------- PuppetDB
+pg_setup() { # the cluster started if it was down; a fresh database and user for pdb1
+    # shellcheck disable=SC2086
+    if ! pg_lsclusters -h | awk '{print $1, $2, $4}' | grep -q "^$PG_CLUSTER online"; then
+        pg_ctlcluster $PG_CLUSTER start || return 1
+        STARTED_PG=1
+    fi
+    PDB_PASS=$(openssl rand -hex 12)
+    runuser -u postgres -- psql -q -v ON_ERROR_STOP=1 <<EOF || return 1
+SET client_min_messages = warning;
+DROP DATABASE IF EXISTS $PDB_DB;
+DROP ROLE IF EXISTS $PDB_DB;
+CREATE ROLE $PDB_DB LOGIN PASSWORD '$PDB_PASS';
+CREATE DATABASE $PDB_DB OWNER $PDB_DB;
+\\c $PDB_DB
+CREATE EXTENSION pg_trgm;
+EOF
+}
+pdb_conf() { # pdb1: its own config dir, TLS only, a certificate from the Puppet CA
+    local d=$W/pdb1
+    mkdir -p "$d"/{conf.d,var,log}
+    cp /etc/puppetdb/conf.d/auth.conf "$d/conf.d/"
+    cat > "$d/conf.d/config.ini" <<EOF
+[global]
+vardir = $d/var
+logging-config = $d/logback.xml
+[command-processing]
+threads = 1
+EOF
+    cat > "$d/conf.d/database.ini" <<EOF
+[database]
+subname = //127.0.0.1:5432/$PDB_DB
+username = $PDB_DB
+password = $PDB_PASS
+EOF
+    cat > "$d/conf.d/jetty.ini" <<EOF
+[jetty]
+ssl-host = $IP_PDB1
+ssl-port = 8081
+ssl-key = $d/ssl/private_keys/pdb1.$DOMAIN.pem
+ssl-cert = $d/ssl/certs/pdb1.$DOMAIN.pem
+ssl-ca-cert = $W/ca.pem
+access-log-config = $d/request-logging.xml
+EOF
+    cat > "$d/logback.xml" <<EOF
+<configuration>
+  <appender name="F" class="ch.qos.logback.core.FileAppender">
+    <file>$d/log/puppetdb.log</file>
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5p [%c{2}] %m%n</pattern></encoder>
+  </appender>
+  <root level="info"><appender-ref ref="F"/></root>
+</configuration>
+EOF
+    cat > "$d/request-logging.xml" <<EOF
+<configuration debug="false">
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>$d/log/access.log</file>
+    <encoder><pattern>%h %l %u [%t] "%r" %s %b %D</pattern></encoder>
+  </appender>
+  <appender-ref ref="FILE"/>
+</configuration>
+EOF
+}
+pdb_start() {
+    local d=$W/pdb1
+    printf 0 > "$d/restart"
+    java -Xmx256m -XX:+UseSerialGC -cp /usr/share/puppetdb/puppetdb.jar clojure.main \
+        -m puppetlabs.puppetdb.core services --config "$d/conf.d" \
+        --bootstrap-config /etc/puppetdb/bootstrap.cfg --restart-file "$d/restart" \
+        > "$d/log/stdout.log" 2>&1 &
+    PIDS[pdb1]=$!
+}
+pdb_wait() { # until /status/v1/simple says running on pdb1 itself
+    local d=$W/pdb1 end=$(( $(date +%s) + JVM_START_TIMEOUT ))
+    while [ "$(date +%s)" -lt $end ]; do
+        kill -0 "${PIDS[pdb1]}" 2>/dev/null || { tail -20 "$d/log/stdout.log" "$d/log/puppetdb.log" >&2; return 1; }
+        if [ "$(head -c1 "$d/restart" 2>/dev/null)" = 1 ] &&
+           [ "$(curl -s --max-time 5 --cacert "$W/ca.pem" --cert "$LB_CERT" --key "$LB_KEY" \
+                "https://pdb1.$DOMAIN:8081/status/v1/simple")" = running ]; then
+            return 0
+        fi
+        sleep 1
+    done
+    return 1
+}
+pdb_query() { # PATH [curl args]: a PuppetDB query through crossbar's puppetdb VIP, with ca1's certificate
+    local p=$1; shift
+    curl -s --max-time 30 --cacert "$W/ca.pem" --cert "$W/ca1/ssl/certs/ca1.$DOMAIN.pem" \
+        --key "$W/ca1/ssl/private_keys/ca1.$DOMAIN.pem" "https://puppetdb.$DOMAIN:8081$p" "$@"
+}
+pdb_count() { # PATH [curl args]: how many results (an object counts 1 if it names a certname)
+    pdb_query "$@" | ruby -rjson -e 'd = JSON.parse($stdin.read) rescue (puts 0; exit)
+        puts(d.is_a?(Array) ? d.size : (d.is_a?(Hash) && d["certname"] ? 1 : 0))'
+}
+
 # ================================================================== setup
 [ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
-if ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ]; then
-    [ "${NO_INSTALL:-0}" = 1 ] && die "puppetserver/puppet-agent not installed"
-    log "installing puppetserver puppet-agent"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y puppetserver puppet-agent rsync >/dev/null 2>&1 ||
-        { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y puppetserver puppet-agent rsync >/dev/null 2>&1; } ||
-        die "apt-get install puppetserver puppet-agent failed"
+PKGS="puppetserver puppet-agent rsync puppetdb postgresql puppet-terminus-puppetdb puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-concat"
+if ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ] ||
+   [ ! -f /usr/share/puppetdb/puppetdb.jar ] || ! command -v pg_ctlcluster >/dev/null ||
+   [ ! -f /usr/lib/ruby/vendor_ruby/puppet/indirector/catalog/puppetdb.rb ] || [ ! -d /usr/share/puppet/modules/concat ]; then
+    [ "${NO_INSTALL:-0}" = 1 ] && die "not installed: some of $PKGS"
+    log "installing $PKGS"
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y $PKGS >/dev/null 2>&1 ||
+        { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y $PKGS >/dev/null 2>&1; } ||
+        die "apt-get install $PKGS failed"
 fi
 if [ ! -x "$CROSSBAR" ]; then
     log "building crossbar"; (cd "$ROOT" && cargo build --release >/dev/null 2>&1) || die "cargo build failed"
@@ -309,6 +437,10 @@ fi
 
 W=$(mktemp -d /tmp/crossbar-puppet.XXXXXX)
 chmod 755 "$W"
+# PuppetDB asks every client for a certificate (client-auth need): crossbar's health
+# check and this script present the balancer node's (lb.$DOMAIN, from the Puppet CA)
+LB_CERT=$W/agents/lb/ssl/certs/lb.$DOMAIN.pem
+LB_KEY=$W/agents/lb/ssl/private_keys/lb.$DOMAIN.pem
 javac -d "$W/java" "$ROOT/tests/puppet/JdkResume.java" > "$W/javac.log" 2>&1 || { cat "$W/javac.log" >&2; die "javac JdkResume.java"; }
 log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
 hosts_write vip
@@ -324,10 +456,49 @@ node default {
     source => 'puppet://puppetfiles.$DOMAIN/modules/demo/hello.txt',
   }
 }
+# the compile servers' own agent runs export themselves (stored in PuppetDB)
+node /^ca[12]\\.$DOMAIN\$/ {
+  @@crossbar::backend { "puppet/\${trusted['hostname']}":
+    address => "\${trusted['certname']}:8140",
+    tag     => 'xb-e2e',
+  }
+}
+# the balancer: the module collects them and writes (and checks) crossbar's config
+node 'lb.$DOMAIN' {
+  class { 'crossbar':
+    manage_package => false,
+    manage_service => false, # no systemd here: the test reloads with crossbar reload -c
+    config_file    => '$W/lb/crossbar.yaml',
+    config_group   => 'root',
+    binary         => '$CROSSBAR',
+    admin          => { 'listen' => '127.0.0.1:$ADMIN_LB_PORT' },
+    defaults       => {
+      'timeouts' => { 'shutdown' => '5s' },
+      'health'   => {
+        'check' => 'https', 'ca_file' => '$W/ca.pem', 'interval' => '1s', 'timeout' => '3s', 'rise' => 2, 'fall' => 2,
+      },
+    },
+    services       => {
+      'puppet' => {
+        'preset'  => 'puppet',
+        'listen'  => ['$VIP_LB:8140'],
+        'names'   => ['puppetlb.$DOMAIN'],
+        'balance' => 'roundrobin', # spreads the test's few agents over the pool
+        'stick'   => { 'on' => ['session_id', 'ticket', 'psk'] },
+        'health'  => { 'server_name' => 'puppetlb.$DOMAIN' },
+      },
+    },
+    collect_tag    => 'xb-e2e',
+  }
+}
 EOF
+# the module under test, with stdlib and concat from Debian
+cp -r "$ROOT/packaging/puppet/crossbar" /usr/share/puppet/modules/stdlib /usr/share/puppet/modules/concat \
+    "$W/code/environments/production/modules/"
+mkdir -p "$W/lb"
 chmod -R a+rX "$W/code"
 
-ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN"
+ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN,puppetlb.$DOMAIN"
 master_conf ca1 $IP_CA1 "ca1.$DOMAIN" "$ALT,ca1.$DOMAIN"
 master_conf ca2 $IP_CA2 "ca2.$DOMAIN" "$ALT,ca2.$DOMAIN"
 # primary CA, offline: root + intermediate, ca1's host cert with every service name
@@ -345,6 +516,22 @@ cp "$W/ca1/ssl/certs/compile3.$DOMAIN.pem" "$W/compile3/cert.pem" &&
     cp "$W/ca1/ssl/private_keys/compile3.$DOMAIN.pem" "$W/compile3/key.pem" ||
     die "compile3 certificate not where expected"
 echo running > "$W/compile3/status/v1/simple"
+# pdb1 (PuppetDB: dialed as puppetdb.$DOMAIN through crossbar) and the balancer node lb
+puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "pdb1.$DOMAIN" \
+    --subject-alt-names "puppetdb.$DOMAIN,pdb1.$DOMAIN" > "$W/ca1/log/ca-generate-pdb1.log" 2>&1 ||
+    { cat "$W/ca1/log/ca-generate-pdb1.log" >&2; die "ca generate pdb1"; }
+puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "lb.$DOMAIN" \
+    > "$W/ca1/log/ca-generate-lb.log" 2>&1 || { cat "$W/ca1/log/ca-generate-lb.log" >&2; die "ca generate lb"; }
+for n in pdb1 lb; do
+    case $n in pdb1) dst=$W/pdb1/ssl ;; lb) dst=$W/agents/lb/ssl ;; esac
+    mkdir -p "$dst/"{certs,private_keys}
+    mv "$W/ca1/ssl/certs/$n.$DOMAIN.pem" "$dst/certs/" && mv "$W/ca1/ssl/private_keys/$n.$DOMAIN.pem" "$dst/private_keys/" ||
+        die "$n certificate not where expected"
+    rm -f "$W/ca1/ssl/public_keys/$n.$DOMAIN.pem"
+    chmod 600 "$dst/private_keys/$n.$DOMAIN.pem"
+    cp "$W/ca1/ssl/certs/ca.pem" "$dst/certs/"
+    cp "$W/ca1/ssl/crl.pem" "$dst/"
+done
 mkdir -p "$W/ca2/ssl/"{certs,private_keys,public_keys}
 mv "$W/ca1/ssl/certs/ca2.$DOMAIN.pem" "$W/ca2/ssl/certs/"
 mv "$W/ca1/ssl/private_keys/ca2.$DOMAIN.pem" "$W/ca2/ssl/private_keys/"
@@ -354,15 +541,20 @@ cp "$W/ca1/ssl/crl.pem" "$W/ca2/ssl/"
 # hot standby: an rsync copy of the primary's cadir, made before it first starts
 rsync -a --delete "$W/ca1/ca/" "$W/ca2/ca/"
 cp "$W/ca1/ssl/certs/ca.pem" "$W/ca.pem"
-log "site built; starting ca1 and ca2 JVMs"
+pg_setup || die "PostgreSQL: cluster $PG_CLUSTER or database $PDB_DB"
+pdb_conf
+log "site built; starting ca1, ca2 and pdb1 (PuppetDB) JVMs"
 
 jvm_start ca1
 jvm_start ca2
+pdb_start
 T_JVM=$(date +%s)
 jvm_wait ca1 $IP_CA1 || die "ca1 did not start within ${JVM_START_TIMEOUT}s (log: $W/ca1/log)"
 jvm_wait ca2 $IP_CA2 || die "ca2 did not start within ${JVM_START_TIMEOUT}s (log: $W/ca2/log)"
 JVM_SECS=$(( $(date +%s) - T_JVM ))
-log "both masters running after ${JVM_SECS}s"
+pdb_wait || die "pdb1 did not start within ${JVM_START_TIMEOUT}s (log: $W/pdb1/log)"
+PDB_SECS=$(( $(date +%s) - T_JVM ))
+log "both masters running after ${JVM_SECS}s, PuppetDB after ${PDB_SECS}s"
 
 # ------------------------------------------------------- crossbar configs
 HEALTH="check: https, path: /status/v1/simple, expect_status: 200, expect_body: running, ca_file: $W/ca.pem, interval: 1s, timeout: 3s, rise: 2, fall: 2"
@@ -473,7 +665,32 @@ services:
       - { name: compile1, address: "ca1.$DOMAIN:8140" }
       - { name: compile3, address: "$IP_COMPILE3:8140" }
 EOF
-for f in crossbar crossbar-sni crossbar-down doctor-compile3; do
+cat > "$W/crossbar-pdb.yaml" <<EOF
+# conf/puppet.yaml's puppetdb preset in front of the real PuppetDB: the masters'
+# terminus (Puppet Server's JDK client) dials puppetdb.$DOMAIN:8081
+admin:
+  listen: 127.0.0.1:$ADMIN_PDB_PORT
+services:
+  puppetdb:
+    listen: ["$VIP_PDB:8081"]
+    names: ["puppetdb.$DOMAIN"]
+    balance: leastconn
+    stick: { on: [session_id, ticket, psk], expire: 30m }
+    health:
+      check: https
+      path: /status/v1/simple
+      ca_file: $W/ca.pem
+      client_cert: $LB_CERT             # PuppetDB wants a client certificate
+      client_key: $LB_KEY
+      server_name: puppetdb.$DOMAIN
+      interval: 1s
+      timeout: 3s
+      rise: 2
+      fall: 2
+    backends:
+      - { name: pdb1, address: "pdb1.$DOMAIN:8081" }
+EOF
+for f in crossbar crossbar-sni crossbar-down doctor-compile3 crossbar-pdb; do
     "$CROSSBAR" check -c "$W/$f.yaml" > "$W/$f.check" 2>&1 || { cat "$W/$f.check" >&2; die "crossbar check $f.yaml"; }
 done
 "$CROSSBAR" run -c "$W/crossbar.yaml" > "$W/crossbar.log" 2>&1 &
@@ -483,6 +700,10 @@ curl -sf --max-time 2 "$ADMIN/healthz" >/dev/null || die "crossbar did not come 
 for b in "puppetca ca1" "puppetca ca2" "puppet compile1" "puppet compile2" "puppetdb pdb1" "puppetdb pdb2"; do
     wait_state $b up 20 || die "crossbar: $b not up: $(state $b) (log: $W/crossbar.log)"
 done
+"$CROSSBAR" run -c "$W/crossbar-pdb.yaml" > "$W/crossbar-pdb.log" 2>&1 &
+PIDS[crossbar_pdb]=$!
+for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN_PDB/healthz" >/dev/null && break; sleep 0.2; done
+MURL=$ADMIN_PDB wait_state puppetdb pdb1 up 20 || die "crossbar-pdb: pdb1 not up (log: $W/crossbar-pdb.log)"
 log "crossbar up; setup took $(( $(date +%s) - T0 ))s"
 [ "${STOP_AFTER:-}" = setup ] && exit 0
 
@@ -726,6 +947,103 @@ fi
 stop_pid crossbar_sni
 [ "${STOP_AFTER:-}" = sni ] && exit
 
+# 6b. PuppetDB behind crossbar, and the Puppet module on a balancer node: pools from
+# exported resources
+# - the masters' terminus stored every node's facts, catalog and reports through
+#   crossbar's puppetdb service
+pq_nodes=$(pdb_query /pdb/query/v4/nodes | ruby -rjson -e 'puts JSON.parse($stdin.read).map { |n| n["certname"] }.sort.join(" ")' 2>&1)
+pq_ok=1; pq_detail=""
+for n in "${names[@]}"; do
+    nf=$(pdb_count "/pdb/query/v4/nodes/$n.$DOMAIN/facts")
+    nc=$(pdb_count "/pdb/query/v4/catalogs/$n.$DOMAIN")
+    nr=$(pdb_count /pdb/query/v4/reports --get --data-urlencode "query=[\"=\",\"certname\",\"$n.$DOMAIN\"]")
+    pq_detail+="$n facts=$nf catalogs=$nc reports=$nr; "
+    { [ "$nf" -gt 10 ] && [ "$nc" = 1 ] && [ "$nr" -ge 2 ]; } || pq_ok=0
+done
+pdbc=$(MURL=$ADMIN_PDB conns puppetdb pdb1)
+pdb_hs_full=$(MURL=$ADMIN_PDB metric crossbar_tls_handshakes_total 'kind="full"')
+pdb_hs_res=$(MURL=$ADMIN_PDB metric crossbar_tls_handshakes_total 'kind="resumed"')
+if [ $pq_ok = 1 ] && [ "$pdbc" -gt 0 ]; then
+    pass puppetdb-store "PuppetDB 7 (PostgreSQL 15) behind crossbar's puppetdb service holds ${pq_detail% } (nodes: ${pq_nodes% }); masters -> PuppetDB connections through crossbar: $pdbc (TLS full $pdb_hs_full, resumed $pdb_hs_res)"
+else
+    fail puppetdb-store "${pq_detail% }; nodes: ${pq_nodes% }; connections through crossbar: $pdbc (pdb1 log: $W/pdb1/log)"
+fi
+
+# - the compile servers' own agent runs export @@crossbar::backend (ca1 first)
+for n in ca1 ca2; do
+    agent_conf $n $(( ${n#ca} + 40 ))
+    mkdir -p "$W/agents/$n/ssl/"{certs,private_keys}
+    cp "$W/$n/ssl/certs/$n.$DOMAIN.pem" "$W/$n/ssl/certs/ca.pem" "$W/agents/$n/ssl/certs/"
+    cp "$W/$n/ssl/private_keys/$n.$DOMAIN.pem" "$W/agents/$n/ssl/private_keys/"
+    cp "$W/$n/ssl/crl.pem" "$W/agents/$n/ssl/"
+done
+agent_conf lb 45
+LBF=$W/lb/crossbar.yaml
+rc_ca1=$(agent_run ca1)
+rc_lb1=$(agent_run lb)
+lb1=$(grep -o "name: '[a-z0-9]*', address: '[^']*'" "$LBF" 2>/dev/null | tr '\n' ' ')
+if { [ "$rc_ca1" = 0 ] || [ "$rc_ca1" = 2 ]; } && [ "$rc_lb1" = 2 ] &&
+   grep -q "name: 'ca1', address: 'ca1.$DOMAIN:8140'" "$LBF" && ! grep -q "name: 'ca2'" "$LBF" &&
+   "$CROSSBAR" check -c "$LBF" > "$W/lb/check1.txt" 2>&1; then
+    pass module-collect "ca1's agent run exported puppet/ca1 (rc $rc_ca1); lb's agent run (rc $rc_lb1) collected it through PuppetDB: the module wrote and checked $LBF with ${lb1% }"
+else
+    fail module-collect "ca1 run rc=$rc_ca1, lb run rc=$rc_lb1; file: $(tr '\n' '|' < "$LBF" 2>/dev/null) (logs: $W/agents/{ca1,lb}/run-*.log)"
+fi
+"$CROSSBAR" run -c "$LBF" > "$W/crossbar-lb.log" 2>&1 &
+PIDS[crossbar_lb]=$!
+for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN_LB/healthz" >/dev/null && break; sleep 0.2; done
+MURL=$ADMIN_LB wait_state puppet ca1 up 20 || log "crossbar-lb: ca1 not up: $(MURL=$ADMIN_LB state puppet ca1)"
+
+# - ca2 exports itself; the balancer's next run adds it; a validated reload; agents reach it
+rc_ca2=$(agent_run ca2)
+rc_lb2=$(agent_run lb)
+rl=$("$CROSSBAR" reload -c "$LBF" 2>&1); rrc=$?
+MURL=$ADMIN_LB wait_state puppet ca2 up 20; st2=$(MURL=$ADMIN_LB state puppet ca2)
+lbok=0
+for n in "${names[@]}"; do
+    rc=$(agent_run "$n" --server "puppetlb.$DOMAIN"); { [ "$rc" = 0 ] || [ "$rc" = 2 ]; } && lbok=$((lbok + 1))
+done
+l1=$(MURL=$ADMIN_LB conns puppet ca1); l2=$(MURL=$ADMIN_LB conns puppet ca2)
+if [ "$rc_lb2" = 2 ] && [ $rrc = 0 ] && [ "$st2" = up ] && [ $lbok = $NAGENTS ] && [ "$l2" -gt 0 ] && [ "$l1" -gt 0 ]; then
+    pass module-join "ca2's agent run exported puppet/ca2 (rc $rc_ca2); lb's next run wrote it (rc $rc_lb2), crossbar reload -c: ok, ca2 $st2; $lbok/$NAGENTS agent runs through puppetlb.$DOMAIN: ca1=$l1 ca2=$l2 connections"
+else
+    fail module-join "ca2 run rc=$rc_ca2, lb run rc=$rc_lb2, reload rc=$rrc ($rl), ca2 state=$st2, agent runs ok=$lbok/$NAGENTS, connections ca1=$l1 ca2=$l2"
+fi
+
+# - ca2 deactivated (puppet node deactivate): the next run drops it; connections open
+#   through the balancer at the reload keep working
+held() { # N: one TLS connection through the lb VIP, a status request every 2 s until the
+    # marker file exists (at most 150), then 3 more; the answers go to held-N.out
+    local i=0
+    { while [ ! -e "$W/lb/reloaded" ] && [ $i -lt 150 ]; do
+          printf 'GET /status/v1/simple HTTP/1.1\r\nHost: puppetlb.%s\r\n\r\n' "$DOMAIN"; sleep 2; i=$((i + 1)); done
+      for _ in 1 2 3; do printf 'GET /status/v1/simple HTTP/1.1\r\nHost: puppetlb.%s\r\n\r\n' "$DOMAIN"; sleep 2; done
+    } | timeout 400 openssl s_client -quiet -no_ign_eof -connect "$VIP_LB:8140" -servername "puppetlb.$DOMAIN" \
+        -CAfile "$W/ca.pem" > "$W/lb/held-$1.out" 2> "$W/lb/held-$1.err"
+}
+rm -f "$W/lb/reloaded"
+held 1 & hp1=$!
+held 2 & hp2=$!
+for _ in $(seq 1 40); do [ "$(MURL=$ADMIN_LB metric crossbar_active_connections 'service="puppet"')" -ge 2 ] && break; sleep 0.5; done
+act2=$(MURL=$ADMIN_LB metric crossbar_active_connections 'service="puppet"' 'backend="ca2"')
+dz=$(timeout 120 puppet node deactivate "ca2.$DOMAIN" --confdir "$W/ca1/etc" --color false 2>&1); drc=$?
+rc_lb3=$(agent_run lb)
+rl3=$("$CROSSBAR" reload -c "$LBF" 2>&1); rrc3=$?
+touch "$W/lb/reloaded"
+wait $hp1 $hp2
+gone=0; grep -q "name: 'ca2'" "$LBF" || gone=1
+inpool=$(curl -s --max-time 5 "$ADMIN_LB/api/services" | grep -c '"ca2"')
+a1=$(grep -o 'running' "$W/lb/held-1.out" | wc -l); a2=$(grep -o 'running' "$W/lb/held-2.out" | wc -l)
+n1=$(grep -o 'HTTP/1.1 [0-9]*' "$W/lb/held-1.out" | wc -l); n2=$(grep -o 'HTTP/1.1 [0-9]*' "$W/lb/held-2.out" | wc -l)
+if [ $drc = 0 ] && [ "$rc_lb3" = 2 ] && [ $gone = 1 ] && [ $rrc3 = 0 ] && [ "$inpool" = 0 ] &&
+   [ "$act2" -ge 1 ] && [ "$a1" -gt 3 ] && [ "$a1" = "$n1" ] && [ "$a2" -gt 3 ] && [ "$a2" = "$n2" ]; then
+    pass module-leave "puppet node deactivate ca2; lb's next run dropped it (rc $rc_lb3), reload ok, ca2 out of the pool; the 2 connections open through the balancer ($act2 of them on ca2) answered every request across the reload: $a1/$n1 and $a2/$n2"
+else
+    fail module-leave "deactivate rc=$drc ($dz); lb run rc=$rc_lb3, ca2 gone from file=$gone, reload rc=$rrc3 ($rl3), ca2 metric lines=$inpool; held connections (ca2 had $act2): $a1/$n1, $a2/$n2 answered ($(head -c 300 "$W/lb/held-1.err"))"
+fi
+stop_pid crossbar_lb
+[ "${STOP_AFTER:-}" = exported ] && exit
+
 # 7. CA failover and manual fail-back
 ca1_before=$(conns puppetca ca1); ca2_before=$(conns puppetca ca2)
 # re-seed the standby from the primary (docs/puppet.md step 4) so it continues the serials
@@ -787,6 +1105,6 @@ else
     fail metrics "accepted=$acc relayed=$rel (${per% }); client_hello_errors=$herr route_refused=$refd connect_errors=$cerr"
 fi
 
-echo "budget: total $(( $(date +%s) - T0 ))s (JVM start ${JVM_SECS}s for two together), 2 JVMs"
+echo "budget: total $(( $(date +%s) - T0 ))s (JVM start ${JVM_SECS}s for the two puppetservers, PuppetDB ${PDB_SECS}s, started together), 3 JVMs"
 echo "$PASSED passed, $FAILED failed"
 [ $FAILED = 0 ]

@@ -1,0 +1,25 @@
+# @summary The order crossbar.yaml's keys are written in: that of docs/configuration.md's tables.
+#
+# @return [Array[String]] Key names, first first.
+function crossbar::key_order() >> Array[String] {
+  [
+    # backends and listeners
+    'name', 'address',
+    # admin (and keepalive's `enabled`), health's `check`
+    'enabled', 'check', 'listen', 'token_file', 'allowed_hosts',
+    # services, defaults
+    'mode', 'on_non_tls', 'server_names', 'names', 'default', 'balance', 'failback',
+    'stick', 'timeouts', 'keepalive', 'health', 'max_hello_size', 'retries', 'queue_size',
+    'slow_start', 'relay', 'backlog', 'freebind', 'max_connections',
+    # backends
+    'weight', 'backup', 'proxy_protocol', 'disabled',
+    # timeouts
+    'client_hello', 'connect', 'server_hello', 'idle', 'queue', 'shutdown',
+    # keepalive, health
+    'time', 'interval', 'probes', 'timeout', 'rise', 'fall', 'path', 'expect_status',
+    'expect_body', 'ca_file', 'client_cert', 'client_key', 'server_name',
+    # stick
+    'on', 'size', 'expire', 'source_expire', 'source_prefix_v4', 'source_prefix_v6',
+    'ticket_prefix', 'state_file', 'save_interval', 'probe_interval', 'confirm', 'confirm_tries',
+  ]
+}

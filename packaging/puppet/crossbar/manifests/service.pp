@@ -1,0 +1,127 @@
+# @summary One crossbar service: where it listens, how it balances, and its backends.
+#
+# Writes the service's part of crossbar.yaml: its settings and the `backends`
+# given here, followed by every `crossbar::backend` whose `service` is this
+# one (declared anywhere, or collected from PuppetDB). A `preset` fills in the
+# settings of conf/puppet.yaml's service of that name; what is given here wins,
+# maps (`stick`, `health`, `timeouts`, `keepalive`) key by key.
+#
+# A service must end up with at least one backend: `crossbar check` refuses an
+# empty pool, so the file is then not written and the run reports why.
+#
+# @example The compilers' service, its pool exported by the compilers
+#   crossbar::service { 'puppet':
+#     preset => 'puppet',
+#     listen => ['10.0.0.10:8140'],
+#     names  => ['puppet.example.com'],
+#     health => { 'ca_file' => '/etc/crossbar/puppet-ca.pem', 'server_name' => 'puppet.example.com' },
+#   }
+#
+# @param listen
+#   Addresses to accept on: `ip:port` or `{ address, backlog, freebind, max_connections }`.
+# @param preset
+#   The name of an entry of `crossbar::presets`: `puppetca`, `puppet`, `puppetfiles`,
+#   `puppetdb` (docs/puppet.md, "Per-service presets").
+# @param mode
+#   `tls` reads the ClientHello; `tcp` picks a backend at accept.
+# @param on_non_tls
+#   `tls` mode: what to do with bytes that are not a TLS handshake.
+# @param server_names
+#   SNI names routed here on a listener shared with other services.
+# @param names
+#   Further names agents dial (checked against backend certificates by `crossbar doctor`).
+# @param is_default
+#   On a shared listener, this service takes hellos whose name matches no service
+#   (crossbar's `default` key).
+# @param balance
+#   `roundrobin`, `leastconn`, `first` or `source`.
+# @param failback
+#   `manual` or `auto` (after a failover with `balance: first`).
+# @param stick
+#   The stick table; `{}` for all defaults.
+# @param timeouts
+#   Timeouts, over `defaults`.
+# @param keepalive
+#   TCP keepalive, over `defaults`.
+# @param health
+#   The health check, over `defaults`.
+# @param max_hello_size
+#   Largest ClientHello buffered, in bytes.
+# @param retries
+#   Other backends tried after a failed connect.
+# @param queue_size
+#   Connections that may wait when every backend is full.
+# @param slow_start
+#   A recovered backend's weight ramps up over this period.
+# @param relay
+#   `splice-auto` or `auto`.
+# @param backends
+#   Backends written with the service, before the `crossbar::backend` ones.
+define crossbar::service (
+  Array[Crossbar::Listen, 1] $listen,
+  Optional[Crossbar::Name] $preset = undef,
+  Optional[Enum['tls', 'tcp']] $mode = undef,
+  Optional[Enum['reject', 'forward']] $on_non_tls = undef,
+  Optional[Array[Crossbar::ServerName, 1]] $server_names = undef,
+  Optional[Array[Crossbar::Host, 1]] $names = undef,
+  Optional[Boolean] $is_default = undef,
+  Optional[Enum['roundrobin', 'leastconn', 'first', 'source']] $balance = undef,
+  Optional[Enum['manual', 'auto']] $failback = undef,
+  Optional[Crossbar::Stick] $stick = undef,
+  Optional[Crossbar::Timeouts] $timeouts = undef,
+  Optional[Crossbar::Keepalive] $keepalive = undef,
+  Optional[Crossbar::Health] $health = undef,
+  Optional[Integer[512, 1048576]] $max_hello_size = undef,
+  Optional[Integer[0, 10]] $retries = undef,
+  Optional[Integer[0, 1000000]] $queue_size = undef,
+  Optional[Crossbar::Duration] $slow_start = undef,
+  Optional[Enum['splice-auto', 'auto']] $relay = undef,
+  Array[Crossbar::BackendOptions] $backends = [],
+) {
+  # The title is the service's name in crossbar.yaml, metrics and the API.
+  $service_name = assert_type(Crossbar::Name, $title) |$expected, $actual| {
+    fail("Crossbar::Service[${title}]: the title is the service's name: letters, digits, '_' and '-' only")
+  }
+  unless defined(Class['crossbar']) {
+    fail("Crossbar::Service[${title}]: declare class crossbar first (include crossbar)")
+  }
+  if $preset =~ NotUndef and !($preset in $crossbar::presets) {
+    fail("Crossbar::Service[${title}]: unknown preset '${preset}'; crossbar::presets has: ${crossbar::presets.keys.sort.join(', ')}")
+  }
+  $own = {
+    'listen'         => $listen,
+    'mode'           => $mode,
+    'on_non_tls'     => $on_non_tls,
+    'server_names'   => $server_names,
+    'names'          => $names,
+    'default'        => $is_default,
+    'balance'        => $balance,
+    'failback'       => $failback,
+    'stick'          => $stick,
+    'timeouts'       => $timeouts,
+    'keepalive'      => $keepalive,
+    'health'         => $health,
+    'max_hello_size' => $max_hello_size,
+    'retries'        => $retries,
+    'queue_size'     => $queue_size,
+    'slow_start'     => $slow_start,
+    'relay'          => $relay,
+  }
+  $from_preset = $preset ? {
+    undef   => {},
+    default => $crossbar::presets[$preset],
+  }
+  $settings = crossbar::merge_preset($from_preset, $own)
+
+  if $crossbar::manage_config {
+    concat::fragment { "crossbar service ${service_name}":
+      target  => $crossbar::config_file,
+      order   => crossbar::order($service_name),
+      content => epp('crossbar/service.yaml.epp', {
+          'name'     => $service_name,
+          'settings' => $settings,
+          'backends' => $backends,
+      }),
+    }
+  }
+}
