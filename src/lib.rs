@@ -9,7 +9,7 @@
 //! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session
 //!   (the placement policy and what a handshake teaches the table).
 //! - [`balance`]: otherwise pick a backend with the service's algorithm.
-//! - [`confirm`]: a resumption whose holder is uncertain is offered to further
+//! - `conn`'s confirmation: a resumption whose holder is uncertain is offered to further
 //!   backends until one resumes it, within the process-wide [`budget`].
 //! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
 //! - [`relay`]: replay the hello, watch the server's handshake, then pump bytes both
@@ -27,7 +27,7 @@
 //!   [`upgrade`] (hitless binary upgrades);
 //! - [`server`]: the running balancer: builds services, owns listeners, reload and
 //!   shutdown;
-//! - [`conn`] (with [`confirm`]), [`health`] (active checks and passive failure
+//! - [`conn`] (placement confirmation included), [`health`] (active checks and passive failure
 //!   counting: rise/fall) and [`ticket_keys`] (learning backends' ticket-key names),
 //!   all working on
 //! - [`service`]: the runtime model (a service, a listen address's routing, what
@@ -45,7 +45,6 @@ pub mod admin_client;
 pub mod balance;
 pub mod budget;
 pub mod config;
-pub mod confirm;
 pub mod conn;
 pub mod demo;
 pub mod dial;
