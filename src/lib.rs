@@ -38,30 +38,34 @@
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
-pub mod access_log;
+// What main.rs, the tests, the benches and the fuzz targets use.
 pub mod admin;
 pub mod admin_client;
 pub mod balance;
-pub mod budget;
 pub mod config;
-pub mod conn;
 pub mod demo;
-pub mod dial;
 pub mod doctor;
 pub mod health;
 pub mod hello;
-pub mod listener;
-pub mod live;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod relay;
-pub mod route;
 pub mod run;
 pub mod server;
-pub mod service;
 pub mod stick;
-pub mod system;
 pub mod testbed;
-pub mod ticket_keys;
-pub mod upgrade;
+
+// Inside the crate only.
+mod access_log;
+mod budget;
+mod conn;
+mod dial;
+mod listener;
+mod live;
+mod route;
+mod service;
+mod system;
+mod ticket_keys;
+mod upgrade;

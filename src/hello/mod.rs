@@ -17,12 +17,9 @@ pub use client::{parse_client_hello, ClientHelloInfo, HelloError, HelloParse};
 pub use server::{ServerHandshake, ServerWatcher};
 
 /// TLS version numbers as they appear on the wire.
-pub mod version {
-    /// TLS 1.0.
-    pub const TLS10: u16 = 0x0301;
-    /// TLS 1.1.
-    pub const TLS11: u16 = 0x0302;
+pub(crate) mod version {
     /// TLS 1.2.
+    #[cfg(test)]
     pub const TLS12: u16 = 0x0303;
     /// TLS 1.3.
     pub const TLS13: u16 = 0x0304;
