@@ -10,11 +10,11 @@
 //! Nothing here panics on hostile input: every length is checked before use.
 
 mod client;
-mod server;
+mod server_hello;
 mod wire;
 
 pub use client::{parse_client_hello, ClientHelloInfo, HelloError, HelloParse};
-pub use server::{ServerHandshake, ServerWatcher};
+pub use server_hello::{ServerHandshake, ServerWatcher};
 
 /// TLS version numbers as they appear on the wire.
 pub(crate) mod version {
@@ -28,7 +28,7 @@ pub(crate) mod version {
 #[cfg(test)]
 mod tests {
     use super::client::*;
-    use super::server::*;
+    use super::server_hello::*;
     use super::wire::*;
     use super::*;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
