@@ -152,20 +152,44 @@ pub async fn run(serve: bool) -> Result<()> {
     outcome
 }
 
+/// The demo's three scenes, in order, as a user would watch them.
 async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
-    let addr = |svc: &str| {
-        server
-            .local_addrs(svc)
-            .first()
-            .copied()
-            .context("service has no listener")
-    };
+    failover(server, ca, site).await?;
+    for (step, svc, versions, label) in [
+        (2, "puppet", Versions::Tls13, "TLS 1.3, PSK resumption"),
+        (
+            3,
+            "puppetfiles",
+            Versions::Tls12,
+            "TLS 1.2, session tickets",
+        ),
+    ] {
+        println!("\n{step}. {svc} (roundrobin, stick on session_id/ticket/psk; {label}):");
+        println!("   {AGENTS} agents from one address (like a NAT), each 1 full handshake + {RESUMPTIONS} resumptions");
+        resumptions(server, ca, svc, versions).await?;
+    }
+    sni_routing(server, ca).await
+}
 
+/// The first listen address of `svc`.
+fn first_addr(server: &Server, svc: &str) -> Result<SocketAddr> {
+    server
+        .local_addrs(svc)
+        .first()
+        .copied()
+        .context("service has no listener")
+}
+
+/// Scene 1: certificate requests go to the active CA, then to a backup once it stops.
+async fn failover(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
     println!(
         "1. puppetca (balance: first, ca2/ca3 are backups): five agents request certificates, the active CA stops after the third"
     );
     let cfg = testbed::client_config(ca, Versions::Both, true)?;
-    let (ca_addr, ca_host) = (addr("puppetca")?, format!("puppetca.{DOMAIN}"));
+    let (ca_addr, ca_host) = (
+        first_addr(server, "puppetca")?,
+        format!("puppetca.{DOMAIN}"),
+    );
     for i in 1..=3 {
         let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
         println!("   agent{i} -> {}", r.backend);
@@ -179,49 +203,46 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
             r.backend
         );
     }
+    Ok(())
+}
 
-    for (step, svc, versions, label) in [
-        (2, "puppet", Versions::Tls13, "TLS 1.3, PSK resumption"),
-        (
-            3,
-            "puppetfiles",
-            Versions::Tls12,
-            "TLS 1.2, session tickets",
-        ),
-    ] {
-        println!("\n{step}. {svc} (roundrobin, stick on session_id/ticket/psk; {label}):");
-        println!("   {AGENTS} agents from one address (like a NAT), each 1 full handshake + {RESUMPTIONS} resumptions");
-        let (mut resumed, mut same) = (0, 0);
-        for a in 1..=AGENTS {
-            let cfg = testbed::client_config(ca, versions, true)?;
-            let mut line = format!("   agent{a}:");
-            let mut first = None;
-            for _ in 0..=RESUMPTIONS {
-                let r =
-                    testbed::get(addr(svc)?, &format!("{svc}.{DOMAIN}"), cfg.clone(), "/").await?;
-                let first_backend = first.get_or_insert_with(|| r.backend.clone());
-                if r.resumed {
-                    resumed += 1;
-                }
-                if *first_backend == r.backend && r.resumed {
-                    same += 1;
-                }
-                let _ = write!(
-                    line,
-                    " {}{}",
-                    r.backend,
-                    if r.resumed { "(resumed)" } else { "(full)" }
-                );
+/// Scenes 2 and 3: agents behind one address resume their sessions on the backend
+/// that holds them.
+async fn resumptions(server: &Server, ca: &TestCa, svc: &str, versions: Versions) -> Result<()> {
+    let (mut resumed, mut same) = (0, 0);
+    for a in 1..=AGENTS {
+        let cfg = testbed::client_config(ca, versions, true)?;
+        let mut line = format!("   agent{a}:");
+        let mut first = None;
+        for _ in 0..=RESUMPTIONS {
+            let addr = first_addr(server, svc)?;
+            let r = testbed::get(addr, &format!("{svc}.{DOMAIN}"), cfg.clone(), "/").await?;
+            let first_backend = first.get_or_insert_with(|| r.backend.clone());
+            if r.resumed {
+                resumed += 1;
             }
-            println!("{line}");
+            if *first_backend == r.backend && r.resumed {
+                same += 1;
+            }
+            let _ = write!(
+                line,
+                " {}{}",
+                r.backend,
+                if r.resumed { "(resumed)" } else { "(full)" }
+            );
         }
-        let attempts = AGENTS * RESUMPTIONS;
-        println!("   resumed {resumed}/{attempts} resumption attempts, {same}/{attempts} on the agent's first backend");
-        if same < attempts {
-            println!("   (some resumptions were not kept on their backend)");
-        }
+        println!("{line}");
     }
+    let attempts = AGENTS * RESUMPTIONS;
+    println!("   resumed {resumed}/{attempts} resumption attempts, {same}/{attempts} on the agent's first backend");
+    if same < attempts {
+        println!("   (some resumptions were not kept on their backend)");
+    }
+    Ok(())
+}
 
+/// Scene 4: one shared address routes each service's name to its backends.
+async fn sni_routing(server: &Server, ca: &TestCa) -> Result<()> {
     println!(
         "\n4. one shared address routes by SNI ({}):",
         server
