@@ -23,16 +23,7 @@ use crate::admin::{Action, Secret};
 
 /// The default admin URL (the admin endpoint's default listen address).
 pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9140";
-/// The URL a client on this host uses for an admin endpoint bound to `listen`
-/// (a wildcard address is reached on loopback).
-pub fn admin_url(listen: std::net::SocketAddr) -> String {
-    let ip = match listen.ip() {
-        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
-        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
-        ip => ip,
-    };
-    format!("http://{}", std::net::SocketAddr::new(ip, listen.port()))
-}
+pub use crate::config::admin_url;
 
 /// Time for the whole request: connect, send, read the answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,5 +1,5 @@
 //! The confirmation budget: a token bucket bounding the extra backend handshakes
-//! that confirmed placement (`confirm.rs`) may cost per second, process-wide.
+//! that confirmed placement (`conn/confirm.rs`) may cost per second, process-wide.
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;

@@ -174,34 +174,9 @@ pub async fn run(serve: bool) -> Result<()> {
     outcome
 }
 
+/// The demo's three scenes, in order, as a user would watch them.
 async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
-    let addr = |svc: &str| {
-        server
-            .local_addrs(svc)
-            .first()
-            .copied()
-            .context("service has no listener")
-    };
-
-    println!(
-        "1. puppetca (balance: first, ca2/ca3 are backups): five agents request certificates, the active CA stops after the third"
-    );
-    let cfg = testbed::client_config(ca, Versions::Both, true)?;
-    let (ca_addr, ca_host) = (addr("puppetca")?, format!("puppetca.{DOMAIN}"));
-    for i in 1..=3 {
-        let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
-        println!("   agent{i} -> {}", r.backend);
-    }
-    site.backends["puppetca"][0].stop();
-    println!("   ca1 stopped (its port now refuses connections)");
-    for i in 4..=5 {
-        let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
-        println!(
-            "   agent{i} -> {} (connect to ca1 refused, retried on the backup)",
-            r.backend
-        );
-    }
-
+    failover(server, ca, site).await?;
     for (step, svc, versions, label, own_address) in [
         (
             2,
@@ -226,39 +201,92 @@ async fn clients(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
             "from one address (like a NAT)"
         };
         println!("   {AGENTS} agents {from}: 1 full handshake + {RESUMPTIONS} resumptions each");
-        let (mut resumed, mut same) = (0, 0);
-        for a in 1..=AGENTS {
-            let cfg = testbed::client_config(ca, versions, true)?;
-            let mut line = format!("   agent{a}:");
-            let mut first = None;
-            // 127.0.0.11, .12, ...: every 127/8 address is loopback on Linux.
-            let source = own_address.then(|| IpAddr::from([127, 0, 0, 10 + a as u8]));
-            for _ in 0..=RESUMPTIONS {
-                let name = format!("{svc}.{DOMAIN}");
-                let r = testbed::get_from(source, addr(svc)?, &name, cfg.clone(), "/").await?;
-                let first_backend = first.get_or_insert_with(|| r.backend.clone());
-                if r.resumed {
-                    resumed += 1;
-                }
-                if *first_backend == r.backend && r.resumed {
-                    same += 1;
-                }
-                let _ = write!(
-                    line,
-                    " {}{}",
-                    r.backend,
-                    if r.resumed { "(resumed)" } else { "(full)" }
-                );
-            }
-            println!("{line}");
-        }
-        let attempts = AGENTS * RESUMPTIONS;
-        println!("   resumed {resumed}/{attempts} resumption attempts, {same}/{attempts} on the agent's first backend");
-        if same < attempts {
-            println!("   (some resumptions were not kept on their backend)");
-        }
+        resumptions(server, ca, svc, versions, own_address).await?;
     }
+    sni_routing(server, ca).await
+}
 
+/// The first listen address of `svc`.
+fn first_addr(server: &Server, svc: &str) -> Result<SocketAddr> {
+    server
+        .local_addrs(svc)
+        .first()
+        .copied()
+        .context("service has no listener")
+}
+
+/// Scene 1: certificate requests go to the active CA, then to a backup once it stops.
+async fn failover(server: &Server, ca: &TestCa, site: &Site) -> Result<()> {
+    println!(
+        "1. puppetca (balance: first, ca2/ca3 are backups): five agents request certificates, the active CA stops after the third"
+    );
+    let cfg = testbed::client_config(ca, Versions::Both, true)?;
+    let (ca_addr, ca_host) = (
+        first_addr(server, "puppetca")?,
+        format!("puppetca.{DOMAIN}"),
+    );
+    for i in 1..=3 {
+        let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
+        println!("   agent{i} -> {}", r.backend);
+    }
+    site.backends["puppetca"][0].stop();
+    println!("   ca1 stopped (its port now refuses connections)");
+    for i in 4..=5 {
+        let r = testbed::get(ca_addr, &ca_host, cfg.clone(), "/").await?;
+        println!(
+            "   agent{i} -> {} (connect to ca1 refused, retried on the backup)",
+            r.backend
+        );
+    }
+    Ok(())
+}
+
+/// Scenes 2 and 3: agents (each from its own address, or all behind one) resume
+/// their sessions on the backend that holds them.
+async fn resumptions(
+    server: &Server,
+    ca: &TestCa,
+    svc: &str,
+    versions: Versions,
+    own_address: bool,
+) -> Result<()> {
+    let (mut resumed, mut same) = (0, 0);
+    for a in 1..=AGENTS {
+        let cfg = testbed::client_config(ca, versions, true)?;
+        let mut line = format!("   agent{a}:");
+        let mut first = None;
+        // 127.0.0.11, .12, ...: every 127/8 address is loopback on Linux.
+        let source = own_address.then(|| IpAddr::from([127, 0, 0, 10 + a as u8]));
+        for _ in 0..=RESUMPTIONS {
+            let addr = first_addr(server, svc)?;
+            let name = format!("{svc}.{DOMAIN}");
+            let r = testbed::get_from(source, addr, &name, cfg.clone(), "/").await?;
+            let first_backend = first.get_or_insert_with(|| r.backend.clone());
+            if r.resumed {
+                resumed += 1;
+            }
+            if *first_backend == r.backend && r.resumed {
+                same += 1;
+            }
+            let _ = write!(
+                line,
+                " {}{}",
+                r.backend,
+                if r.resumed { "(resumed)" } else { "(full)" }
+            );
+        }
+        println!("{line}");
+    }
+    let attempts = AGENTS * RESUMPTIONS;
+    println!("   resumed {resumed}/{attempts} resumption attempts, {same}/{attempts} on the agent's first backend");
+    if same < attempts {
+        println!("   (some resumptions were not kept on their backend)");
+    }
+    Ok(())
+}
+
+/// Scene 4: one shared address routes each service's name to its backends.
+async fn sni_routing(server: &Server, ca: &TestCa) -> Result<()> {
     println!(
         "\n4. one shared address routes by SNI ({}):",
         server

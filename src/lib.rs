@@ -10,7 +10,7 @@
 //! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session
 //!   (the placement policy and what a handshake teaches the table).
 //! - [`balance`]: otherwise pick a backend with the service's algorithm.
-//! - [`confirm`]: a resumption whose holder is uncertain is offered to further
+//! - `conn`'s confirmation: a resumption whose holder is uncertain is offered to further
 //!   backends until one resumes it, within the process-wide [`budget`].
 //! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
 //! - [`relay`]: replay the hello, watch the server's handshake, then pump bytes both
@@ -29,7 +29,7 @@
 //!   [`upgrade`] (hitless binary upgrades);
 //! - [`server`]: the running balancer: builds services, owns listeners, reload and
 //!   shutdown;
-//! - [`conn`] (with [`confirm`]), [`health`] (active checks and passive failure
+//! - [`conn`] (placement confirmation included), [`health`] (active checks and passive failure
 //!   counting: rise/fall) and [`ticket_keys`] (learning backends' ticket-key names),
 //!   all working on
 //! - [`service`]: the runtime model (a service, a listen address's routing, what
@@ -41,32 +41,35 @@
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
-pub mod access_log;
+// What main.rs, the tests, the benches and the fuzz targets use.
 pub mod admin;
 pub mod admin_client;
 pub mod balance;
-pub mod budget;
 pub mod config;
-pub mod confirm;
-pub mod conn;
-pub mod connections;
 pub mod demo;
-pub mod dial;
 pub mod doctor;
 pub mod health;
 pub mod hello;
-pub mod listener;
-pub mod live;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod relay;
-pub mod route;
 pub mod run;
 pub mod server;
-pub mod service;
 pub mod stick;
-pub mod system;
 pub mod testbed;
-pub mod ticket_keys;
-pub mod upgrade;
+
+// Inside the crate only.
+mod access_log;
+mod budget;
+mod conn;
+mod connections;
+mod dial;
+mod listener;
+mod live;
+mod route;
+mod service;
+mod system;
+mod ticket_keys;
+mod upgrade;

@@ -127,6 +127,7 @@ impl ConnLimit {
     }
 
     /// Connections admitted and not yet ended.
+    #[cfg(test)]
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }

@@ -337,28 +337,7 @@ fn main() -> ExitCode {
         Command::Check {
             config,
             config_only,
-        } => match if config_only {
-            Config::load(&config)
-        } else {
-            Config::load_and_check_files(&config)
-        } {
-            Ok(cfg) => {
-                for w in &cfg.warnings {
-                    eprintln!("{w}");
-                }
-                print!("{}", cfg.summary());
-                for s in &cfg.services {
-                    let plan = crossbar::relay::plan(s.relay).describe();
-                    println!("relay: service {} uses {plan}", s.name);
-                }
-                println!("{}: OK", config.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
+        } => check(&config, config_only),
         Command::Generate { what, dir } => generate(what, dir),
         Command::Run {
             config,
@@ -467,6 +446,33 @@ fn table(command: TableCommand, url_from_env: bool) -> ExitCode {
         },
         TableCommand::Flush { service, admin } => {
             client(admin, url_from_env, ClientCommand::TableFlush { service })
+        }
+    }
+}
+
+/// `crossbar check`: the summary and every warning, or every problem.
+fn check(config: &std::path::Path, config_only: bool) -> ExitCode {
+    let loaded = if config_only {
+        Config::load(config)
+    } else {
+        Config::load_and_check_files(config)
+    };
+    match loaded {
+        Ok(cfg) => {
+            for w in &cfg.warnings {
+                eprintln!("{w}");
+            }
+            print!("{}", cfg.summary());
+            for s in &cfg.services {
+                let plan = crossbar::relay::plan(s.relay).describe();
+                println!("relay: service {} uses {plan}", s.name);
+            }
+            println!("{}: OK", config.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
         }
     }
 }

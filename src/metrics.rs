@@ -423,7 +423,7 @@ pub const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
 /// `reason` values of `crossbar_client_hello_errors_total` (`HelloError::reason`).
 pub const HELLO_ERROR_REASONS: [&str; 5] =
     ["not_tls", "too_large", "malformed", "truncated", "timeout"];
-/// `result` values of `crossbar_stick_confirm_total` (`confirm::Outcome::as_str`).
+/// `result` values of `crossbar_stick_confirm_total` (`conn/confirm.rs`: `Outcome::as_str`).
 pub const CONFIRM_RESULTS: [&str; 7] = [
     "first",
     "retried_resumed",

@@ -59,21 +59,6 @@ impl<T> Routes<T> {
         self.single.is_some()
     }
 
-    /// Every distinct target of this address.
-    pub fn targets(&self) -> Vec<Arc<T>> {
-        let mut all: Vec<Arc<T>> = Vec::new();
-        let mut push = |t: &Arc<T>| {
-            if !all.iter().any(|x| Arc::ptr_eq(x, t)) {
-                all.push(t.clone());
-            }
-        };
-        self.single.iter().for_each(&mut push);
-        self.exact.values().for_each(&mut push);
-        self.wildcards.iter().for_each(|(_, t)| push(t));
-        self.default.iter().for_each(&mut push);
-        all
-    }
-
     /// The service for a connection with this SNI (already lower case, no trailing dot).
     pub fn route(&self, sni: Option<&str>) -> Option<&Arc<T>> {
         if let Some(t) = &self.single {
@@ -91,11 +76,6 @@ impl<T> Routes<T> {
         }
         self.default.as_ref()
     }
-}
-
-/// Normalise a host name for matching: lower case, no trailing dot.
-pub fn normalize(name: &str) -> String {
-    name.trim_end_matches('.').to_ascii_lowercase()
 }
 
 #[cfg(test)]
@@ -145,11 +125,6 @@ mod tests {
         let r = Routes::single(Arc::new("only"));
         assert_eq!(**r.route(None).unwrap(), "only");
         assert_eq!(**r.route(Some("anything")).unwrap(), "only");
-        assert_eq!(r.targets().len(), 1);
-    }
-
-    #[test]
-    fn normalize_strips_dot_and_case() {
-        assert_eq!(normalize("Puppet.Example.COM."), "puppet.example.com");
+        assert!(r.is_single());
     }
 }

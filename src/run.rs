@@ -86,28 +86,9 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     // Before any socket is bound: a SIGTERM that arrives once clients can connect
     // must drain them (it waits in the stream for the loop below), not kill the
     // process by the default action (seen under load).
-    let mut hup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut signals = Signals::install()?;
     let source = config.source.clone();
-    let listeners: Vec<(String, u64)> = config
-        .services
-        .iter()
-        .flat_map(|s| {
-            s.listen
-                .iter()
-                .map(|l| (format!("{} {}", s.name, l.addr), l.max_connections as u64))
-        })
-        .collect();
-    let wanted: u64 = listeners.iter().map(|(_, n)| n).sum();
-    let drivers = listeners
-        .iter()
-        .map(|(at, n)| format!("{at} max_connections {n}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if let Err(e) = crate::system::raise_nofile(wanted, &drivers) {
-        tracing::warn!("cannot read the open-file limit: {e}");
-    }
+    raise_open_files(&config);
     // The token first: a bad token file stops the start before anything is bound.
     // Both errors name the admin address or token file themselves.
     let token = config.admin.as_ref().map(admin::load_token).transpose()?;
@@ -131,14 +112,7 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         _ => None,
     };
     config.log_warnings();
-    for s in config
-        .services
-        .iter()
-        .filter(|s| s.relay != RelayMode::SpliceAuto)
-    {
-        let plan = crate::relay::plan(s.relay);
-        tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);
-    }
+    log_relays(&config);
     let server = Server::start_inheriting(config, metrics, inherited)
         .await
         .context("starting")?;
@@ -154,50 +128,19 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     )
     .await?;
     let admin_stop = CancellationToken::new();
-    let admin_task = admin_setup.map(|(_, listener, token)| {
-        if let Ok(addr) = listener.local_addr() {
-            let auth = if token.is_some() {
-                "token"
-            } else {
-                "loopback writes only"
-            };
-            tracing::info!(listen = %addr, auth, "admin endpoint listening");
-        }
-        tokio::spawn(admin::serve(
-            listener,
-            server.clone(),
-            token,
-            admin_stop.clone(),
-        ))
-    });
+    let admin_task =
+        admin_setup.map(|(_, listener, token)| spawn_admin(listener, token, &server, &admin_stop));
     tracing::info!(config = %source.display(), "crossbar {} running", env!("CARGO_PKG_VERSION"));
     crate::system::sd_notify("READY=1");
-    loop {
-        tokio::select! {
-            _ = hup.recv() => {
-                // Logged and counted inside; on failure the running config stays.
-                let _outcome: Result<Vec<String>, String> = server.reload_file().await;
-            }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            () = handed_over_signal(&mut handed_over) => {
-                // The successor answers on the admin socket now (this process would
-                // say "draining" to a health check): stop accepting there at once.
-                admin_stop.cancel();
-                break;
-            }
-        }
-    }
+    signals.serve(&server, &mut handed_over, &admin_stop).await;
     crate::system::sd_notify("STOPPING=1");
     let grace = shutdown_grace(&server.config());
     tracing::info!(grace = ?grace, open = server.open_tasks(), "shutting down: no new connections, draining");
-    let srv = server.clone();
     tokio::select! {
-        cut = srv.shutdown(grace) => {
+        cut = server.shutdown(grace) => {
             tracing::info!(cut, "shutdown complete");
         }
-        _ = term.recv() => tracing::warn!("second signal: exiting now"),
-        _ = int.recv() => tracing::warn!("second signal: exiting now"),
+        () = signals.stop() => tracing::warn!("second signal: exiting now"),
     }
     admin_stop.cancel();
     if let Some(task) = admin_task {
@@ -206,6 +149,109 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The signals `crossbar run` answers: SIGHUP reloads, SIGTERM and SIGINT stop.
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        Ok(Signals {
+            hup: signal(SignalKind::hangup()).context("installing SIGHUP handler")?,
+            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
+    }
+
+    /// Reload on every SIGHUP until a stop signal, or until the upgrade thread
+    /// handed our sockets to a successor.
+    async fn serve(
+        &mut self,
+        server: &Server,
+        handed_over: &mut Option<tokio::sync::oneshot::Receiver<()>>,
+        admin_stop: &CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = self.hup.recv() => {
+                    // Logged and counted inside; on failure the running config stays.
+                    let _outcome: Result<Vec<String>, String> = server.reload_file().await;
+                }
+                _ = self.term.recv() => break,
+                _ = self.int.recv() => break,
+                () = handed_over_signal(handed_over) => {
+                    // The successor answers on the admin socket now (this process would
+                    // say "draining" to a health check): stop accepting there at once.
+                    admin_stop.cancel();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Resolves at the next SIGTERM or SIGINT.
+    async fn stop(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+/// Raise the open-file limit to what the listeners' `max_connections` may use.
+fn raise_open_files(config: &Config) {
+    let listeners: Vec<(String, u64)> = config
+        .services
+        .iter()
+        .flat_map(|s| {
+            s.listen
+                .iter()
+                .map(|l| (format!("{} {}", s.name, l.addr), l.max_connections as u64))
+        })
+        .collect();
+    let wanted: u64 = listeners.iter().map(|(_, n)| n).sum();
+    let drivers = listeners
+        .iter()
+        .map(|(at, n)| format!("{at} max_connections {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Err(e) = crate::system::raise_nofile(wanted, &drivers) {
+        tracing::warn!("cannot read the open-file limit: {e}");
+    }
+}
+
+/// Say which relay each service with a `relay:` other than the default uses.
+fn log_relays(config: &Config) {
+    for s in config
+        .services
+        .iter()
+        .filter(|s| s.relay != RelayMode::SpliceAuto)
+    {
+        let plan = crate::relay::plan(s.relay);
+        tracing::info!(service = %s.name, relay = plan.relay, "{}", plan.why);
+    }
+}
+
+/// Serve the admin endpoint on `listener` until `stop`.
+fn spawn_admin(
+    listener: tokio::net::TcpListener,
+    token: Option<admin::Secret>,
+    server: &Arc<Server>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    if let Ok(addr) = listener.local_addr() {
+        let auth = if token.is_some() {
+            "token"
+        } else {
+            "loopback writes only"
+        };
+        tracing::info!(listen = %addr, auth, "admin endpoint listening");
+    }
+    tokio::spawn(admin::serve(listener, server.clone(), token, stop.clone()))
 }
 
 /// The admin endpoint's listening socket: the predecessor's, when an upgrade handed

@@ -17,12 +17,11 @@
 mod common;
 
 use common::java::Java;
-use common::{tls, Crossbar};
+use common::{rustls_backends, tls, Crossbar};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -31,7 +30,7 @@ use crossbar::testbed::{BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use tls::{ChildGuard, Sess};
+use tls::ChildGuard;
 
 /// Agents in parallel, all from one address.
 const CLIENTS: usize = 32;
@@ -158,12 +157,7 @@ async fn backends(
     let names: Vec<String> = (1..=3).map(|i| format!("{tag}-{i}")).collect();
     Ok(match stack {
         Stack::Rustls => {
-            let mut v = Vec::new();
-            for n in &names {
-                let bind: SocketAddr = "127.0.0.1:0".parse()?;
-                let sni = [tls::SNI, "localhost"];
-                v.push(TlsBackend::start(ca, n, &sni, mode.rustls(), bind).await?);
-            }
+            let v = rustls_backends(ca, &names, mode.rustls()).await?;
             let list = v.iter().map(|b| (b.name.clone(), b.addr)).collect();
             (Backends::Rustls(v), list)
         }
@@ -209,43 +203,22 @@ async fn nodes(list: &[(String, SocketAddr)], count: usize, budget: u32) -> Resu
     bail!("no common free port for {count} nodes")
 }
 
-/// `openssl s_client` agents: all full handshakes in parallel, then each agent's
-/// resumptions in sequence (agents in parallel), alternating over `addrs`.
+/// `openssl s_client` agents ([`tls::openssl_agents`], each resumption saving the
+/// session it got), alternating over `addrs`: their histories and failures.
 async fn openssl_clients(
     mode: Mode,
     addrs: &[SocketAddr],
     names: &[String],
 ) -> Result<(Vec<History>, Vec<String>)> {
-    let dir = Arc::new(tempfile::tempdir()?);
-    let names = Arc::new(names.to_vec());
-    let addrs = Arc::new(addrs.to_vec());
     let args = mode.s_client_args();
-    let mut tasks = Vec::new();
-    for i in 0..CLIENTS {
-        let (dir, names, addrs) = (dir.clone(), names.clone(), addrs.clone());
-        tasks.push(tokio::task::spawn_blocking(move || {
-            let file = dir.path().join(format!("agent{i}.sess"));
-            (0..=RESUMPTIONS)
-                .map(|a| {
-                    let sess = if a == 0 {
-                        Sess::Out(&file)
-                    } else {
-                        Sess::InOut(&file)
-                    };
-                    tls::s_client(addrs[a % addrs.len()], args, sess, &names)
-                        .map(|r| (r.reused, r.backend))
-                })
-                .collect::<Vec<_>>()
-        }));
-    }
+    let agents = tls::openssl_agents(addrs, args, names, CLIENTS, RESUMPTIONS, true).await?;
     let mut hist = Vec::new();
     let mut errors = Vec::new();
-    for t in tasks {
-        let runs = t.await?;
+    for runs in agents {
         let mut ok = Vec::new();
         for r in runs {
             match r {
-                Ok(x) => ok.push(x),
+                Ok(run) => ok.push((run.reused, run.backend)),
                 Err(e) => errors.push(format!("{e:#}")),
             }
         }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{any_port, backend_line, wait_until, Crossbar, SNI};
+use common::{any_port, backend_line, tls_backend, wait_until, Crossbar, SNI};
 use crossbar::balance::AdminState;
 use crossbar::config::{BackendAddress, CheckKind, HttpsCheck};
 use crossbar::health::{self, CheckError, Target};
@@ -62,12 +62,6 @@ async fn puppet_lb(service_extra: &str, backends: &[(&str, SocketAddr, bool)]) -
         yaml.push_str(&backend_line(name, *addr, &format!("backup: {backup}")));
     }
     Crossbar::start(&yaml).await
-}
-
-async fn tls_backend(ca: &TestCa, name: &str, bind: SocketAddr) -> TlsBackend {
-    TlsBackend::start(ca, name, &[SNI], BackendTls::default(), bind)
-        .await
-        .unwrap()
 }
 
 /// A new backend on the address a stopped one used (its listener closes as soon as
@@ -167,9 +161,9 @@ impl Load {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_its_port() {
     let ca = TestCa::new("health CA").unwrap();
-    let b1 = tls_backend(&ca, "b1", any_port()).await;
-    let b2 = tls_backend(&ca, "b2", any_port()).await;
-    let b3 = tls_backend(&ca, "b3", any_port()).await;
+    let b1 = tls_backend(&ca, "b1", BackendTls::default()).await;
+    let b2 = tls_backend(&ca, "b2", BackendTls::default()).await;
+    let b3 = tls_backend(&ca, "b3", BackendTls::default()).await;
     let extra = format!(
         "    balance: roundrobin\n    retries: 2\n    health: {}\n",
         health_yaml("tls-hello")
@@ -256,8 +250,8 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_checks_alone_take_a_dead_backend_down_in_time() {
     let ca = TestCa::new("health CA").unwrap();
-    let b1 = tls_backend(&ca, "b1", any_port()).await;
-    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let b1 = tls_backend(&ca, "b1", BackendTls::default()).await;
+    let b2 = tls_backend(&ca, "b2", BackendTls::default()).await;
     let extra = format!("    health: {}\n", health_yaml("tls-hello"));
     let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
     let b = lb.backend("puppet", "b1");
@@ -287,8 +281,8 @@ async fn active_checks_alone_take_a_dead_backend_down_in_time() {
 
 async fn ca_failover(failback: &str) {
     let ca = TestCa::new("health CA").unwrap();
-    let ca1 = tls_backend(&ca, "ca1", any_port()).await;
-    let ca2 = tls_backend(&ca, "ca2", any_port()).await;
+    let ca1 = tls_backend(&ca, "ca1", BackendTls::default()).await;
+    let ca2 = tls_backend(&ca, "ca2", BackendTls::default()).await;
     let extra = format!(
         "    balance: first\n    failback: {failback}\n    health: {}\n",
         health_yaml("tls-hello")
@@ -351,7 +345,7 @@ async fn ca_failover_with_auto_failback_returns_after_rise() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_failback_does_not_hold_the_only_backend() {
     let ca = TestCa::new("health CA").unwrap();
-    let ca1 = tls_backend(&ca, "ca1", any_port()).await;
+    let ca1 = tls_backend(&ca, "ca1", BackendTls::default()).await;
     let extra = format!(
         "    balance: first\n    failback: manual\n    health: {}\n",
         health_yaml("tls-hello")
@@ -396,7 +390,7 @@ async fn ssh_like() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_hello_passes_on_tls_and_fails_on_ssh_and_silence() {
     let ca = TestCa::new("health CA").unwrap();
-    let tls = tls_backend(&ca, "b1", any_port()).await;
+    let tls = tls_backend(&ca, "b1", BackendTls::default()).await;
     let hello = CheckKind::TlsHello;
     health::run_check(&hello, &target(tls.addr, SNI), TIMEOUT)
         .await
@@ -468,7 +462,7 @@ fn https(expect_body: Option<&str>) -> HttpsCheck {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_check_reads_the_puppet_status_page() {
     let ca = TestCa::new("health CA").unwrap();
-    let b = tls_backend(&ca, "b1", any_port()).await;
+    let b = tls_backend(&ca, "b1", BackendTls::default()).await;
     let t = target(b.addr, SNI);
     let timeout = Duration::from_secs(2);
     let probe = |h: HttpsCheck| {
@@ -508,7 +502,7 @@ async fn https_check_reads_the_puppet_status_page() {
 
     // The same check fails against a certificate from another CA.
     let other = TestCa::new("other CA").unwrap();
-    let impostor = tls_backend(&other, "x", any_port()).await;
+    let impostor = tls_backend(&other, "x", BackendTls::default()).await;
     let err = health::run_check(
         &CheckKind::Https(verified.clone()),
         &target(impostor.addr, SNI),
@@ -538,8 +532,8 @@ async fn https_check_reads_the_puppet_status_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_check_through_the_balancer() {
     let ca = TestCa::new("health CA").unwrap();
-    let b1 = tls_backend(&ca, "b1", any_port()).await;
-    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let b1 = tls_backend(&ca, "b1", BackendTls::default()).await;
+    let b2 = tls_backend(&ca, "b2", BackendTls::default()).await;
     let extra = format!(
         "    health: {{ check: https, interval: {}ms, timeout: 1s, rise: {RISE}, fall: {FALL} }}\n",
         INTERVAL.as_millis()
@@ -578,8 +572,8 @@ async fn drain_keeps_open_connections_and_takes_no_new_ones() {
     use hyper_util::rt::TokioIo;
 
     let ca = TestCa::new("health CA").unwrap();
-    let b1 = tls_backend(&ca, "b1", any_port()).await;
-    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let b1 = tls_backend(&ca, "b1", BackendTls::default()).await;
+    let b2 = tls_backend(&ca, "b2", BackendTls::default()).await;
     let extra = format!("    health: {}\n", health_yaml("tls-hello"));
     let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
     let cfg = testbed::client_config(&ca, Versions::Both, true).unwrap();
@@ -646,7 +640,7 @@ const HOLE_CONNECT: Duration = Duration::from_secs(1);
 async fn accepts_continue_while_a_backend_is_black_holed() {
     let ca = TestCa::new("health CA").unwrap();
     let (hole, _sock, _fillers) = black_hole().await;
-    let good = tls_backend(&ca, "good", any_port()).await;
+    let good = tls_backend(&ca, "good", BackendTls::default()).await;
     let extra = format!(
         "    balance: roundrobin\n    retries: 2\n    timeouts: {{ connect: {}ms }}\n    health: {}\n",
         HOLE_CONNECT.as_millis(),
@@ -712,8 +706,8 @@ async fn accepts_continue_while_a_backend_is_black_holed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_none_is_passive_only_and_readmits_after_rise_intervals() {
     let ca = TestCa::new("health CA").unwrap();
-    let b1 = tls_backend(&ca, "b1", any_port()).await;
-    let b2 = tls_backend(&ca, "b2", any_port()).await;
+    let b1 = tls_backend(&ca, "b1", BackendTls::default()).await;
+    let b2 = tls_backend(&ca, "b2", BackendTls::default()).await;
     let extra = format!(
         "    balance: roundrobin\n    retries: 2\n    health: {}\n",
         health_yaml("none")
@@ -803,7 +797,7 @@ async fn https_check_wants_exactly_running_also_per_service() {
         assert!(matches!(err, CheckError::Body { .. }), "{body:?}: {err}");
     }
     // The testbed backend serves Puppet's per-service pages: ca and server pass.
-    let b = tls_backend(&ca, "b1", any_port()).await;
+    let b = tls_backend(&ca, "b1", BackendTls::default()).await;
     for path in ["/status/v1/simple/ca", "/status/v1/simple/server"] {
         health::run_check(&check(path), &target(b.addr, SNI), timeout)
             .await

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::hello::{forge, parsed};
 use common::*;
 use crossbar::admin;
 use crossbar::stick::KeyKind;
-use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
+use crossbar::testbed::{self, BackendTls, TestCa, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -49,12 +50,6 @@ fn nofile_soft() -> usize {
         .and_then(|l| l.split_whitespace().nth(3))
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024)
-}
-
-async fn tls_backend(ca: &TestCa, name: &str, tls: BackendTls) -> TlsBackend {
-    TlsBackend::start(ca, name, &[SNI], tls, any_port())
-        .await
-        .unwrap()
 }
 
 /// Wait (bounded) until crossbar runs no more than `n` tasks.
@@ -295,27 +290,6 @@ async fn a_flood_past_max_connections_is_refused_fast_and_counted() {
 
 // ---------------------------------------------------------------------------
 // Forged session state at a high rate
-
-/// Overwrite every occurrence of `what` in `hello` with random bytes.
-fn forge(hello: &mut [u8], what: &[u8], rng: &mut fastrand::Rng) {
-    let fake: Vec<u8> = (0..what.len()).map(|_| rng.u8(..)).collect();
-    let mut i = 0;
-    while i + what.len() <= hello.len() {
-        if &hello[i..i + what.len()] == what {
-            hello[i..i + what.len()].copy_from_slice(&fake);
-            i += what.len();
-        } else {
-            i += 1;
-        }
-    }
-}
-
-fn parsed(hello: &[u8]) -> crossbar::hello::ClientHelloInfo {
-    match crossbar::hello::parse_client_hello(hello, 16384) {
-        crossbar::hello::HelloParse::Found(h) => h,
-        other => panic!("fixture does not parse: {other:?}"),
-    }
-}
 
 /// Kinds and hashes of the table's entries.
 fn entry_set(table: &crossbar::stick::StickTable, kind: KeyKind) -> HashSet<String> {
@@ -782,27 +756,8 @@ async fn real_handshake_churn_keeps_the_size_bound_and_recently_used_entries() {
 // ---------------------------------------------------------------------------
 // The admin endpoint
 
-/// The admin endpoint of a crossbar with one echo backend, with token [`TOKEN`].
-struct Admin {
-    addr: SocketAddr,
-    _endpoint: AdminEndpoint,
-    cb: Crossbar,
-    _backend: Backend,
-}
-
+/// The admin token of [`admin_bed`].
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
-
-async fn admin_bed() -> Admin {
-    let be = Backend::echo("e1", false).await;
-    let cb = Crossbar::start(&one_service("", &[backend_line("e1", be.addr, "")])).await;
-    let endpoint = cb.serve_admin(admin::Secret::new(TOKEN)).await;
-    Admin {
-        addr: endpoint.addr,
-        _endpoint: endpoint,
-        cb,
-        _backend: be,
-    }
-}
 
 async fn healthz_ok(addr: SocketAddr) {
     let (status, body) = raw_request(
@@ -816,7 +771,7 @@ async fn healthz_ok(addr: SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_refuses_oversized_bodies_paths_and_headers() {
-    let bed = admin_bed().await;
+    let bed = admin_bed("", Some(TOKEN)).await;
     let auth = format!("Authorization: Bearer {TOKEN}\r\n");
     // A declared body over the limit: 413 before a byte of it is read.
     let req = format!(
@@ -873,7 +828,7 @@ async fn admin_refuses_oversized_bodies_paths_and_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_path_traversal_is_404_and_reads_no_file() {
-    let bed = admin_bed().await;
+    let bed = admin_bed("", Some(TOKEN)).await;
     // A file the traversals aim at: its content must never come back.
     let secret = bed.cb.dir().join("secret.txt");
     std::fs::write(&secret, "TOP-SECRET-CONTENT\n").unwrap();
@@ -947,7 +902,7 @@ async fn admin_token_refuses_every_near_miss() {
     println!("admin: 200k wrong-token compares: differ at byte 0 {a:?}, at the last byte {b:?}");
 
     // Over HTTP: an equal-length wrong token is 401, the right one works.
-    let bed = admin_bed().await;
+    let bed = admin_bed("", Some(TOKEN)).await;
     let wrong = format!("{}X", &TOKEN[..TOKEN.len() - 1]);
     let req = |token: &str| {
         format!(

@@ -3,13 +3,13 @@
 //! Real clients and servers on loopback; every port is picked by the kernel.
 mod common;
 
+use common::hello::{forge, parsed};
 use common::{any_port, hello_fixture, tls, wait_until, Crossbar};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbar::hello::{parse_client_hello, HelloParse};
 use crossbar::stick::KeyKind;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -309,24 +309,6 @@ async fn a_silent_client_is_closed_at_the_hello_timeout() {
     .await;
 }
 
-/// Replace every occurrence of `what` in `hello` with random bytes of the same length.
-fn forge(hello: &mut [u8], what: &[u8]) -> Vec<u8> {
-    let fake: Vec<u8> = (0..what.len()).map(|_| fastrand::u8(..)).collect();
-    let at = hello
-        .windows(what.len())
-        .position(|w| w == what)
-        .expect("value in hello");
-    hello[at..at + what.len()].copy_from_slice(&fake);
-    fake
-}
-
-fn parsed(hello: &[u8]) -> crossbar::hello::ClientHelloInfo {
-    match parse_client_hello(hello, 16384) {
-        HelloParse::Found(h) => h,
-        other => panic!("fixture does not parse: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_session_state_creates_no_stick_entries() {
     let ca = TestCa::new("forgery CA").unwrap();
@@ -356,11 +338,12 @@ async fn forged_session_state_creates_no_stick_entries() {
     // a PSK identity: each value replaced by random bytes of the same length.
     let mut t12 = hello_fixture("openssl3_tls12_ticket.bin");
     let info = parsed(&t12);
-    let fake_id = forge(&mut t12, &info.session_id);
-    let fake_ticket = forge(&mut t12, info.ticket.as_ref().unwrap());
+    let mut rng = fastrand::Rng::new();
+    let fake_id = forge(&mut t12, &info.session_id, &mut rng);
+    let fake_ticket = forge(&mut t12, info.ticket.as_ref().unwrap(), &mut rng);
     let mut t13 = hello_fixture("openssl3_tls13_psk.bin");
     let info = parsed(&t13);
-    let fake_psk = forge(&mut t13, &info.psk_identities[0]);
+    let fake_psk = forge(&mut t13, &info.psk_identities[0], &mut rng);
     assert_eq!(parsed(&t12).session_id, fake_id);
     assert_eq!(parsed(&t13).psk_identities[0], fake_psk);
 

@@ -640,7 +640,10 @@ async fn a_reload_changes_whose_headers_are_read() {
             backend_line("e", echo.addr, "")
         )
     };
-    let lb = Crossbar::start(&listen(", proxy_protocol: { accept_from: [\"127.0.0.2\"] }")).await;
+    let lb = Crossbar::start(&listen(
+        ", proxy_protocol: { accept_from: [\"127.0.0.2\"] }",
+    ))
+    .await;
     let addr = lb.addr("svc");
     let hello = common::hello_fixture("openssl3_tls13.bin");
     let bytes = [&b"PROXY TCP4 192.0.2.5 192.0.2.6 5 6\r\n"[..], &hello].concat();

@@ -13,7 +13,6 @@ use common::*;
 use crossbar::admin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 /// Bound on anything that should happen "at once" on loopback, with slack for a
 /// loaded 2-core CI machine.
@@ -21,40 +20,6 @@ const PROMPT: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------
 // The admin endpoint
-
-/// A running balancer with its admin endpoint on loopback (no token).
-struct AdminBed {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    cb: Crossbar,
-    _backend: Backend,
-}
-
-impl Drop for AdminBed {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn admin_bed(settings: &str) -> AdminBed {
-    let be = Backend::echo("e1", false).await;
-    let cb = Crossbar::start(&one_service(settings, &[backend_line("e1", be.addr, "")])).await;
-    let listener = admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    tokio::spawn(admin::serve(
-        listener,
-        cb.server.clone(),
-        None,
-        stop.clone(),
-    ));
-    AdminBed {
-        addr,
-        stop,
-        cb,
-        _backend: be,
-    }
-}
 
 fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").into_bytes()
@@ -66,7 +31,7 @@ fn get(path: &str) -> Vec<u8> {
 /// not only its headers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_admin_bodies_time_out_and_health_still_answers() {
-    let bed = admin_bed("").await;
+    let bed = admin_bed("", None).await;
     let mut stalled = Vec::new();
     for _ in 0..admin::MAX_CONNECTIONS {
         let mut s = TcpStream::connect(bed.addr).await.unwrap();
@@ -125,7 +90,7 @@ async fn stalled_admin_bodies_time_out_and_health_still_answers() {
 /// the cap itself is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_dumps_are_capped() {
-    let bed = admin_bed("    stick: { on: [source] }\n").await;
+    let bed = admin_bed("    stick: { on: [source] }\n", None).await;
     let _ = &bed.cb;
     let over = format!("/api/tables/svc?limit={}", admin::MAX_TABLE_LIMIT + 1);
     let (status, body) = raw_request(bed.addr, &get(&over), PROMPT).await;

@@ -12,19 +12,18 @@
 //! Run with `--nocapture` to see the figures table (the test output is the record).
 mod common;
 
-use common::{tls, Crossbar};
+use common::{rustls_backends, tls, Crossbar};
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 
-use tls::{OpensslBackend, Sess};
+use tls::OpensslBackend;
 
 /// Clients per run: a multiple of the 3 backends, so round robin spreads first
 /// connections 3/3/3 and the 45 % bound below is meaningful.
@@ -127,13 +126,7 @@ impl Backends {
                 Backends::Openssl(v)
             }
             Peer::Rustls => {
-                let mut v = Vec::new();
-                for n in &names {
-                    let bind: SocketAddr = "127.0.0.1:0".parse()?;
-                    let names = [tls::SNI, "localhost"];
-                    v.push(TlsBackend::start(ca, n, &names, case.rustls_backend(), bind).await?);
-                }
-                Backends::Rustls(v)
+                Backends::Rustls(rustls_backends(ca, &names, case.rustls_backend()).await?)
             }
         })
     }
@@ -242,40 +235,22 @@ async fn start_site(
 }
 
 /// Phase 1 (all clients' full handshakes, in parallel) then phase 2 (every client's
-/// resumptions, clients in parallel) with `openssl s_client`.
+/// resumptions, clients in parallel) with `openssl s_client` ([`tls::openssl_agents`]).
 async fn openssl_clients(case: Case, addr: SocketAddr, names: &[String]) -> Result<Vec<History>> {
-    let dir = Arc::new(tempfile::tempdir()?);
-    let sess = |i: usize| -> PathBuf { dir.path().join(format!("client{i}.sess")) };
-    let names = Arc::new(names.to_vec());
     let args = case.s_client_args();
-    let mut first = Vec::new();
-    for i in 0..CLIENTS {
-        let (file, names) = (sess(i), names.clone());
-        first.push(tokio::task::spawn_blocking(move || {
-            tls::s_client(addr, args, Sess::Out(&file), &names)
-        }));
-    }
+    let agents = tls::openssl_agents(&[addr], args, names, CLIENTS, RESUMPTIONS, false).await?;
     let mut hist = Vec::new();
-    for h in first {
-        let run = h.await??;
+    for runs in agents {
+        let mut runs = runs.into_iter();
+        let first = runs.next().context("no full handshake")??;
+        let attempts = runs
+            .map(|r| r.map(|run| (run.reused, run.backend)))
+            .collect::<Result<Vec<_>>>()?;
         hist.push(History {
-            first: run.backend,
-            first_resumed: run.reused,
-            attempts: Vec::new(),
+            first: first.backend,
+            first_resumed: first.reused,
+            attempts,
         });
-    }
-    let mut tasks = Vec::new();
-    for i in 0..CLIENTS {
-        let (file, names) = (sess(i), names.clone());
-        tasks.push(tokio::task::spawn_blocking(move || {
-            (0..RESUMPTIONS)
-                .map(|_| tls::s_client(addr, args, Sess::In(&file), &names))
-                .map(|r| r.map(|run| (run.reused, run.backend)))
-                .collect::<Result<Vec<_>>>()
-        }));
-    }
-    for (h, t) in hist.iter_mut().zip(tasks) {
-        h.attempts = t.await??;
     }
     Ok(hist)
 }

@@ -115,7 +115,7 @@ fn cli_flags(server: &Server) -> String {
     // Port 0 (tests, demos) is not an address a CLI could use: leave it out.
     // A wildcard address is reached on loopback (the endpoint refuses a Host of
     // 0.0.0.0: it is neither the address connected to nor loopback).
-    let url = crate::admin_client::admin_url(admin.listen);
+    let url = crate::config::admin_url(admin.listen);
     if admin.listen.port() != 0 && url != format!("http://{CLI_DEFAULT_ADMIN}") {
         flags += &format!(" --admin {url}");
     }

@@ -154,6 +154,26 @@ fn private(file: &Path) -> Option<String> {
     })
 }
 
+/// What a file that is not a regular file is, for messages ("a FIFO").
+pub(crate) fn describe_file_type(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a file"
+    }
+}
+
 /// The state file's directory must exist and take a new file (crossbar writes a
 /// temporary file there and renames it over the state file).
 fn state_dir_problem(file: &Path) -> Option<String> {
@@ -165,7 +185,7 @@ fn state_dir_problem(file: &Path) -> Option<String> {
             return Some(format!(
                 "{} is {}, not a regular file: crossbar reads the table back only from a regular file",
                 file.display(),
-                crate::stick::describe_file_type(&kind)
+                describe_file_type(&kind)
             ));
         }
     }

@@ -261,45 +261,8 @@ fn step(
         }
     }
     let has_value = key.as_ref().is_some_and(|(_, v)| has_value(v));
-    let mut suspect = None;
-    // A key never belongs at a list's dashes.
-    let mut deeper: Vec<Level> = closed
-        .iter()
-        .filter(|o| !o.list)
-        .map(|o| o.level.clone())
-        .collect();
-    match stack.last() {
-        Some(top) if top.level.indent == indent => {
-            if top.list && !item {
-                suspect = Some(Suspect::NoBlock);
-            }
-            if let (true, Some((l, k, false))) = (closed.is_empty(), &top.last) {
-                deeper.push(Level {
-                    indent: indent + 2,
-                    opener: Some((*l, k.clone())),
-                });
-            }
-        }
-        Some(top) => {
-            if !closed.is_empty() {
-                suspect = Some(Suspect::NoBlock);
-            } else if matches!(top.last, Some((_, _, true))) && !item {
-                suspect = Some(Suspect::UnderValue);
-            }
-        }
-        None => {}
-    }
-    let parent_level = match stack.last() {
-        Some(top) if top.level.indent == indent => top.level.clone(),
-        Some(top) => Level {
-            indent,
-            opener: top.last.as_ref().map(|(l, k, _)| (*l, k.clone())),
-        },
-        None => Level {
-            indent,
-            opener: None,
-        },
-    };
+    let (deeper, suspect) = deeper_levels(stack, &closed, indent, item);
+    let parent_level = parent_level(stack, indent);
     // Shallower candidates: this block's own level (when the line is deeper than
     // it) and every enclosing one, nearest first.
     let shallower: Vec<Level> = stack
@@ -348,6 +311,62 @@ fn step(
         suspect,
         candidates,
     })
+}
+
+/// The levels deeper than this line that it may have meant (the blocks it closes,
+/// and the block a key without a value just opened), and what looks wrong with
+/// its place.
+fn deeper_levels(
+    stack: &[Open],
+    closed: &[Open],
+    indent: usize,
+    item: bool,
+) -> (Vec<Level>, Option<Suspect>) {
+    let mut suspect = None;
+    // A key never belongs at a list's dashes.
+    let mut deeper: Vec<Level> = closed
+        .iter()
+        .filter(|o| !o.list)
+        .map(|o| o.level.clone())
+        .collect();
+    match stack.last() {
+        Some(top) if top.level.indent == indent => {
+            if top.list && !item {
+                suspect = Some(Suspect::NoBlock);
+            }
+            if let (true, Some((l, k, false))) = (closed.is_empty(), &top.last) {
+                deeper.push(Level {
+                    indent: indent + 2,
+                    opener: Some((*l, k.clone())),
+                });
+            }
+        }
+        Some(top) => {
+            if !closed.is_empty() {
+                suspect = Some(Suspect::NoBlock);
+            } else if matches!(top.last, Some((_, _, true))) && !item {
+                suspect = Some(Suspect::UnderValue);
+            }
+        }
+        None => {}
+    }
+    (deeper, suspect)
+}
+
+/// The level a line at `indent` stands at: the open block there, else a new block
+/// under the last key.
+fn parent_level(stack: &[Open], indent: usize) -> Level {
+    match stack.last() {
+        Some(top) if top.level.indent == indent => top.level.clone(),
+        Some(top) => Level {
+            indent,
+            opener: top.last.as_ref().map(|(l, k, _)| (*l, k.clone())),
+        },
+        None => Level {
+            indent,
+            opener: None,
+        },
+    }
 }
 
 /// `key: value` as (key, value); quoted keys unquoted. None when the text is not

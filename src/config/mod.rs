@@ -15,7 +15,7 @@ mod position;
 mod problems;
 mod proxy_accept;
 mod raw;
-mod shared;
+mod shared_listen;
 mod stick_rules;
 mod summary;
 mod validate;
@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic};
+pub(crate) use files::describe_file_type;
 pub use proxy_accept::{IpNet, ProxyAccept};
 
 /// Where `crossbar run`, `check` and `reload` look without `-c` (the Debian package's conffile).
@@ -73,6 +74,17 @@ pub struct AdminConfig {
     /// besides the admin address and loopback (lowercase; IPs in canonical form).
     /// Others are refused as DNS rebinding; see docs/security.md.
     pub allowed_hosts: Vec<String>,
+}
+
+/// The URL a client on this host uses for an admin endpoint bound to `listen`
+/// (a wildcard address is reached on loopback).
+pub fn admin_url(listen: std::net::SocketAddr) -> String {
+    let ip = match listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("http://{}", std::net::SocketAddr::new(ip, listen.port()))
 }
 
 impl std::fmt::Debug for AdminConfig {
@@ -450,7 +462,9 @@ impl Config {
 
     /// Validate configuration text; `path` is used in messages only.
     pub fn from_str_at(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        validate::parse(text, path)
+        // Syntax errors and unknown keys that are indentation mistakes are
+        // explained (indent.rs) before the checks run (validate.rs).
+        indent::analyse(text, path, true).into_result()
     }
 
     /// Log each of [`Config::warnings`] (at start and at every reload).

@@ -65,20 +65,7 @@ impl Checker<'_> {
             expire,
             true,
         );
-        let v4 = self.int(
-            raw.source_prefix_v4,
-            &join(p, "source_prefix_v4"),
-            DEFAULT_PREFIX_V4,
-            0,
-            32,
-        );
-        let v6 = self.int(
-            raw.source_prefix_v6,
-            &join(p, "source_prefix_v6"),
-            DEFAULT_PREFIX_V6,
-            0,
-            128,
-        );
+        let (v4, v6) = self.source_prefixes(raw, p);
         let ticket = self.int(
             raw.ticket_prefix,
             &join(p, "ticket_prefix"),
@@ -98,6 +85,46 @@ impl Checker<'_> {
             DEFAULT_PROBE_INTERVAL,
             false,
         );
+        let (confirm, tries) = self.confirm(raw, mode, primaries, p);
+        Some(StickConfig {
+            on: self.stick_on(raw.on.as_deref(), mode, &join(p, "on")),
+            size: size as usize,
+            expire,
+            source_expire,
+            source_prefix_v4: v4 as u8,
+            source_prefix_v6: v6 as u8,
+            ticket_prefix: ticket as usize,
+            state_file: raw.state_file.clone(),
+            save_interval: save,
+            probe_interval: (!probe.is_zero() && mode == Mode::Tls).then_some(probe),
+            confirm: confirm && mode == Mode::Tls,
+            confirm_tries: tries as usize,
+        })
+    }
+
+    /// `source_prefix_v4` and `source_prefix_v6`: how much of a client address the
+    /// source key keeps.
+    fn source_prefixes(&mut self, raw: &RawStick, p: &str) -> (u64, u64) {
+        let v4 = self.int(
+            raw.source_prefix_v4,
+            &join(p, "source_prefix_v4"),
+            DEFAULT_PREFIX_V4,
+            0,
+            32,
+        );
+        let v6 = self.int(
+            raw.source_prefix_v6,
+            &join(p, "source_prefix_v6"),
+            DEFAULT_PREFIX_V6,
+            0,
+            128,
+        );
+        (v4, v6)
+    }
+
+    /// `confirm` (on by default in tls mode, refused in tcp mode) and
+    /// `confirm_tries` (by default the primaries, at most 4).
+    fn confirm(&mut self, raw: &RawStick, mode: Mode, primaries: usize, p: &str) -> (bool, u64) {
         let confirm = raw.confirm.unwrap_or(mode == Mode::Tls);
         if confirm && mode == Mode::Tcp {
             self.err(
@@ -113,20 +140,7 @@ impl Checker<'_> {
             1,
             MAX_CONFIRM_TRIES,
         );
-        Some(StickConfig {
-            on: self.stick_on(raw.on.as_deref(), mode, &join(p, "on")),
-            size: size as usize,
-            expire,
-            source_expire,
-            source_prefix_v4: v4 as u8,
-            source_prefix_v6: v6 as u8,
-            ticket_prefix: ticket as usize,
-            state_file: raw.state_file.clone(),
-            save_interval: save,
-            probe_interval: (!probe.is_zero() && mode == Mode::Tls).then_some(probe),
-            confirm: confirm && mode == Mode::Tls,
-            confirm_tries: tries as usize,
-        })
+        (confirm, tries)
     }
 
     /// Each `stick.state_file` belongs to one service: two tables saved to one file

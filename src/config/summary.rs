@@ -73,6 +73,7 @@ impl fmt::Display for Summary<'_> {
     }
 }
 
+/// One service's lines.
 fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
     let mode = match (s.mode, s.on_non_tls) {
         (Mode::Tcp, _) => "tcp",
@@ -112,7 +113,25 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
     if !s.names.is_empty() {
         writeln!(f, "  dialed    {}", s.names.join(", "))?;
     }
-    let balance = match s.balance {
+    writeln!(f, "  balance   {}", balance(s))?;
+    writeln!(f, "  stick     {}", stick(s.stick.as_ref()))?;
+    let t = &s.timeouts;
+    writeln!(
+        f,
+        "  timeouts  hello {}, connect {}, server hello {}, idle {}, queue {}, shutdown {}",
+        dur(t.client_hello),
+        dur(t.connect),
+        dur(t.server_hello),
+        dur(t.idle),
+        dur(t.queue),
+        dur(t.shutdown)
+    )?;
+    backends(f, &s.backends)
+}
+
+/// The `balance` line: the algorithm (and failback for `first`).
+fn balance(s: &ServiceConfig) -> String {
+    match s.balance {
         Balance::RoundRobin => "roundrobin".to_string(),
         Balance::LeastConn => "leastconn".to_string(),
         Balance::Source => "source".to_string(),
@@ -124,9 +143,12 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
                 "auto"
             }
         ),
-    };
-    writeln!(f, "  balance   {balance}")?;
-    let stick = match &s.stick {
+    }
+}
+
+/// The `stick` line: keys, size, expiry, state file and confirmation.
+fn stick(stick: Option<&StickConfig>) -> String {
+    match stick {
         None => "off".to_string(),
         Some(t) => {
             let on: Vec<&str> = t.on.iter().map(stick_on).collect();
@@ -146,20 +168,7 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
                 dur(t.expire)
             )
         }
-    };
-    writeln!(f, "  stick     {stick}")?;
-    let t = &s.timeouts;
-    writeln!(
-        f,
-        "  timeouts  hello {}, connect {}, server hello {}, idle {}, queue {}, shutdown {}",
-        dur(t.client_hello),
-        dur(t.connect),
-        dur(t.server_hello),
-        dur(t.idle),
-        dur(t.queue),
-        dur(t.shutdown)
-    )?;
-    backends(f, &s.backends)
+    }
 }
 
 fn backends(f: &mut fmt::Formatter<'_>, backends: &[BackendConfig]) -> fmt::Result {

@@ -5,8 +5,8 @@
 //! goes on), then the [`Checker`] walks what is left completely, pushing a
 //! [`Diagnostic`] (YAML path and line:col from the [`PositionIndex`]) for each
 //! problem and carrying on with a fallback value, so one run of `crossbar check`
-//! lists everything. [`super::indent`] explains syntax errors and unknown keys
-//! that are indentation mistakes.
+//! lists everything. `indent.rs` explains syntax errors and unknown keys that
+//! are indentation mistakes, running this pass on its candidate fixes.
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
@@ -43,11 +43,6 @@ const RELAY_KERNEL_RETIRED: &str = "warning: `kernel` was retired (the BPF sockm
      docs/performance.md); using splice-auto: write `relay: splice-auto` or remove the line";
 /// Largest backend weight; weights are relative, 256 levels are plenty.
 const MAX_WEIGHT: u64 = 256;
-
-/// Parse and validate a configuration file's text: every problem at once.
-pub(super) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
-    super::indent::analyse(text, file, true).into_result()
-}
 
 /// Everything one pass over a file's text finds.
 pub(super) struct Analysis {

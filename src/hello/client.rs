@@ -151,27 +151,7 @@ pub(super) fn client_hello_bytes(
         let available = buf
             .get(body_start..record_end.min(buf.len()))
             .unwrap_or(&[]);
-        // Only the 4-byte handshake header is needed from it: copying all of `joined`
-        // per record made a hello of many tiny records cost time cubic in their number
-        // over conn.rs's re-parses (many_tiny_records_parse_in_linear_time below).
-        let mut head = [0u8; HANDSHAKE_HEADER_LEN];
-        let mut head_len = 0;
-        for (slot, &b) in head.iter_mut().zip(joined.iter().chain(available)) {
-            *slot = b;
-            head_len += 1;
-        }
-        let view = counted(&head[..head_len]);
-        if let Some(&msg_type) = view.first() {
-            if msg_type != HS_CLIENT_HELLO {
-                return Err(HelloError::Malformed);
-            }
-        }
-        if let Some(msg_len) = read_u24(view, 1) {
-            let total = HANDSHAKE_HEADER_LEN + msg_len;
-            if total > max {
-                return Err(HelloError::TooLarge);
-            }
-        }
+        check_handshake_header(&joined, available, max)?;
         if buf.len() < record_end {
             return Ok(None);
         }
@@ -189,6 +169,32 @@ pub(super) fn client_hello_bytes(
         }
         pos = record_end;
     }
+}
+
+/// Check as much of the handshake message's 4-byte header as `joined` and the
+/// current record's `available` bytes hold: a ClientHello, not claiming more than
+/// `max` bytes. Only the header is copied: copying all of `joined` per record made
+/// a hello of many tiny records cost time cubic in their number over conn's
+/// re-parses (many_tiny_records_parse_in_linear_time below).
+fn check_handshake_header(joined: &[u8], available: &[u8], max: usize) -> Result<(), HelloError> {
+    let mut head = [0u8; HANDSHAKE_HEADER_LEN];
+    let mut head_len = 0;
+    for (slot, &b) in head.iter_mut().zip(joined.iter().chain(available)) {
+        *slot = b;
+        head_len += 1;
+    }
+    let view = counted(&head[..head_len]);
+    if let Some(&msg_type) = view.first() {
+        if msg_type != HS_CLIENT_HELLO {
+            return Err(HelloError::Malformed);
+        }
+    }
+    if let Some(msg_len) = read_u24(view, 1) {
+        if HANDSHAKE_HEADER_LEN + msg_len > max {
+            return Err(HelloError::TooLarge);
+        }
+    }
+    Ok(())
 }
 
 /// `bytes`, counted as work for tests ([`work`]): the parser looks at or copies them.
@@ -317,7 +323,7 @@ mod tests {
     const WORK_SLACK: usize = 64;
 
     /// Regression (found writing the fuzz properties): a hello cut into 1-byte
-    /// records made each parse copy the joined payload once per record, and conn.rs
+    /// records made each parse copy the joined payload once per record, and conn
     /// parses again after every read, so a client trickling such a hello cost CPU
     /// cubic in the number of records (seconds per connection at the default 16 KiB
     /// limit). A parse must be linear in the bytes buffered: measured in the work
@@ -331,7 +337,7 @@ mod tests {
         let framed = one_byte_records((max - 16) / 6);
         assert!(framed.len() <= max);
         let mut most = 0.0f64;
-        // A read completes every record (6 bytes): conn.rs parses the buffer again.
+        // A read completes every record (6 bytes): conn parses the buffer again.
         for end in (6..=framed.len()).step_by(6) {
             work::take();
             let r = parse_client_hello(&framed[..end], max);

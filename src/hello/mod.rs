@@ -10,19 +10,16 @@
 //! Nothing here panics on hostile input: every length is checked before use.
 
 mod client;
-mod server;
+mod server_hello;
 mod wire;
 
 pub use client::{parse_client_hello, ClientHelloInfo, HelloError, HelloParse};
-pub use server::{ServerHandshake, ServerWatcher};
+pub use server_hello::{ServerHandshake, ServerWatcher};
 
 /// TLS version numbers as they appear on the wire.
-pub mod version {
-    /// TLS 1.0.
-    pub const TLS10: u16 = 0x0301;
-    /// TLS 1.1.
-    pub const TLS11: u16 = 0x0302;
+pub(crate) mod version {
     /// TLS 1.2.
+    #[cfg(test)]
     pub const TLS12: u16 = 0x0303;
     /// TLS 1.3.
     pub const TLS13: u16 = 0x0304;
@@ -31,7 +28,7 @@ pub mod version {
 #[cfg(test)]
 mod tests {
     use super::client::*;
-    use super::server::*;
+    use super::server_hello::*;
     use super::wire::*;
     use super::*;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 mod copy;
 mod drive;
-pub mod ending;
+mod ending;
 mod meter;
 mod outcome;
 mod plan;

@@ -48,7 +48,7 @@ pub use policy::{
     learn_when, source_key, BackendIndex, LearnWhen, Placement, StickMetrics, Sticking,
     RESUME_HINT_TTL,
 };
-pub use state_file::{describe as describe_file_type, StateFileError};
+pub use state_file::StateFileError;
 pub use table::StickTable;
 
 /// The kind of a stick key (also the `key` label of the lookup metrics, via `label()`).

@@ -327,29 +327,9 @@ fn open_regular(path: &Path) -> io::Result<File> {
         })?;
     let kind = file.metadata()?.file_type();
     if !kind.is_file() {
-        return Err(not_regular(describe(&kind)));
+        return Err(not_regular(crate::config::describe_file_type(&kind)));
     }
     Ok(file)
-}
-
-/// What a file that is not a regular file is, for messages ("a FIFO").
-pub fn describe(kind: &fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_symlink() {
-        "a symbolic link"
-    } else if kind.is_block_device() || kind.is_char_device() {
-        "a device"
-    } else if kind.is_file() {
-        "a regular file"
-    } else {
-        "not a file"
-    }
 }
 
 pub(super) fn checksum(bytes: &[u8]) -> u64 {

@@ -355,7 +355,7 @@ impl StickTable {
     }
 
     /// Move the test clock forward (expiry tests without sleeping).
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn advance_clock(&self, by: Duration) {
         self.clock_offset
             .fetch_add(u32::try_from(by.as_secs()).unwrap_or(u32::MAX), Relaxed);

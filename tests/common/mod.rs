@@ -6,6 +6,7 @@
 //! bounded by [`WAIT`], a guard against hangs, never a performance threshold.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod hello;
 pub mod java;
 pub mod log;
 pub mod netns;
@@ -33,7 +34,7 @@ use crossbar::balance;
 use crossbar::config::Config;
 use crossbar::metrics::Metrics;
 use crossbar::server::{Server, ServerError};
-use crossbar::testbed::{self, BackendTls, TestCa};
+use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -193,6 +194,29 @@ impl Drop for AdminEndpoint {
     }
 }
 
+/// A crossbar with one echo backend and its admin endpoint, served until dropped.
+pub struct AdminBed {
+    /// The admin endpoint's address.
+    pub addr: SocketAddr,
+    pub cb: Crossbar,
+    _endpoint: AdminEndpoint,
+    _backend: Backend,
+}
+
+/// Start an [`AdminBed`]: one service with `settings` over one echo backend, its
+/// admin endpoint guarded by `token` (none: no token).
+pub async fn admin_bed(settings: &str, token: Option<&str>) -> AdminBed {
+    let be = Backend::echo("e1", false).await;
+    let cb = Crossbar::start(&one_service(settings, &[backend_line("e1", be.addr, "")])).await;
+    let endpoint = cb.serve_admin(token.and_then(admin::Secret::new)).await;
+    AdminBed {
+        addr: endpoint.addr,
+        cb,
+        _endpoint: endpoint,
+        _backend: be,
+    }
+}
+
 /// Find `name{labels...}` in Prometheus text and return its value (sum if several
 /// samples match, 0 if none do).
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -213,6 +237,27 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
                 .then(|| value.parse::<f64>().ok())?
         })
         .sum()
+}
+
+/// Rustls backends, one per name, answering [`SNI`] and `localhost` on free
+/// loopback ports.
+pub async fn rustls_backends(
+    ca: &TestCa,
+    names: &[String],
+    tls: BackendTls,
+) -> anyhow::Result<Vec<TlsBackend>> {
+    let mut v = Vec::new();
+    for n in names {
+        v.push(TlsBackend::start(ca, n, &[SNI, "localhost"], tls, any_port()).await?);
+    }
+    Ok(v)
+}
+
+/// A TLS backend `name` for [`SNI`] on a free port (a failure to start fails the test).
+pub async fn tls_backend(ca: &TestCa, name: &str, tls: BackendTls) -> TlsBackend {
+    TlsBackend::start(ca, name, &[SNI], tls, any_port())
+        .await
+        .unwrap_or_else(|e| panic!("start TLS backend {name}: {e:#}"))
 }
 
 /// A config with one service `svc` on `127.0.0.1:0`. `settings` are extra lines of

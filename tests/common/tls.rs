@@ -113,6 +113,55 @@ pub enum Sess<'a> {
     InOut(&'a Path),
 }
 
+/// `openssl s_client` agents, each with its own session file: every agent's full
+/// handshake in parallel (to `addrs[0]`), then each agent's `resumptions` in
+/// sequence, agents in parallel, resumption `a` (from 1) to `addrs[a % addrs.len()]`.
+/// `save_resumed`: each resumption saves the session it got (single-use tickets),
+/// else all offer the first one. Every connection's result, per agent, in order.
+pub async fn openssl_agents(
+    addrs: &[SocketAddr],
+    args: &'static [&'static str],
+    names: &[String],
+    agents: usize,
+    resumptions: usize,
+    save_resumed: bool,
+) -> Result<Vec<Vec<Result<SClientRun>>>> {
+    let dir = std::sync::Arc::new(tempfile::tempdir()?);
+    let file = |i: usize| dir.path().join(format!("agent{i}.sess"));
+    let names = std::sync::Arc::new(names.to_vec());
+    let addrs = std::sync::Arc::new(addrs.to_vec());
+    let mut firsts = Vec::new();
+    for i in 0..agents {
+        let (file, names, addr) = (file(i), names.clone(), addrs[0]);
+        firsts.push(tokio::task::spawn_blocking(move || {
+            s_client(addr, args, Sess::Out(&file), &names)
+        }));
+    }
+    let mut out = Vec::new();
+    for t in firsts {
+        out.push(vec![t.await?]);
+    }
+    let mut rest = Vec::new();
+    for i in 0..agents {
+        let (file, names, addrs) = (file(i), names.clone(), addrs.clone());
+        rest.push(tokio::task::spawn_blocking(move || {
+            (1..=resumptions)
+                .map(|a| {
+                    let sess = match save_resumed {
+                        true => Sess::InOut(&file),
+                        false => Sess::In(&file),
+                    };
+                    s_client(addrs[a % addrs.len()], args, sess, &names)
+                })
+                .collect::<Vec<_>>()
+        }));
+    }
+    for (runs, t) in out.iter_mut().zip(rest) {
+        runs.extend(t.await?);
+    }
+    Ok(out)
+}
+
 /// Run `openssl s_client` once: handshake, send `GET /who`, read the answer until
 /// the server closes (so TLS 1.3 post-handshake tickets reach `-sess_out`), and say
 /// whether it resumed and which of `names` answered. Killed after `S_CLIENT_TIMEOUT`.

@@ -17,12 +17,12 @@
 //! - the first backend's full-handshake answer is kept rather than asking it twice;
 //! - a global token bucket ([`crate::budget::Budget`]) bounds the extra handshakes
 //!   per second.
-use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::net::IpAddr;
 
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use super::capped::{read_until, Cap};
+use super::upstream::{ClientWatch, Offer, Unopened};
 use crate::balance::Lease;
 use crate::config::StickOn;
 use crate::hello::{ClientHelloInfo, ServerWatcher};
@@ -30,13 +30,13 @@ use crate::service::{Service, Shared};
 
 /// Most bytes of one backend's answer held while waiting for its verdict: a TLS 1.2
 /// ServerHello plus a certificate chain (Puppet's is ~4 KiB, long chains ~16 KiB).
-pub const ANSWER_LIMIT: usize = 64 * 1024;
+const ANSWER_LIMIT: usize = 64 * 1024;
 /// Read granularity of an answer; a ServerHello flight is usually one or two reads.
 const ANSWER_READ_CHUNK: usize = 8 * 1024;
 
 /// How a confirmation ended: the `result` label of `crossbar_stick_confirm_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     /// The first backend resumed the session.
     First,
     /// A later backend resumed it; the earlier ones were dropped unseen.
@@ -56,7 +56,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The metric label and access-log value.
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Outcome::First => "first",
             Outcome::RetriedResumed => "retried_resumed",
@@ -71,7 +71,7 @@ impl Outcome {
 
 /// Whether a connection's placement is to be confirmed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wanted {
+pub(super) enum Wanted {
     /// Nothing to confirm: confirmation off, no session offered, or placement certain.
     No,
     /// A session of uncertain placement that can't be confirmed safely.
@@ -82,7 +82,7 @@ pub enum Wanted {
 
 /// Decide for one ClientHello. `certain` is an exact session entry or a non-shared
 /// key-name prefix hit; `buffered` is every client byte read so far.
-pub fn wanted(svc: &Service, h: &ClientHelloInfo, buffered: usize, certain: bool) -> Wanted {
+pub(super) fn wanted(svc: &Service, h: &ClientHelloInfo, buffered: usize, certain: bool) -> Wanted {
     let on = svc
         .config
         .stick
@@ -108,17 +108,17 @@ fn offers_session(svc: &Service, h: &ClientHelloInfo) -> bool {
 
 /// The backend chosen, with the bytes of its answer that were read while deciding
 /// (the client must receive them first).
-pub struct Committed {
+pub(super) struct Committed {
     /// Connection to the chosen backend.
-    pub server: TcpStream,
+    pub(super) server: TcpStream,
     /// Its connection slot.
-    pub lease: Lease,
+    pub(super) lease: Lease,
     /// Its answer so far, not yet sent to the client.
-    pub pending: Vec<u8>,
+    pub(super) pending: Vec<u8>,
     /// Backends the ClientHello was offered to, the chosen one included.
-    pub tried: usize,
+    pub(super) tried: usize,
     /// How the search ended.
-    pub outcome: Outcome,
+    pub(super) outcome: Outcome,
 }
 
 /// What one backend's answer showed.
@@ -132,19 +132,11 @@ enum Verdict {
 }
 
 /// Everything a search needs about the connection.
-pub struct Search<'a> {
-    /// The service.
-    pub svc: &'a Service,
+pub(super) struct Search<'a> {
+    /// The client's side of opening backends (its hello, its address).
+    pub offer: Offer<'a>,
     /// Process-wide state (the budget).
     pub shared: &'a Shared,
-    /// The client (only watched, never read or written).
-    pub client: &'a TcpStream,
-    /// The client's address.
-    pub peer: SocketAddr,
-    /// The parsed hello.
-    pub hello: &'a ClientHelloInfo,
-    /// The hello's bytes, as sent to the first backend.
-    pub hello_bytes: &'a [u8],
     /// Backends already tried (and failed) for this connection.
     pub tried: Vec<usize>,
 }
@@ -152,9 +144,10 @@ pub struct Search<'a> {
 impl Search<'_> {
     /// Read the first backend's verdict and, if it did a full handshake, offer the
     /// hello to further candidates until one resumes it.
-    pub async fn run(mut self, mut server: TcpStream, lease: Lease) -> Committed {
-        let limit = self.svc.config.timeouts.server_hello;
-        let (verdict, pending) = answer(&mut server, self.client, limit).await;
+    pub(super) async fn run(mut self, mut server: TcpStream, lease: Lease) -> Committed {
+        let limit = self.offer.svc.config.timeouts.server_hello;
+        let deadline = tokio::time::Instant::now() + limit;
+        let (verdict, pending) = answer(&mut server, self.offer.client, deadline).await;
         let outcome = match verdict {
             Verdict::Resumed => Outcome::First,
             Verdict::HelloRetry => Outcome::HelloRetry,
@@ -175,13 +168,9 @@ impl Search<'_> {
 
     /// The first backend did a full handshake (held in `pending`): try the others.
     async fn retry(mut self, server: TcpStream, lease: Lease, pending: Vec<u8>) -> Committed {
-        let tries = self
-            .svc
-            .config
-            .stick
-            .as_ref()
-            .map_or(1, |s| s.confirm_tries);
-        let ip: IpAddr = self.peer.ip().to_canonical();
+        let svc = self.offer.svc;
+        let tries = svc.config.stick.as_ref().map_or(1, |s| s.confirm_tries);
+        let ip: IpAddr = self.offer.peer.ip().to_canonical();
         let mut offered = 1;
         let mut outcome = Outcome::NoneResumed;
         while offered < tries {
@@ -191,28 +180,28 @@ impl Search<'_> {
                 outcome = Outcome::BudgetEmpty;
                 break;
             }
-            let Some(next) = self.svc.pool.try_pick(ip, &self.tried) else {
+            let Some(next) = svc.pool.try_pick(ip, &self.tried) else {
                 break;
             };
             self.tried.push(next.backend().index);
             offered += 1;
-            match self.offer(&next).await {
-                Some((s, Verdict::Resumed, bytes)) => {
+            match self.offer_to(&next).await {
+                Offered::Resumed(server, pending) => {
                     return Committed {
-                        server: s,
+                        server,
                         lease: next,
-                        pending: bytes,
+                        pending,
                         tried: offered,
                         outcome: Outcome::RetriedResumed,
                     };
                 }
-                // A later backend's HRR or a stir from the client ends the search
-                // at the answer already held.
-                Some((_, Verdict::HelloRetry | Verdict::Unknown, _)) => {
+                // A later backend's HRR, silence or close, or a stir from the client
+                // ends the search at the answer already held.
+                Offered::Ended => {
                     outcome = Outcome::Ended;
                     break;
                 }
-                Some((_, Verdict::Full, _)) | None => {}
+                Offered::Full | Offered::Unreached => {}
             }
         }
         Committed {
@@ -224,79 +213,75 @@ impl Search<'_> {
         }
     }
 
-    /// Connect to one more candidate, send it the hello, read its verdict. `None`
-    /// if it could not be reached (counted like any failed connect).
-    async fn offer(&self, lease: &Lease) -> Option<(TcpStream, Verdict, Vec<u8>)> {
+    /// Open one more candidate ([`Offer::open`]) and read its verdict.
+    async fn offer_to(&self, lease: &Lease) -> Offered {
         let b = lease.backend();
-        let limit = self.svc.config.timeouts.connect;
-        let mut s = match crate::dial::connect_to(&b.config.address, limit).await {
+        let svc = self.offer.svc;
+        let limit = svc.config.timeouts.server_hello;
+        let opened = self.offer.open(b, ClientWatch::Stirs, Some(limit)).await;
+        let mut s = match opened {
             Ok(s) => s,
+            Err(Unopened::Connect(_)) => return Offered::Unreached,
             Err(e) => {
-                b.metrics.connect_errors.inc();
-                crate::health::passive_failure(self.svc, b, &e);
-                tracing::debug!(backend = %b.name, "confirmation connect failed: {e}");
-                return None;
+                if !matches!(e, Unopened::Client) {
+                    svc.metrics.confirm_extra(&b.name);
+                }
+                return Offered::Ended;
             }
         };
-        crate::health::passive_success(b);
-        self.svc.metrics.confirm_extra(&b.name);
-        let sni = self.hello.sni.as_deref();
-        let proxy = b.config.proxy_protocol;
-        let sent =
-            crate::dial::send_prelude(&mut s, self.client, self.peer, proxy, sni, self.hello_bytes);
-        if tokio::time::timeout(limit, sent).await.ok()?.is_err() {
-            return None;
+        svc.metrics.confirm_extra(&b.name);
+        // It has answered (a first byte): the rest of its flight follows at once.
+        let deadline = tokio::time::Instant::now() + limit;
+        match answer(&mut s, self.offer.client, deadline).await {
+            (Verdict::Resumed, bytes) => Offered::Resumed(s, bytes),
+            (Verdict::Full, _) => Offered::Full,
+            (Verdict::HelloRetry | Verdict::Unknown, _) => Offered::Ended,
         }
-        let (verdict, bytes) =
-            answer(&mut s, self.client, self.svc.config.timeouts.server_hello).await;
-        Some((s, verdict, bytes))
     }
 }
 
-/// Read a backend's answer until it shows whether the session resumed, within
-/// `limit` and [`ANSWER_LIMIT`] bytes; stops early if the client stirs (sends a byte
-/// or closes: it must not be kept waiting for a search).
-async fn answer(server: &mut TcpStream, client: &TcpStream, limit: Duration) -> (Verdict, Vec<u8>) {
+/// What offering the hello to one more candidate came to.
+enum Offered {
+    /// It could not be reached (counted like any failed connect): try the next.
+    Unreached,
+    /// It resumed the session: its connection and answer so far.
+    Resumed(TcpStream, Vec<u8>),
+    /// A full handshake: try the next.
+    Full,
+    /// No verdict, a HelloRetryRequest, or the client stirred: the search ends.
+    Ended,
+}
+
+/// Read a backend's answer until it shows whether the session resumed, by
+/// `deadline` and within [`ANSWER_LIMIT`] bytes; stops early if the client stirs
+/// (sends a byte or closes: it must not be kept waiting for a search).
+async fn answer(
+    server: &mut TcpStream,
+    client: &TcpStream,
+    deadline: tokio::time::Instant,
+) -> (Verdict, Vec<u8>) {
     let mut watcher = ServerWatcher::new(ANSWER_LIMIT);
     let mut held = Vec::new();
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
+    let cap = Cap {
+        bytes: ANSWER_LIMIT,
+        chunk: ANSWER_READ_CHUNK,
+        deadline,
+    };
+    let stirs = ClientWatch::Stirs.fired(client);
+    let verdict = read_until(server, &mut held, cap, stirs, |held, fresh| {
+        if fresh < held.len() {
+            watcher.feed(&held[fresh..]);
+        }
         let info = watcher.info();
-        if info.hello_retry {
-            return (Verdict::HelloRetry, held);
-        }
         match info.resumed {
-            Some(true) => return (Verdict::Resumed, held),
-            Some(false) => return (Verdict::Full, held),
-            None if watcher.is_done() || held.len() >= ANSWER_LIMIT => {
-                return (Verdict::Unknown, held)
-            }
-            None => {}
+            _ if info.hello_retry => Some(Verdict::HelloRetry),
+            Some(true) => Some(Verdict::Resumed),
+            Some(false) => Some(Verdict::Full),
+            None if watcher.is_done() => Some(Verdict::Unknown),
+            None => None,
         }
-        let old = held.len();
-        let room = (ANSWER_LIMIT - old).min(ANSWER_READ_CHUNK);
-        held.resize(old + room, 0);
-        let read = tokio::select! {
-            r = tokio::time::timeout_at(deadline, server.read(&mut held[old..])) => r,
-            () = client_stirs(client) => Ok(Err(std::io::ErrorKind::Interrupted.into())),
-        };
-        match read {
-            Ok(Ok(n)) if n > 0 => {
-                held.truncate(old + n);
-                watcher.feed(&held[old..]);
-            }
-            _ => {
-                held.truncate(old);
-                return (Verdict::Unknown, held);
-            }
-        }
-    }
-}
-
-/// Resolves when the client sends a byte, closes or fails; peeks, never reads.
-async fn client_stirs(client: &TcpStream) {
-    let mut probe = [0u8; 1];
-    let _ = client.peek(&mut probe).await; // ok: any outcome is a stir
+    });
+    (verdict.await.unwrap_or(Verdict::Unknown), held)
 }
 
 #[cfg(test)]

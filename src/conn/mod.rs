@@ -1,0 +1,388 @@
+//! One client connection, from accept to the access-log line, as named steps on
+//! one [`Conn`]: decide the client (a trusted tier's PROXY header) -> read the hello -> route -> place -> open a backend (and replay the
+//! hello) -> confirm the placement -> relay while watching the server's handshake
+//! and learning from it -> log.
+//!
+//! Where a connection goes is decided by [`crate::stick`]'s placement policy (the
+//! sticky backend) and [`crate::balance`] (everything else); this folder only runs
+//! the steps in order, each bounded in time, and knows which side ended it. By job,
+//! each file using only the ones listed after it:
+//!
+//! - `mod.rs`: [`handle`] and the steps in order;
+//! - `confirm.rs`: offer a resumption to further backends until one resumes it;
+//! - `watched.rs`: the relay, watching the server's handshake and learning from it;
+//! - `upstream.rs`: open a backend (dial, PROXY header and hello, first answer),
+//!   for the connect loop and confirmation alike;
+//! - `capped.rs`: a capped read under a deadline (the hello, a backend's answer);
+//! - `error.rs`: why a connection ended before its relay.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::TcpStream;
+
+use crate::access_log::AccessLog;
+use crate::balance::Lease;
+use crate::connections::Opening;
+use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse};
+use crate::listener::{Accepted, InheritedOptions};
+use crate::proxy_protocol::{self, FrontError};
+use crate::service::{ListenerRoutes, Service, Shared};
+
+mod capped;
+mod confirm;
+mod error;
+mod upstream;
+mod watched;
+
+use capped::{read_until, Cap, Short};
+use confirm::{Outcome, Search, Wanted};
+use error::ConnError;
+use upstream::Offer;
+
+/// Bytes beyond `max_hello_size` we accept in the first read burst (record headers,
+/// a few bytes of data pipelined after the hello).
+const HELLO_SLACK: usize = 1024;
+/// Read granularity while waiting for the hello; a typical hello is 512 B - 2 KiB.
+const HELLO_READ_CHUNK: usize = 4096;
+
+/// Serve one accepted connection to the end. Never panics on client input; every
+/// outcome is logged once on `crossbar::access`.
+///
+/// Not an `async fn`: an async fn keeps its arguments in the future twice (as
+/// captured and as moved-in locals), and this future lives as long as the
+/// connection, idle ones included; the `async move` block holds them once.
+#[allow(clippy::manual_async_fn)]
+pub fn handle(
+    acc: Accepted,
+    routes: Arc<ListenerRoutes>,
+    shared: Arc<Shared>,
+    listener: Arc<str>,
+) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        let started = Instant::now();
+        if acc.inherited.is_none() {
+            if let Err(e) = acc.stream.set_nodelay(true) {
+                tracing::debug!(peer = %acc.peer, "TCP_NODELAY failed: {e}");
+            }
+        }
+        let mut conn = Conn {
+            client: acc.stream,
+            peer: acc.peer,
+            inherited: acc.inherited,
+            routes: &routes,
+            shared: &shared,
+            log: AccessLog::default(),
+            started,
+        };
+        let failed = match conn.serve().await {
+            Ok(()) => false,
+            Err(e) => {
+                if let ConnError::Front(f) = &e {
+                    shared.metrics.proxy_refused(&listener, f.reason());
+                }
+                conn.log.end = e.reason();
+                conn.log.error = Some(e.to_string());
+                true
+            }
+        };
+        drop(acc.permit);
+        if failed && !shared.log_limiter.allow() {
+            return;
+        }
+        // The TCP peer: the log names the client a trusted tier's header gave too.
+        conn.log.write(acc.peer, &listener, started);
+    }
+}
+
+/// One connection's state while its steps run (mini-redis's `Handler`).
+struct Conn<'a> {
+    /// The client socket.
+    client: TcpStream,
+    /// The client's address: the TCP peer until [`Conn::front`] has read a trusted
+    /// tier's PROXY header, then the client that header names.
+    peer: SocketAddr,
+    /// What the socket inherited from its listener.
+    inherited: Option<InheritedOptions>,
+    /// The listen address's routing (and its hello limits).
+    routes: &'a ListenerRoutes,
+    /// What all connections share (metrics, the confirmation budget, shutdown).
+    shared: &'a Shared,
+    /// The access-log line, filled in as the steps go.
+    log: AccessLog,
+    /// When the connection was accepted.
+    started: Instant,
+}
+
+impl Conn<'_> {
+    /// The steps of a connection, in order.
+    async fn serve(&mut self) -> Result<(), ConnError> {
+        // The header and the hello share the `client_hello` budget, from accept.
+        let deadline = tokio::time::Instant::from_std(self.started) + self.routes.hello_timeout;
+        let mut buf = Vec::new();
+        // From here on `peer` is the client (an agent behind a trusted tier).
+        self.peer = self.front(&mut buf, deadline).await?;
+        let (svc, hello) = self.read_and_route(&mut buf, deadline).await?;
+        self.log.service = Some(Arc::from(svc.name()));
+        let keepalive = svc.config.keepalive;
+        if self.inherited != Some(InheritedOptions { keepalive }) {
+            set_keepalive(&self.client, keepalive);
+        }
+        let (sticky, certain) = self.place(&svc, hello.as_ref());
+        let (mut server, lease, pending) = self
+            .connect(&svc, hello.as_ref(), &buf, sticky, certain)
+            .await?;
+        let backend = lease.backend().clone();
+        self.log.backend = Some(backend.name.clone());
+        if keepalive.is_some() {
+            set_keepalive(&server, keepalive);
+        }
+        backend.metrics.connections.inc();
+        let client_ip = self.peer.ip().to_canonical();
+        if let Some(sticking) = svc.sticking() {
+            sticking.learn_connect(client_ip, &backend.name);
+        }
+        let replayed = buf.len() as u64;
+        backend.metrics.bytes_c2s.inc_by(replayed);
+        // The hello buffer is not needed for the rest of a possibly hours-long connection.
+        drop(buf);
+        let open = (replayed, pending.len() as u64, hello.is_some());
+        let listed =
+            svc.connections
+                .open(Opening::new(self.peer, &backend.name, self.started, open));
+        let watched = (hello.as_ref(), client_ip, pending.as_slice());
+        let hard_stop = &self.shared.hard_stop;
+        let (stats, handshake) = watched::relay_watched(
+            &mut self.client,
+            &mut server,
+            (&svc, &backend, listed.conn()),
+            watched,
+            hard_stop,
+        )
+        .await?;
+        watched::record_relay(&mut self.log, &stats, handshake, replayed, &svc, &backend);
+        self.log.s2c += pending.len() as u64;
+        let elapsed = self.started.elapsed().as_secs_f64();
+        svc.metrics.duration.observe(elapsed);
+        drop(lease);
+        Ok(())
+    }
+
+    /// Step 0: who the client is. From a source the listener trusts, its PROXY header
+    /// says ([`proxy_protocol::read_front`]); every later step reads the address this
+    /// returns, never the TCP peer. Bytes read past the header stay in `buf`.
+    async fn front(
+        &mut self,
+        buf: &mut Vec<u8>,
+        deadline: tokio::time::Instant,
+    ) -> Result<SocketAddr, ConnError> {
+        let policy = self.routes.proxy.as_ref();
+        let f = proxy_protocol::read_front(&mut self.client, self.peer, policy, buf, deadline)
+            .await
+            .map_err(ConnError::Front)?;
+        if f.via.is_some() {
+            self.log.proxied = Some(f.client);
+        }
+        Ok(f.client)
+    }
+
+    /// Steps 1-2: read the ClientHello (unless the address is `mode: tcp`) and route
+    /// it by SNI; non-TLS bytes go to the service that forwards them, if any.
+    async fn read_and_route(
+        &mut self,
+        buf: &mut Vec<u8>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Arc<Service>, Option<ClientHelloInfo>), ConnError> {
+        let routes = self.routes;
+        if routes.tcp {
+            let svc = routes.routes.route(None).ok_or(ConnError::NoRoute(None))?;
+            return Ok((svc.clone(), None));
+        }
+        let read = read_hello(&mut self.client, buf, routes.max_hello, deadline);
+        match read.await {
+            Ok(h) => {
+                self.log.sni = h.sni.clone();
+                let Some(svc) = routes.routes.route(h.sni.as_deref()) else {
+                    crate::metrics::unrouted(&self.shared.metrics, None, Some("no_route"));
+                    return Err(ConnError::NoRoute(h.sni));
+                };
+                Ok((svc.clone(), Some(h)))
+            }
+            Err(e @ (HelloError::NotTls | HelloError::Malformed)) if routes.non_tls.is_some() => {
+                let svc = routes.non_tls.clone().ok_or(ConnError::Hello(e))?;
+                svc.metrics.hello_error(e.reason());
+                Ok((svc, None))
+            }
+            // A PROXY header from a source not trusted to send one: never parsed, but
+            // named as what it is.
+            Err(HelloError::NotTls) if proxy_protocol::untrusted_header(buf) => {
+                Err(ConnError::Front(FrontError::Untrusted))
+            }
+            Err(e) => Err(self.hello_failed(e)),
+        }
+    }
+
+    /// Count a hello that failed: on the service when the address has only one,
+    /// else as unrouted.
+    fn hello_failed(&mut self, e: HelloError) -> ConnError {
+        match self.routes.routes.route(None) {
+            Some(s) if self.routes.routes.is_single() => {
+                self.log.service = Some(Arc::from(s.name()));
+                s.metrics.hello_error(e.reason());
+            }
+            _ => crate::metrics::unrouted(&self.shared.metrics, Some(e.reason()), None),
+        }
+        ConnError::Hello(e)
+    }
+
+    /// Step 3: the backend the stick table says holds this client's session, if any
+    /// (the placement policy itself is [`crate::stick::Sticking::place`]), and
+    /// whether that placement is certain (else confirmation may check it).
+    fn place(&mut self, svc: &Service, hello: Option<&ClientHelloInfo>) -> (Option<usize>, bool) {
+        let ip = self.peer.ip().to_canonical();
+        let Some(placement) = svc.sticking().and_then(|s| s.place(hello, ip)) else {
+            return (None, false);
+        };
+        self.log.stick = Some(placement.kind.as_str());
+        self.log.stick_hit = placement.backend.is_some();
+        (placement.backend, placement.certain())
+    }
+
+    /// Steps 4-4b: open a backend, the sticky one first, retrying elsewhere on
+    /// failure ([`upstream::connect`]), then confirm the placement of an offered
+    /// session if that is wanted (`confirm.rs`). Returns the backend to relay to,
+    /// its slot and the answer bytes already read from it.
+    async fn connect(
+        &mut self,
+        svc: &Service,
+        hello: Option<&ClientHelloInfo>,
+        buf: &[u8],
+        sticky: Option<usize>,
+        certain: bool,
+    ) -> Result<(TcpStream, Lease, Vec<u8>), ConnError> {
+        // Only the ClientHello may reach more than one backend: the bytes behind it
+        // are held for the one that answers (upstream.rs).
+        let (hello_bytes, held) = match hello {
+            Some(h) => buf.split_at(h.consumed.min(buf.len())),
+            None => (buf, &[][..]),
+        };
+        let offer = Offer {
+            svc,
+            client: &self.client,
+            peer: self.peer,
+            sni: hello.and_then(|h| h.sni.as_deref()),
+            hello: hello_bytes,
+        };
+        let log = &mut self.log;
+        let (server, lease, tried) =
+            upstream::connect(&offer, hello.is_some(), held, sticky, log).await?;
+        let Some(h) = hello else {
+            return Ok((server, lease, Vec::new()));
+        };
+        let outcome = match confirm::wanted(svc, h, buf.len(), certain) {
+            Wanted::No => return Ok((server, lease, Vec::new())),
+            Wanted::NotEligible => Outcome::NotEligible,
+            Wanted::Yes => {
+                // Backends that failed before the first answer count too.
+                let before = tried.len();
+                let search = Search {
+                    offer,
+                    shared: self.shared,
+                    tried,
+                };
+                // Boxed: only connections that confirm pay for the search's state.
+                let c = Box::pin(search.run(server, lease)).await;
+                svc.metrics.confirm(c.outcome.as_str());
+                log.confirm = Some(c.outcome.as_str());
+                log.tried = before + c.tried;
+                return Ok((c.server, c.lease, c.pending));
+            }
+        };
+        svc.metrics.confirm(outcome.as_str());
+        log.confirm = Some(outcome.as_str());
+        Ok((server, lease, Vec::new()))
+    }
+}
+
+/// Turn TCP keepalive on with the service's timing (or off). A failure is logged,
+/// not fatal: the connection works without it.
+fn set_keepalive(stream: &TcpStream, ka: Option<crate::config::Keepalive>) {
+    if let Err(e) = crate::listener::set_keepalive(&socket2::SockRef::from(stream), ka) {
+        tracing::debug!("TCP keepalive not set: {e}");
+    }
+}
+
+/// Read until a complete ClientHello (or a reason to give up), by `deadline` and
+/// within `max` bytes, after what `buf` holds already (read past a PROXY header).
+/// Every byte read stays in `buf` to be replayed to the backend.
+async fn read_hello(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    max: usize,
+    deadline: tokio::time::Instant,
+) -> Result<ClientHelloInfo, HelloError> {
+    let cap = Cap {
+        bytes: max + HELLO_SLACK,
+        chunk: HELLO_READ_CHUNK,
+        deadline,
+    };
+    let parsed = read_until(stream, buf, cap, std::future::pending(), |buf, _| {
+        match hello::parse_client_hello(buf, max) {
+            HelloParse::Found(h) => Some(Ok(h)),
+            HelloParse::Invalid(e) => Some(Err(e)),
+            HelloParse::NeedMore => None,
+        }
+    });
+    match parsed.await {
+        Ok(found) => found,
+        Err(Short::Full) => Err(HelloError::TooLarge),
+        Err(Short::Timeout) => Err(HelloError::Timeout),
+        Err(Short::Closed | Short::Stopped) => Err(HelloError::Truncated),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn keepalive_options_reach_the_socket() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let ka = crate::config::Keepalive {
+            time: Duration::from_secs(77),
+            interval: Duration::from_secs(11),
+            probes: 5,
+        };
+        set_keepalive(&s, Some(ka));
+        let r = socket2::SockRef::from(&s);
+        assert!(r.keepalive().unwrap());
+        assert_eq!(r.keepalive_time().unwrap(), Duration::from_secs(77));
+        assert_eq!(r.keepalive_interval().unwrap(), Duration::from_secs(11));
+        assert_eq!(r.keepalive_retries().unwrap(), 5);
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    /// Bytes of a connection task's future: held for the whole life of every
+    /// connection, idle ones included (docs/performance.md, RSS per idle connection).
+    /// 2,176 B in a debug build when set (2,544 B before `handle` and `serve` stopped
+    /// holding their arguments twice).
+    const MAX_CONNECTION_FUTURE: usize = 2304;
+
+    fn size_of_return<A, B, C, D, F: std::future::Future>(_: fn(A, B, C, D) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn connection_future_stays_small() {
+        let n = size_of_return(super::handle);
+        println!("connection future: {n} bytes");
+        assert!(
+            n <= MAX_CONNECTION_FUTURE,
+            "connection future grew to {n} bytes"
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! Opening a backend for a client, in one place: dial -> passive health and
+//! metrics -> the prelude (PROXY header and ClientHello) -> the backend's first
+//! answer, all while watching the client. The connect loop (the first pick and its
+//! retries) and placement confirmation (each further candidate) both open backends
+//! through [`Offer::open`].
+//!
+//! Only the ClientHello ever reaches more than one backend: what the client sent
+//! behind it (0-RTT early data, a pipelined record) is held until a backend has
+//! answered and goes to that one alone: early data carries a request, and two
+//! backends that share no anti-replay state would both act on it (RFC 8446 8).
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::error::ConnError;
+use crate::access_log::AccessLog;
+use crate::balance::{Backend, Lease, PickError};
+use crate::service::Service;
+use crate::{dial, health};
+
+/// What the client is watched for while a backend is opened for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClientWatch {
+    /// A reset. In tcp mode an EOF may be a half-close that still wants the answer.
+    Resets,
+    /// A reset or a close: a TLS client never half-closes mid-handshake, so its EOF
+    /// means it left (like HAProxy's abortonclose: no backend connection is opened
+    /// for nobody).
+    Leaves,
+    /// Any byte, a close or a reset: a search must not keep a client waiting.
+    Stirs,
+}
+
+impl ClientWatch {
+    /// Resolves when the client does what is watched for; never otherwise. Peeks,
+    /// never reads: bytes the client sends meanwhile stay in the socket.
+    pub(super) async fn fired(self, client: &TcpStream) {
+        let mut probe = [0u8; 1];
+        match (client.peek(&mut probe).await, self) {
+            (Err(_), _) | (Ok(0), Self::Leaves | Self::Stirs) | (Ok(_), Self::Stirs) => {}
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+/// Why a backend could not be opened (each already counted and logged).
+#[derive(Debug)]
+pub(super) enum Unopened {
+    /// The dial failed.
+    Connect(io::Error),
+    /// The prelude could not be written and no answer was awaited (tcp mode).
+    Write(io::Error),
+    /// Reached, but it closed, reset or refused the prelude before its first byte:
+    /// it has been sent nothing but the hello, so another backend may have it.
+    Closed,
+    /// Reached, but silent for `timeouts.server_hello`.
+    Silent,
+    /// The client did what it was watched for.
+    Client,
+}
+
+/// One client's side of opening backends: who it is and what each backend is sent
+/// before it answers.
+pub(super) struct Offer<'a> {
+    /// The service the client was routed to.
+    pub svc: &'a Service,
+    /// The client (only peeked at, never read or written).
+    pub client: &'a TcpStream,
+    /// The client's address (the PROXY header's source).
+    pub peer: SocketAddr,
+    /// The SNI (the PROXY v2 authority).
+    pub sni: Option<&'a str>,
+    /// The ClientHello's bytes, empty in tcp mode.
+    pub hello: &'a [u8],
+}
+
+impl Offer<'_> {
+    /// Open `backend`: dial it (a passive health result and the connect metrics
+    /// either way), send it the PROXY header and the hello, then, given `answer`,
+    /// wait that long for its first byte (peeked: it stays in the socket). Gives up
+    /// as soon as the client does what `watch` looks for.
+    pub(super) async fn open(
+        &self,
+        backend: &Backend,
+        watch: ClientWatch,
+        answer: Option<Duration>,
+    ) -> Result<TcpStream, Unopened> {
+        tokio::select! {
+            r = self.reach(backend, answer) => r,
+            () = watch.fired(self.client) => Err(Unopened::Client),
+        }
+    }
+
+    async fn reach(&self, b: &Backend, answer: Option<Duration>) -> Result<TcpStream, Unopened> {
+        let svc = self.svc;
+        let started = Instant::now();
+        let mut server = match dial::connect_to(&b.config.address, svc.config.timeouts.connect)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                b.metrics.connect_errors.inc();
+                health::passive_failure(svc, b, &e);
+                tracing::warn!(service = %svc.name(), backend = %b.name, address = %b.config.address, "connect failed: {e}");
+                return Err(Unopened::Connect(e));
+            }
+        };
+        health::passive_success(b);
+        b.metrics
+            .connect_duration
+            .observe(started.elapsed().as_secs_f64());
+        let proxy = b.config.proxy_protocol;
+        let (client, peer, sni) = (self.client, self.peer, self.sni);
+        let Some(limit) = answer else {
+            let sent = dial::send_prelude(&mut server, client, peer, proxy, sni, self.hello);
+            sent.await.map_err(Unopened::Write)?;
+            return Ok(server);
+        };
+        let answered = async {
+            dial::send_prelude(&mut server, client, peer, proxy, sni, self.hello).await?;
+            first_byte(&server).await
+        };
+        match tokio::time::timeout(limit, answered).await {
+            Ok(Ok(())) => Ok(server),
+            Ok(Err(e)) => {
+                b.metrics.connect_errors.inc();
+                health::passive_failure(svc, b, &e);
+                tracing::warn!(service = %svc.name(), backend = %b.name, "closed before answering the ClientHello: {e}");
+                Err(Unopened::Closed)
+            }
+            Err(_) => {
+                b.metrics.server_hello_timeouts.inc();
+                let e = io::Error::new(io::ErrorKind::TimedOut, "no answer to the ClientHello");
+                health::passive_failure(svc, b, &e);
+                tracing::warn!(service = %svc.name(), backend = %b.name, "did not answer the ClientHello within {limit:?}");
+                Err(Unopened::Silent)
+            }
+        }
+    }
+}
+
+/// Wait for a backend's first byte without taking it; EOF is an error.
+async fn first_byte(server: &TcpStream) -> io::Result<()> {
+    let mut probe = [0u8; 1];
+    match server.peek(&mut probe).await? {
+        0 => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Step 4: reserve a backend (the sticky one if it can take the connection) and
+/// open it, moving on to other backends on failure, up to `retries` more attempts
+/// in all. In tls mode a backend that closes before its first byte, or sends none
+/// within `timeouts.server_hello`, is retried like a refused connect (the client
+/// has seen nothing yet), and `held` (the client's bytes behind the hello) goes
+/// only to the backend that answered, once it has. Returns the backend, its slot
+/// and the backends that failed before it.
+pub(super) async fn connect(
+    offer: &Offer<'_>,
+    tls: bool,
+    held: &[u8],
+    mut sticky: Option<usize>,
+    log: &mut AccessLog,
+) -> Result<(TcpStream, Lease, Vec<usize>), ConnError> {
+    let svc = offer.svc;
+    let ip = offer.peer.ip().to_canonical();
+    let (watch, answer) = match tls {
+        true => (ClientWatch::Leaves, Some(svc.config.timeouts.server_hello)),
+        false => (ClientWatch::Resets, None),
+    };
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last = None;
+    while tried.len() <= svc.config.retries as usize {
+        let lease = match sticky.take().and_then(|i| svc.pool.try_preferred(i)) {
+            Some(l) => l,
+            None => tokio::select! {
+                r = svc.pool.acquire(ip, &tried) => match r {
+                    Ok(l) => l,
+                    Err(PickError::NoBackendAvailable) if !tried.is_empty() => break,
+                    Err(e) => return Err(refused(svc, e)),
+                },
+                () = watch.fired(offer.client) => return Err(ConnError::ClientGone),
+            },
+        };
+        let b = lease.backend().clone();
+        // Every backend this connection went to counts, the failed ones included.
+        log.tried = tried.len() + 1;
+        let opened = offer.open(&b, watch, answer).await;
+        let backend = b.name.clone();
+        if !matches!(opened, Err(Unopened::Client)) {
+            log.backend = Some(backend.clone());
+        }
+        last = match opened {
+            Ok(mut server) => {
+                if !held.is_empty() {
+                    let sent = server.write_all(held).await;
+                    sent.map_err(|error| ConnError::BackendWrite { backend, error })?;
+                }
+                return Ok((server, lease, tried));
+            }
+            Err(Unopened::Client) => return Err(ConnError::ClientGone),
+            Err(Unopened::Write(error)) => return Err(ConnError::BackendWrite { backend, error }),
+            Err(Unopened::Connect(error)) => Some(ConnError::Connect { backend, error }),
+            Err(Unopened::Silent) => Some(ConnError::ServerHelloTimeout {
+                backend,
+                after: svc.config.timeouts.server_hello,
+            }),
+            // Tried again elsewhere; if none is left, that is what the client hears.
+            Err(Unopened::Closed) => None,
+        };
+        tried.push(b.index);
+    }
+    // The last failure, else: no backend was left to try.
+    Err(last.unwrap_or_else(|| refused(svc, PickError::NoBackendAvailable)))
+}
+
+/// Count a refusal to pick a backend (`crossbar_route_refused_total`).
+fn refused(svc: &Service, e: PickError) -> ConnError {
+    if e == PickError::QueueTimeout {
+        svc.metrics.queue_timeouts.inc();
+    }
+    svc.metrics.refused(e.reason());
+    ConnError::Pick(e)
+}

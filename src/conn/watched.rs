@@ -1,0 +1,158 @@
+//! Steps 5-7: relay both ways while watching the server's handshake, learn stick
+//! entries from it once the client has proven enough, and record how the relay
+//! ended.
+use std::net::IpAddr;
+use std::sync::PoisonError;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::error::ConnError;
+use crate::access_log::AccessLog;
+use crate::balance::Backend;
+use crate::connections::OpenConn;
+use crate::hello::{ClientHelloInfo, ServerHandshake, ServerWatcher};
+use crate::relay::{self, RelayCounters, RelayEnd, RelayStats, Watch};
+use crate::service::Service;
+use crate::stick::LearnWhen;
+
+/// How many bytes of the server's handshake the watcher may look at: a full TLS 1.2
+/// flight carries the certificate chain (Puppet's is ~4 KiB; big chains ~16 KiB).
+const SERVER_WATCH_LIMIT: usize = 64 * 1024;
+
+/// Steps 5-6: relay both ways until both sides closed; in tls mode the server's
+/// handshake is watched on the way and stick entries are learned from it, once the
+/// client has proven enough ([`crate::stick::learn_when`]). Answer bytes read while
+/// confirming the placement (`pending`) reach the client, and the watcher, first.
+/// Returns the relay's outcome and the handshake kind (`full`/`resumed`) if it showed.
+pub(super) async fn relay_watched(
+    stream: &mut TcpStream,
+    server: &mut TcpStream,
+    (svc, backend, open): (&Service, &Backend, &OpenConn),
+    (hello, ip, pending): (Option<&ClientHelloInfo>, IpAddr, &[u8]),
+    hard_stop: &tokio_util::sync::CancellationToken,
+) -> Result<(RelayStats, Option<&'static str>), ConnError> {
+    let mut handshake = None;
+    let flight = std::sync::Mutex::new(Flight::Waiting);
+    let mut watch = hello.map(|h| {
+        let seen = &mut handshake;
+        let flight = &flight;
+        let sticking = svc.sticking();
+        let learn = move |hs: &ServerHandshake| {
+            if let Some(s) = svc.sticking() {
+                s.learn_handshake(h, hs, ip, &backend.name);
+            }
+        };
+        Box::new(Watch {
+            watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
+            on_handshake: Box::new(move |hs: &ServerHandshake| {
+                *seen = handshake_kind(backend, hs);
+                open.handshake_seen();
+                let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
+                match (crate::stick::learn_when(h, hs), &*f) {
+                    (LearnWhen::Now, _) => learn(hs),
+                    (LearnWhen::AfterClientFlight, Flight::Waiting) => {
+                        *f = Flight::Held(Box::new(hs.clone()));
+                    }
+                    _ => {}
+                }
+            }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
+            on_client: sticking.map(|_| {
+                Box::new(move || {
+                    let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Flight::Held(hs) = std::mem::replace(&mut *f, Flight::ClientSpoke) {
+                        learn(&hs);
+                    }
+                }) as Box<dyn FnOnce() + Send + '_>
+            }),
+        })
+    });
+    if !pending.is_empty() {
+        stream
+            .write_all(pending)
+            .await
+            .map_err(|_| ConnError::ClientGone)?;
+        backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
+        if let Some(w) = watch.as_mut() {
+            if w.watcher.feed(pending) && w.on_client.is_some() {
+                // Done; the relay still runs `on_client` (the done watcher passes
+                // the server's next bytes straight to a no-op).
+                let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
+                on_handshake(w.watcher.info());
+            } else if w.watcher.is_done() {
+                if let Some(w) = watch.take() {
+                    (w.on_handshake)(w.watcher.info());
+                }
+            }
+        }
+    }
+    let counters = RelayCounters {
+        c2s: &backend.metrics.bytes_c2s,
+        s2c: &backend.metrics.bytes_s2c,
+        conn: &open.bytes,
+    };
+    let idle = svc.config.timeouts.idle;
+    let stats = relay::relay_as(
+        svc.config.relay,
+        stream,
+        server,
+        idle,
+        &counters,
+        watch,
+        hard_stop,
+    )
+    .await;
+    Ok((stats, handshake))
+}
+
+/// Where a connection is in proving its TLS 1.3 full handshake
+/// ([`crate::stick::learn_when`]): what the server's handshake teaches waits for the
+/// client's next flight.
+enum Flight {
+    /// Neither the server's handshake nor a client byte seen yet.
+    Waiting,
+    /// The server's handshake, held until the client answers it.
+    Held(Box<ServerHandshake>),
+    /// The client has sent a byte during the relay (before the server's handshake
+    /// showed, that byte answered nothing: then it teaches nothing).
+    ClientSpoke,
+}
+
+/// Count a server handshake as full or resumed; its access-log word.
+fn handshake_kind(backend: &Backend, hs: &ServerHandshake) -> Option<&'static str> {
+    match hs.resumed {
+        Some(true) => {
+            backend.metrics.resumed.inc();
+            Some("resumed")
+        }
+        Some(false) => {
+            backend.metrics.full.inc();
+            Some("full")
+        }
+        None => None,
+    }
+}
+
+/// Step 7 (the part the relay decides): bytes, handshake kind and how it ended.
+pub(super) fn record_relay(
+    log: &mut AccessLog,
+    stats: &RelayStats,
+    handshake: Option<&'static str>,
+    replayed: u64,
+    svc: &Service,
+    backend: &Backend,
+) {
+    log.handshake = handshake;
+    log.c2s = stats.client_to_server + replayed;
+    log.s2c = stats.server_to_client;
+    log.end = stats.end.as_str().to_string();
+    if let Some(kind) = &stats.error {
+        log.error = Some(format!("{kind}"));
+    }
+    if let Some(abort) = stats.abort.filter(|a| !a.local) {
+        svc.metrics.reset(abort.by);
+    }
+    if stats.end == RelayEnd::BackendReset && stats.server_to_client == 0 {
+        tracing::warn!(service = %svc.name(), backend = %backend.name, "backend reset the connection before answering");
+    }
+}
