@@ -457,6 +457,15 @@ impl Pool {
         self.waiters.queued.load(Ordering::Acquire)
     }
 
+    /// The backend `balance: first` gives the next new connection to: the first
+    /// candidate with a free slot, else the first candidate (where it would
+    /// queue); `None` when no backend is available. Sticky hits aside.
+    pub fn first_choice(&self) -> Option<&Arc<Backend>> {
+        let cands = self.candidates(&[]);
+        let open = cands.iter().find(|&&i| self.backends[i].has_capacity());
+        open.or(cands.first()).map(|&i| &self.backends[i])
+    }
+
     /// Candidates: available primaries not yet tried; else (every primary down,
     /// disabled, or already tried for this connection) available backups not yet tried.
     fn candidates(&self, tried: &[usize]) -> Vec<usize> {
