@@ -765,6 +765,29 @@ mod tests {
         )
     }
 
+    #[test]
+    fn first_choice_is_where_first_sends_the_next_connection() {
+        let p = pool(
+            Balance::First,
+            &[
+                backend("a", 1, false, Some(1)),
+                backend("b", 1, false, None),
+                backend("c", 1, true, None),
+            ],
+        );
+        let first = |p: &Pool| p.first_choice().map(|b| b.name.to_string());
+        assert_eq!(first(&p).as_deref(), Some("a"));
+        let lease = p.try_pick(ip(1), &[]).expect("a slot");
+        assert_eq!(&*lease.backend().name, "a");
+        assert_eq!(first(&p).as_deref(), Some("b"), "a is full");
+        drop(lease);
+        p.backends[0].set_healthy(false);
+        p.backends[1].set_admin_state(AdminState::Drain);
+        assert_eq!(first(&p).as_deref(), Some("c"), "the backup");
+        p.backends[2].set_healthy(false);
+        assert_eq!(first(&p), None);
+    }
+
     fn ip(n: u32) -> IpAddr {
         IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + n))
     }

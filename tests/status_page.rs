@@ -641,7 +641,10 @@ fn svc_backend<'a>(v: &'a Value, svc: &str, name: &str) -> &'a Value {
 
 /// Width and height from a PNG's IHDR chunk.
 fn png_size(png: &[u8]) -> (u32, u32) {
-    assert!(png.len() > 24 && png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    assert!(
+        png.len() > 24 && png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "a PNG"
+    );
     let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     (be(&png[16..20]), be(&png[20..24]))
 }
@@ -670,8 +673,11 @@ async fn status_page_at_1280_shows_what_matters() {
     let token = "status-page-test-token";
     let token_file = tmp.path().join("admin.token");
     std::fs::write(&token_file, token).expect("token");
-    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod");
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
     let config = tmp.path().join("crossbar.yaml");
     let health = "{ check: tcp, interval: 100ms, timeout: 1s, rise: 1, fall: 1 }";
     let yaml = format!(
@@ -765,14 +771,21 @@ async fn status_page_at_1280_shows_what_matters() {
         page["width"]
     );
     for c in page["clipped"].as_array().expect("clipped") {
-        let (text, title) = (c["text"].as_str().unwrap_or(""), c["title"].as_str().unwrap_or(""));
+        let (text, title) = (
+            c["text"].as_str().unwrap_or(""),
+            c["title"].as_str().unwrap_or(""),
+        );
         let rest = text.split_once(" ago: ").map_or(text, |(_, e)| e);
         assert!(
             !title.is_empty() && title.contains(rest.trim()),
             "cut off without its text as the tooltip: {c}"
         );
     }
-    assert_eq!(page["broken"], json!([]), "column heads broken inside a word");
+    assert_eq!(
+        page["broken"],
+        json!([]),
+        "column heads broken inside a word"
+    );
 
     let t = &page["tables"];
     let rows = |svc: &str| -> Vec<Value> { t[svc]["rows"].as_array().cloned().unwrap_or_default() };
@@ -788,13 +801,20 @@ async fn status_page_at_1280_shows_what_matters() {
             let addr = cell(&r, 1);
             let name = cell(&r, 0);
             let api = svc_backend(&before, svc, name.split(' ').next().unwrap_or("").trim());
-            assert_eq!(addr, api["address"].as_str().unwrap_or("?"), "{svc}: whole address");
+            assert_eq!(
+                addr,
+                api["address"].as_str().unwrap_or("?"),
+                "{svc}: whole address"
+            );
         }
     }
     // Long names and the CLI hint are there in full (wrapped, not cut).
     assert_eq!(cell(&row("puppet", C1), 0), C1);
     let hint = cell(&row("puppet", C2), 15);
-    let want = format!("crossbar backend enable puppet/{C2} --token-file {}", token_file.display());
+    let want = format!(
+        "crossbar backend enable puppet/{C2} --token-file {}",
+        token_file.display()
+    );
     assert_eq!(hint.split_whitespace().collect::<Vec<_>>().join(" "), want);
 
     // 2. Health under DRAIN and DISABLED.
@@ -809,7 +829,10 @@ async fn status_page_at_1280_shows_what_matters() {
         "disabled and healthy: {db2_state:?}"
     );
     let c1_state = cell(&row("puppet", C1), 2);
-    assert!(!c1_state.contains("health"), "UP needs no second word: {c1_state:?}");
+    assert!(
+        !c1_state.contains("health"),
+        "UP needs no second word: {c1_state:?}"
+    );
 
     // 3. A banner on the service with no backend available, saying why; none
     // where a backend is available (a drained or down one beside it included).
@@ -824,8 +847,16 @@ async fn status_page_at_1280_shows_what_matters() {
         banner.contains("db2 DISABLED by the operator (health up)"),
         "db2's reason: {banner}"
     );
-    assert_eq!(t["puppet"]["banner"], Value::Null, "puppet has two backends up");
-    assert_eq!(t["puppetca"]["banner"], Value::Null, "puppetca has its backup");
+    assert_eq!(
+        t["puppet"]["banner"],
+        Value::Null,
+        "puppet has two backends up"
+    );
+    assert_eq!(
+        t["puppetca"]["banner"],
+        Value::Null,
+        "puppetca has its backup"
+    );
 
     // 4. The active backend of `balance: first`, and only there.
     let ca = t["puppetca"]["caption"].as_str().unwrap_or("");
@@ -837,7 +868,9 @@ async fn status_page_at_1280_shows_what_matters() {
         .map(|r| cell(&r, 0))
         .collect();
     assert_eq!(active, ["ca2 ACTIVE"], "rows marked active");
-    assert!(t["puppetdb"]["caption"].as_str().is_some_and(|c| !c.contains("active:")));
+    assert!(t["puppetdb"]["caption"]
+        .as_str()
+        .is_some_and(|c| !c.contains("active:")));
 
     // 5. Failure counts red while failing, neutral once passing.
     let red = page["red"].as_str().expect("red");
@@ -845,8 +878,15 @@ async fn status_page_at_1280_shows_what_matters() {
         serde_json::from_value(r["count_colours"].clone()).expect("colours")
     };
     let c3_row = row("puppet", C3);
-    assert!(cell(&c3_row, 11).parse::<u64>().is_ok_and(|n| n > 0), "{c3_row}");
-    assert_ne!(colours(&c3_row)[1], red, "past check failures in red: {c3_row}");
+    assert!(
+        cell(&c3_row, 11).parse::<u64>().is_ok_and(|n| n > 0),
+        "{c3_row}"
+    );
+    assert_ne!(
+        colours(&c3_row)[1],
+        red,
+        "past check failures in red: {c3_row}"
+    );
     for (svc, b) in [("puppet", C2), ("puppetca", "ca1"), ("puppetdb", "db1")] {
         let r = row(svc, b);
         assert!(cell(&r, 11).parse::<u64>().is_ok_and(|n| n > 0), "{r}");

@@ -264,8 +264,14 @@ const COLUMNS: [(&str, &str); 16] = [
     ("Total", "connections relayed"),
     ("In", "bytes client to server"),
     ("Out", "bytes server to client"),
-    ("Connect errors", "failed connects; red while the backend fails, grey once it passes again"),
-    ("Check failures", "failed health checks; red while the backend fails, grey once it passes again"),
+    (
+        "Connect errors",
+        "failed connects; red while the backend fails, grey once it passes again",
+    ),
+    (
+        "Check failures",
+        "failed health checks; red while the backend fails, grey once it passes again",
+    ),
     ("Last check", "result and age of the last active check"),
     ("Resumed", "resumed TLS handshakes"),
     ("Full", "full TLS handshakes"),
@@ -355,11 +361,14 @@ fn join(list: &Value) -> String {
 /// A red line in the caption of a service that has no backend to give a new
 /// connection to, with each backend's reason.
 fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
-    if backends.iter().any(|b| b["available"].as_bool() == Some(true)) {
+    if backends
+        .iter()
+        .any(|b| b["available"].as_bool() == Some(true))
+    {
         return Ok(());
     }
     o.push_str(
-        "<div class=\"none\" role=\"alert\"><b>NO BACKEND AVAILABLE</b>: \
+        "<div class=\"none\" role=\"alert\"><strong>NO BACKEND AVAILABLE</strong>: \
          new connections are refused (refused:no_backend).",
     );
     if backends.is_empty() {
@@ -395,13 +404,7 @@ fn failing(b: &Value) -> bool {
     b["healthy"].as_bool() == Some(false) || b["last_check"]["result"] == "fail"
 }
 
-fn write_backend(
-    o: &mut String,
-    svc: &str,
-    b: &Value,
-    active: bool,
-    cli: &str,
-) -> fmt::Result {
+fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) -> fmt::Result {
     let state = s(b, "state");
     let bytes = &b["bytes"];
     let hs = &b["handshakes"];
@@ -607,5 +610,66 @@ mod tests {
         assert!(!html.contains("<script>") && !html.contains("<i>") && !html.contains("\"><b"));
         assert!(html.contains("crossbar backend enable &lt;i&gt;s/&quot;&gt;&lt;b"));
         assert!(html.contains("content=\"5\""));
+    }
+
+    fn one_service(balance: &str, active: Option<&str>, backends: Value) -> Value {
+        serde_json::json!({
+            "crossbar": {"version": "1", "last_reload": null},
+            "services": [{"name": "ca", "balance": balance, "listeners": [], "stick_table": null,
+                          "handshakes": {}, "active_backend": active, "backends": backends}]
+        })
+    }
+
+    #[test]
+    fn banner_only_without_an_available_backend() {
+        let failed = serde_json::json!({"result": "fail", "error": "refused <x>"});
+        let data = one_service(
+            "roundrobin",
+            None,
+            serde_json::json!([
+                {"name": "a", "state": "down", "available": false, "healthy": false,
+                 "check": "tcp", "last_check": failed},
+                {"name": "b", "state": "drain", "available": false, "healthy": false,
+                 "check": "tcp", "last_check": failed},
+                {"name": "c", "state": "disabled", "available": false, "healthy": true},
+            ]),
+        );
+        let html = render(&data, 0, "");
+        assert!(html.contains(
+            "<strong>NO BACKEND AVAILABLE</strong>: new connections are refused (refused:no_backend). \
+             a DOWN: its tcp check fails; b DRAINED by the operator (its tcp check fails); \
+             c DISABLED by the operator (health up)</div>"
+        ));
+        assert!(html.contains("DRAIN 0s<span class=\"hl down\">health DOWN</span>"));
+        assert!(html.contains("DISABLED 0s<span class=\"hl\">health up</span>"));
+        let mut data = data;
+        data["services"][0]["backends"][2]["available"] = true.into();
+        assert!(!render(&data, 0, "").contains("NO BACKEND AVAILABLE"));
+    }
+
+    #[test]
+    fn active_backend_of_first_and_history_counts() {
+        let data = one_service(
+            "first",
+            Some("b"),
+            serde_json::json!([
+                {"name": "a", "state": "down", "available": false, "healthy": false,
+                 "check_failures": 4, "last_check": {"result": "fail", "error": "x"}},
+                {"name": "b", "state": "up", "available": true, "healthy": true,
+                 "check_failures": 7, "last_check": {"result": "ok"}},
+            ]),
+        );
+        let html = render(&data, 0, "");
+        assert!(html.contains("<span class=\"act\">active: b</span>"));
+        assert!(html.contains("<tr class=\"up act\"><td>b <span class=\"tag\">active</span>"));
+        assert!(!html.contains("<tr class=\"down act\""));
+        assert!(
+            html.contains("<td class=\"err\">4</td>"),
+            "failing now: red"
+        );
+        assert!(html.contains("<td class=\"hist\" title=\"7 in the past; passing now\">7</td>"));
+        let none = one_service("first", None, serde_json::json!([]));
+        let html = render(&none, 0, "");
+        assert!(html.contains("active: none") && html.contains("The service has no backends."));
     }
 }
