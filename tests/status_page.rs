@@ -2,7 +2,10 @@
 //! over WebDriver by chromedriver: a `crossbar run` process with one backend up,
 //! one down, one draining and one in standby; the rendered table must agree with
 //! `/api/services`, the config path (which contains `<b>&amp;`) must show as text,
-//! and a screenshot is saved under `target/test-output/`.
+//! and a screenshot is saved under `target/test-output/`. A second test checks the
+//! page at 1280x900 (nothing cut off, health under DRAIN/DISABLED, the no-backend
+//! banner, the active backend of `balance: first`, red counts only while failing)
+//! and saves the screenshot docs/status-page.png is taken from.
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (tests/run.sh installs
 //! them); without them the test fails.

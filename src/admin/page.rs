@@ -415,24 +415,12 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
     };
     write!(
         o,
-        "<tr class=\"{}{row_class}\"><td>{}{tag}</td><td>{}</td><td title=\"since {}\">{} {}",
+        "<tr class=\"{}{row_class}\"><td>{}{tag}</td><td>{}</td>",
         Esc(state),
         Esc(s(b, "name")),
         Esc(s(b, "address")),
-        Esc(s(b, "state_since")),
-        Esc(&state.to_uppercase()),
-        human_secs(n(b, "state_seconds")),
     )?;
-    // Operator state and health are two things: under DRAIN or DISABLED, say
-    // whether the backend would pass its checks (DOWN and UP say it already).
-    if matches!(state, "drain" | "disabled") {
-        if failing(b) {
-            o.push_str("<span class=\"hl down\">health DOWN</span>");
-        } else {
-            o.push_str("<span class=\"hl\">health up</span>");
-        }
-    }
-    o.push_str("</td>");
+    write_state(o, b, state)?;
     let backup = if b["backup"].as_bool() == Some(true) {
         "Y"
     } else {
@@ -462,6 +450,27 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
         n(hs, "full"),
         hint(svc, s(b, "name"), state, cli),
     )
+}
+
+/// The state cell: state and age; under DRAIN or DISABLED also the health, since
+/// operator state and health are two things (DOWN and UP say it already).
+fn write_state(o: &mut String, b: &Value, state: &str) -> fmt::Result {
+    write!(
+        o,
+        "<td title=\"since {}\">{} {}",
+        Esc(s(b, "state_since")),
+        Esc(&state.to_uppercase()),
+        human_secs(n(b, "state_seconds")),
+    )?;
+    if matches!(state, "drain" | "disabled") {
+        if failing(b) {
+            o.push_str("<span class=\"hl down\">health DOWN</span>");
+        } else {
+            o.push_str("<span class=\"hl\">health up</span>");
+        }
+    }
+    o.push_str("</td>");
+    Ok(())
 }
 
 /// A failure counter: red while the backend is failing, grey (history) once it
