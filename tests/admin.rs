@@ -1466,12 +1466,7 @@ async fn allowed_hosts_are_answered() {
         // The monitoring endpoints answer any Host: Prometheus scrapes by name.
         for path in ["/metrics", "/healthz"] {
             let m = send(endpoint.addr, Method::GET, path, &[("host", host)], "").await;
-            assert_eq!(
-                m.status,
-                StatusCode::OK,
-                "{path} with Host {host}: {}",
-                m.body
-            );
+            assert_eq!(m.status, StatusCode::OK, "{path} with Host {host}: {}", m.body);
         }
     }
 }

@@ -732,7 +732,10 @@ async fn relays_are_splice_auto_whatever_relay_says() {
     });
     for (relay, relay_says) in [
         ("auto", "svc: splice-auto (relay: auto chooses splice-auto:"),
-        ("kernel", "svc: splice-auto (the default)"),
+        (
+            "kernel",
+            "svc: splice-auto (the default)",
+        ),
     ] {
         let svc = format!("    mode: tcp\n    relay: {relay}\n");
         let r = doctor_run(&config("svc", &svc, &[("plain", addr, "")]), false).await;

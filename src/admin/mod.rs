@@ -356,8 +356,8 @@ async fn handle(ctx: &Ctx, peer: Peer, req: Request<Incoming>, slot: Slot) -> Re
     // the balancer's DNS name; they hold no power, so a drop-in keeps answering
     // them whatever the Host. Everything else (the page, /api, every write) is
     // guarded against DNS rebinding.
-    let monitoring =
-        matches!(route, Some(Route::Metrics | Route::Healthz)) && parts.method == Method::GET;
+    let monitoring = matches!(route, Some(Route::Metrics | Route::Healthz))
+        && parts.method == Method::GET;
     if !monitoring {
         if let Err(r) = origin::check_host(&parts.headers, peer.local, &allowed_hosts) {
             return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
