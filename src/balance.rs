@@ -457,6 +457,15 @@ impl Pool {
         self.waiters.queued.load(Ordering::Acquire)
     }
 
+    /// The backend `balance: first` gives the next new connection to: the first
+    /// candidate with a free slot, else the first candidate (where it would
+    /// queue); `None` when no backend is available. Sticky hits aside.
+    pub fn first_choice(&self) -> Option<&Arc<Backend>> {
+        let cands = self.candidates(&[]);
+        let open = cands.iter().find(|&&i| self.backends[i].has_capacity());
+        open.or(cands.first()).map(|&i| &self.backends[i])
+    }
+
     /// Candidates: available primaries not yet tried; else (every primary down,
     /// disabled, or already tried for this connection) available backups not yet tried.
     fn candidates(&self, tried: &[usize]) -> Vec<usize> {
@@ -754,6 +763,29 @@ mod tests {
             |b| m.backend("t", &b.name),
             None,
         )
+    }
+
+    #[test]
+    fn first_choice_is_where_first_sends_the_next_connection() {
+        let p = pool(
+            Balance::First,
+            &[
+                backend("a", 1, false, Some(1)),
+                backend("b", 1, false, None),
+                backend("c", 1, true, None),
+            ],
+        );
+        let first = |p: &Pool| p.first_choice().map(|b| b.name.to_string());
+        assert_eq!(first(&p).as_deref(), Some("a"));
+        let lease = p.try_pick(ip(1), &[]).expect("a slot");
+        assert_eq!(&*lease.backend().name, "a");
+        assert_eq!(first(&p).as_deref(), Some("b"), "a is full");
+        drop(lease);
+        p.backends[0].set_healthy(false);
+        p.backends[1].set_admin_state(AdminState::Drain);
+        assert_eq!(first(&p).as_deref(), Some("c"), "the backup");
+        p.backends[2].set_healthy(false);
+        assert_eq!(first(&p), None);
     }
 
     fn ip(n: u32) -> IpAddr {

@@ -191,11 +191,21 @@ pub fn services(server: &Server) -> Value {
                 "queued": svc.pool.queued(),
                 "queue_size": svc.config.queue_size,
                 "handshakes": handshakes(&svc.pool.backends),
+                "active_backend": active_backend(svc),
                 "backends": backends,
             })
         })
         .collect();
     json!({ "crossbar": process_json(server), "services": list })
+}
+
+/// For `balance: first`, the backend new connections go to now (the active CA
+/// of a `puppetca` pool); `null` for other algorithms or when none is available.
+fn active_backend(svc: &Service) -> Option<&str> {
+    (svc.config.balance == Balance::First)
+        .then(|| svc.pool.first_choice())
+        .flatten()
+        .map(|b| &*b.name)
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -247,6 +257,7 @@ fn backend_json(b: &Backend) -> Value {
         "state_since": rfc3339(since),
         "state_seconds": seconds_since(since),
         "available": b.is_available(),
+        "healthy": b.is_healthy(),
         "active_connections": b.active(),
         "peak_connections": live.peak(),
         "connections_total": m.connections.get(),

@@ -276,8 +276,14 @@ const COLUMNS: [(&str, &str); 16] = [
     ("Total", "connections relayed"),
     ("In", "bytes client to server"),
     ("Out", "bytes server to client"),
-    ("Conn err", "failed connects"),
-    ("Chk fail", "failed health checks"),
+    (
+        "Connect errors",
+        "failed connects; red while the backend fails, grey once it passes again",
+    ),
+    (
+        "Check failures",
+        "failed health checks; red while the backend fails, grey once it passes again",
+    ),
     ("Last check", "result and age of the last active check"),
     ("Resumed", "resumed TLS handshakes"),
     ("Full", "full TLS handshakes"),
@@ -302,20 +308,30 @@ fn write_service(o: &mut String, svc: &Value, cli: &str) -> fmt::Result {
     let hs = &svc["handshakes"];
     write!(
         o,
-        " &middot; handshakes {} resumed / {} full &middot; queue {}/{}</caption>\n<tr>",
+        " &middot; handshakes {} resumed / {} full &middot; queue {}/{}",
         n(hs, "resumed"),
         n(hs, "full"),
         n(svc, "queued"),
         n(svc, "queue_size"),
     )?;
+    let empty = Vec::new();
+    let backends = svc["backends"].as_array().unwrap_or(&empty);
+    let active = svc["active_backend"].as_str();
+    if s(svc, "balance") == "first" {
+        match active {
+            Some(a) => write!(o, " &middot; <span class=\"act\">active: {}</span>", Esc(a))?,
+            None => o.push_str(" &middot; active: none"),
+        }
+    }
+    write_banner(o, backends)?;
+    o.push_str("</caption>\n<tr>");
     for (h, tip) in COLUMNS {
         write!(o, "<th title=\"{tip}\">{h}</th>")?;
     }
     o.push_str("</tr>\n");
-    let empty = Vec::new();
-    let backends = svc["backends"].as_array().unwrap_or(&empty);
     for b in backends {
-        write_backend(o, name, b, cli)?;
+        let is_active = active.is_some_and(|a| a == s(b, "name"));
+        write_backend(o, name, b, is_active, cli)?;
     }
     write_total(o, backends)?;
     o.push_str("</table>\n");
@@ -357,20 +373,69 @@ fn join(list: &Value) -> String {
     }
 }
 
-fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result {
+/// A red line in the caption of a service that has no backend to give a new
+/// connection to, with each backend's reason.
+fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
+    if backends
+        .iter()
+        .any(|b| b["available"].as_bool() == Some(true))
+    {
+        return Ok(());
+    }
+    o.push_str(
+        "<div class=\"none\" role=\"alert\"><strong>NO BACKEND AVAILABLE</strong>: \
+         new connections are refused (refused:no_backend).",
+    );
+    if backends.is_empty() {
+        o.push_str(" The service has no backends.");
+    }
+    for (i, b) in backends.iter().enumerate() {
+        let sep = if i == 0 { " " } else { "; " };
+        write!(o, "{sep}{} {}", Esc(s(b, "name")), why_unavailable(b))?;
+    }
+    o.push_str("</div>");
+    Ok(())
+}
+
+/// Why a backend takes no new connections, for the banner (already escaped).
+fn why_unavailable(b: &Value) -> String {
+    // The row below has the check's error in full; here, only which check.
+    let health = match (failing(b), b["last_check"]["result"] == "fail") {
+        (false, _) => "health up".to_string(),
+        (true, true) => format!("its {} check fails", Esc(s(b, "check"))),
+        (true, false) => "health DOWN".into(),
+    };
+    match s(b, "state") {
+        "down" => format!("DOWN: {health}"),
+        "drain" => format!("DRAINED by the operator ({health})"),
+        "disabled" => format!("DISABLED by the operator ({health})"),
+        "standby" => "in STANDBY: recovered, waiting for manual failback".into(),
+        other => Esc(other).to_string(),
+    }
+}
+
+/// Is the backend failing now: marked down, or its last active check failed?
+fn failing(b: &Value) -> bool {
+    b["healthy"].as_bool() == Some(false) || b["last_check"]["result"] == "fail"
+}
+
+fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) -> fmt::Result {
     let state = s(b, "state");
     let bytes = &b["bytes"];
     let hs = &b["handshakes"];
+    let (row_class, tag) = if active {
+        (" act", " <span class=\"tag\">active</span>")
+    } else {
+        ("", "")
+    };
     write!(
         o,
-        "<tr class=\"{}\"><td>{}</td><td>{}</td><td title=\"since {}\">{} {}</td>",
+        "<tr class=\"{}{row_class}\"><td>{}{tag}</td><td>{}</td>",
         Esc(state),
         Esc(s(b, "name")),
         Esc(s(b, "address")),
-        Esc(s(b, "state_since")),
-        Esc(&state.to_uppercase()),
-        human_secs(n(b, "state_seconds")),
     )?;
+    write_state(o, b, state)?;
     let backup = if b["backup"].as_bool() == Some(true) {
         "Y"
     } else {
@@ -389,8 +454,9 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result
         n(bytes, "server_to_client"),
         human_bytes(n(bytes, "server_to_client")),
     )?;
-    write_count(o, n(b, "connect_errors"))?;
-    write_count(o, n(b, "check_failures"))?;
+    let now = failing(b);
+    write_count(o, n(b, "connect_errors"), now)?;
+    write_count(o, n(b, "check_failures"), now)?;
     write_check(o, b)?;
     writeln!(
         o,
@@ -401,11 +467,37 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, cli: &str) -> fmt::Result
     )
 }
 
-fn write_count(o: &mut String, v: u64) -> fmt::Result {
-    if v > 0 {
-        write!(o, "<td class=\"err\">{v}</td>")
-    } else {
-        write!(o, "<td>{v}</td>")
+/// The state cell: state and age; under DRAIN or DISABLED also the health, since
+/// operator state and health are two things (DOWN and UP say it already).
+fn write_state(o: &mut String, b: &Value, state: &str) -> fmt::Result {
+    write!(
+        o,
+        "<td title=\"since {}\">{} {}",
+        Esc(s(b, "state_since")),
+        Esc(&state.to_uppercase()),
+        human_secs(n(b, "state_seconds")),
+    )?;
+    if matches!(state, "drain" | "disabled") {
+        if failing(b) {
+            o.push_str("<span class=\"hl down\">health DOWN</span>");
+        } else {
+            o.push_str("<span class=\"hl\">health up</span>");
+        }
+    }
+    o.push_str("</td>");
+    Ok(())
+}
+
+/// A failure counter: red while the backend is failing, grey (history) once it
+/// passes again, so red on the page always means "now".
+fn write_count(o: &mut String, v: u64, failing_now: bool) -> fmt::Result {
+    match (v, failing_now) {
+        (0, _) => write!(o, "<td>0</td>"),
+        (_, true) => write!(o, "<td class=\"err\">{v}</td>"),
+        (_, false) => write!(
+            o,
+            "<td class=\"hist\" title=\"{v} in the past; passing now\">{v}</td>"
+        ),
     }
 }
 
@@ -422,9 +514,10 @@ fn write_check(o: &mut String, b: &Value) -> fmt::Result {
             Esc(s(c, "at")),
             Esc(s(b, "check"))
         ),
+        // Wraps, up to three lines; the whole error is the tooltip.
         Some(e) => write!(
             o,
-            "<td class=\"err\" title=\"{}: {}\">{} FAIL {age} ago: {}</td>",
+            "<td class=\"err\" title=\"{}: {}\"><div>{} FAIL {age} ago: {}</div></td>",
             Esc(s(c, "at")),
             Esc(e),
             Esc(s(b, "check")),
@@ -485,7 +578,10 @@ fn write_footer(o: &mut String) -> fmt::Result {
          <span class=\"lg down\">DOWN</span>failed health checks \
          <span class=\"lg drain\">DRAIN</span>no new connections, open ones finish \
          <span class=\"lg disabled\">DISABLED</span>maintenance \
-         <span class=\"lg standby\">STANDBY</span>recovered, waiting for manual failback. \
+         <span class=\"lg standby\">STANDBY</span>recovered, waiting for manual failback; \
+         under DRAIN and DISABLED, the backend's health. <span class=\"tag\">active</span> where \
+         <code>balance: first</code> sends new connections now. Red counts: failing now; grey: \
+         in the past. \
          Read-only: changes go through <code>crossbar backend</code> and the token-protected API \
          (JSON of this page: <a href=\"/api/services\">/api/services</a>, \
          metrics: <a href=\"/metrics\">/metrics</a>).</footer>\n",
@@ -538,5 +634,66 @@ mod tests {
         assert!(!html.contains("<script>") && !html.contains("<i>") && !html.contains("\"><b"));
         assert!(html.contains("crossbar backend enable &lt;i&gt;s/&quot;&gt;&lt;b"));
         assert!(html.contains("content=\"5\""));
+    }
+
+    fn one_service(balance: &str, active: Option<&str>, backends: Value) -> Value {
+        serde_json::json!({
+            "crossbar": {"version": "1", "last_reload": null},
+            "services": [{"name": "ca", "balance": balance, "listeners": [], "stick_table": null,
+                          "handshakes": {}, "active_backend": active, "backends": backends}]
+        })
+    }
+
+    #[test]
+    fn banner_only_without_an_available_backend() {
+        let failed = serde_json::json!({"result": "fail", "error": "refused <x>"});
+        let data = one_service(
+            "roundrobin",
+            None,
+            serde_json::json!([
+                {"name": "a", "state": "down", "available": false, "healthy": false,
+                 "check": "tcp", "last_check": failed},
+                {"name": "b", "state": "drain", "available": false, "healthy": false,
+                 "check": "tcp", "last_check": failed},
+                {"name": "c", "state": "disabled", "available": false, "healthy": true},
+            ]),
+        );
+        let html = render(&data, 0, "");
+        assert!(html.contains(
+            "<strong>NO BACKEND AVAILABLE</strong>: new connections are refused (refused:no_backend). \
+             a DOWN: its tcp check fails; b DRAINED by the operator (its tcp check fails); \
+             c DISABLED by the operator (health up)</div>"
+        ));
+        assert!(html.contains("DRAIN 0s<span class=\"hl down\">health DOWN</span>"));
+        assert!(html.contains("DISABLED 0s<span class=\"hl\">health up</span>"));
+        let mut data = data;
+        data["services"][0]["backends"][2]["available"] = true.into();
+        assert!(!render(&data, 0, "").contains("NO BACKEND AVAILABLE"));
+    }
+
+    #[test]
+    fn active_backend_of_first_and_history_counts() {
+        let data = one_service(
+            "first",
+            Some("b"),
+            serde_json::json!([
+                {"name": "a", "state": "down", "available": false, "healthy": false,
+                 "check_failures": 4, "last_check": {"result": "fail", "error": "x"}},
+                {"name": "b", "state": "up", "available": true, "healthy": true,
+                 "check_failures": 7, "last_check": {"result": "ok"}},
+            ]),
+        );
+        let html = render(&data, 0, "");
+        assert!(html.contains("<span class=\"act\">active: b</span>"));
+        assert!(html.contains("<tr class=\"up act\"><td>b <span class=\"tag\">active</span>"));
+        assert!(!html.contains("<tr class=\"down act\""));
+        assert!(
+            html.contains("<td class=\"err\">4</td>"),
+            "failing now: red"
+        );
+        assert!(html.contains("<td class=\"hist\" title=\"7 in the past; passing now\">7</td>"));
+        let none = one_service("first", None, serde_json::json!([]));
+        let html = render(&none, 0, "");
+        assert!(html.contains("active: none") && html.contains("The service has no backends."));
     }
 }
