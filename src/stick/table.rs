@@ -825,7 +825,10 @@ mod tests {
             }
             assert_eq!(t.stats().entries, SIZE);
             let capacity = t.map.capacity();
-            assert!(capacity < 4 * SIZE, "map capacity {capacity} after {next} keys");
+            assert!(
+                capacity < 4 * SIZE,
+                "map capacity {capacity} after {next} keys"
+            );
             assert!(t.lock_queue().records.capacity() <= t.queue_limit());
         }
     }
