@@ -36,6 +36,10 @@
 //! generator's RSS, live tasks and fds. The report: connections attempted / succeeded
 //! / failed (by reason), bytes verified, checksum mismatches (must be 0), resumption
 //! ratio, series per metric family at the start and end, and crossbar's counters.
+//! Then it checks the bounds of docs/performance.md ("Memory under load"): metric
+//! series unchanged, stick entries within the table's size, crossbar's sockets
+//! closed, pipes within splice's pools, its anonymous memory within start + stick
+//! entries x `STICK_ENTRY_BYTES` + `ANON_SLACK_KIB`.
 #[path = "../tests/common/mod.rs"]
 mod common;
 
