@@ -870,6 +870,33 @@ mod tests {
         assert!(queue_len(&t) <= 100);
     }
 
+    /// The soak's plateau (docs/performance.md, "Memory under load"): a full table
+    /// that keeps learning new keys grows its map once (hashbrown replaces a shard
+    /// whose free slots ran out to tombstones of evicted keys with one twice the
+    /// size), then reuses it. A shard of n entries then has at most
+    /// 2 x next_power_of_two(8/7 x n) slots, 7/8 of them usable: under 4 n, so the
+    /// map's capacity stays under 4 x size however long the churn goes on (a leak of
+    /// evicted keys passes it within the first rounds).
+    #[test]
+    fn a_churning_full_table_stops_growing() {
+        const SIZE: usize = 1000;
+        let t = table(SIZE);
+        let mut next = 0u32;
+        for _ in 0..200 {
+            for _ in 0..SIZE {
+                next += 1;
+                t.learn(t.key(KeyKind::Ticket, &next.to_le_bytes()), "b1");
+            }
+            assert_eq!(t.stats().entries, SIZE);
+            let capacity = t.map.capacity();
+            assert!(
+                capacity < 4 * SIZE,
+                "map capacity {capacity} after {next} keys"
+            );
+            assert!(t.lock_queue().records.capacity() <= t.queue_limit());
+        }
+    }
+
     #[test]
     fn source_hint_of_an_address_with_three_full_handshakes_is_shared() {
         let t = table(16);
