@@ -206,7 +206,7 @@ async fn handshakes(target: &Target, out: &mut Inspection) {
             Ok(tls) => {
                 out.tls_versions.push(label.to_string());
                 if out.chain.is_empty() {
-                    out.chain = chain(&tls);
+                    out.chain = CertInfo::presented(&tls);
                 }
                 close(tls).await;
                 if label == "1.2" {
@@ -259,17 +259,6 @@ async fn handshake(
     tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
         .await
         .unwrap_or_else(|_| Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")))
-}
-
-fn chain(tls: &TlsStream<TcpStream>) -> Vec<CertInfo> {
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    tls.get_ref()
-        .1
-        .peer_certificates()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|c| CertInfo::parse(c, now).ok())
-        .collect()
 }
 
 /// Best-effort close_notify, so the backend logs a clean close.

@@ -54,6 +54,19 @@ impl CertInfo {
         })
     }
 
+    /// The chain a TLS server presented on `tls`, each certificate that parses, with
+    /// expiry measured from now.
+    pub fn presented<IO>(tls: &tokio_rustls::client::TlsStream<IO>) -> Vec<CertInfo> {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| CertInfo::parse(c, now).ok())
+            .collect()
+    }
+
     /// Whether the SANs cover `name` (a DNS name, lower case, or an IP literal):
     /// exactly, or a DNS name through a `*.` wildcard of its first label.
     pub fn covers(&self, name: &str) -> bool {

@@ -83,12 +83,5 @@ async fn presented_chain(target: &super::Target, connect: Duration) -> Vec<CertI
     let Ok(tls) = handshake.await else {
         return Vec::new();
     };
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    tls.get_ref()
-        .1
-        .peer_certificates()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|c| CertInfo::parse(c, now).ok())
-        .collect()
+    CertInfo::presented(&tls)
 }
