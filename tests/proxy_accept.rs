@@ -6,6 +6,7 @@
 //! hostile headers, each closed with its own reason.
 mod common;
 
+use common::haproxy::{self, Haproxy};
 use common::{backend_line, connect_from, tls, wait_until, within, Backend, Crossbar, LogBuffer};
 
 use std::net::{IpAddr, SocketAddr};
@@ -15,19 +16,6 @@ use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// HAProxy and the directory holding its config (kept while it runs), killed on drop.
-struct Haproxy {
-    child: std::process::Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // ok: it may have exited
-        let _ = self.child.wait(); // ok: as above
-    }
-}
-
 /// HAProxy (mode tcp) on a free port, sending every connection on to `to` with
 /// `send` (`send-proxy`, `send-proxy-v2`, `send-proxy-v2-ssl`); returns it and its
 /// address once it accepts.
@@ -36,37 +24,11 @@ async fn haproxy(to: SocketAddr, send: &str) -> (Haproxy, SocketAddr) {
         .unwrap()
         .local_addr()
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 1000\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
-             frontend fe\n  bind {front}\n  default_backend be\n\
-             backend be\n  server cb {to} {send}\n"
-        ),
-    )
-    .unwrap();
-    let child = match Command::new("haproxy")
-        .arg("-db")
-        .arg("-f")
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => crossbar::testbed::missing_tool(
-            "proxy_accept",
-            &format!("haproxy does not run ({e}): apt-get install haproxy"),
-        ),
-    };
-    let h = Haproxy { child, _dir: dir };
-    wait_until("haproxy listening", || {
-        std::net::TcpStream::connect(front).is_ok()
-    })
-    .await;
-    (h, front)
+    let proxies = format!(
+        "frontend fe\n  bind {front}\n  default_backend be\n\
+         backend be\n  server cb {to} {send}\n"
+    );
+    (haproxy::start("proxy_accept", front, &proxies).await, front)
 }
 
 /// An agent address: 127.0.<n/200>.<1 + n%200> (any of 127/8 is loopback on Linux).

@@ -125,41 +125,8 @@ async fn read_v2_source(s: &mut tokio::net::TcpStream) -> Option<SocketAddr> {
     }
 }
 
-/// The haproxy process and the directory holding its config (kept while it runs).
-struct Haproxy(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// HAProxy accepting PROXY headers on `front` and re-sending what it parsed, as a
-/// v2 header, to `back`.
-fn haproxy(front: SocketAddr, back: SocketAddr) -> Option<Haproxy> {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  maxconn 100\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\n\
-             frontend fe\n  bind {front} accept-proxy\n  default_backend be\n\
-             backend be\n  server s1 {back} send-proxy-v2\n"
-        ),
-    )
-    .unwrap();
-    let child = Command::new("haproxy")
-        .arg("-db")
-        .arg("-f")
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    Some(Haproxy(child, dir))
-}
-
+/// A client through HAProxy (which reads crossbar's PROXY `version` header and sends
+/// what it parsed on as v2) reaches the decoder backend with its own source address.
 async fn proxy_protocol_through_haproxy(version: &str) {
     // The decoder backend: reads HAProxy's v2 header, reports the source, echoes.
     let decoder = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -182,16 +149,14 @@ async fn proxy_protocol_through_haproxy(version: &str) {
         .unwrap()
         .local_addr()
         .unwrap();
-    let Some(_h) = haproxy(front, back) else {
-        crossbar::testbed::missing_tool(
-            &format!("proxy_protocol_through_haproxy({version})"),
-            "haproxy is not installed (apt-get install haproxy)",
-        )
-    };
-    wait_until("haproxy listening", || {
-        std::net::TcpStream::connect(front).is_ok()
-    })
-    .await;
+    // HAProxy accepting PROXY headers on `front` and re-sending what it parsed, as
+    // a v2 header, to `back`.
+    let proxies = format!(
+        "frontend fe\n  bind {front} accept-proxy\n  default_backend be\n\
+         backend be\n  server s1 {back} send-proxy-v2\n"
+    );
+    let test = format!("proxy_protocol_through_haproxy({version})");
+    let _h = common::haproxy::start(&test, front, &proxies).await;
     // The connection haproxy's readiness poll made carries no PROXY header from us:
     // drain what it reported.
     while rx.try_recv().is_ok() {}
