@@ -4,6 +4,13 @@
 //! A backend takes new connections when it is healthy, enabled (not drained or
 //! disabled, not a recovered primary waiting for manual failback) and below its
 //! `max_connections`. Backups are candidates only when no primary is available.
+//!
+//! A backend's weight is the file's until the operator sets another at run time
+//! ([`Backend::set_weight`], `crossbar backend weight`); weight 0 takes it out of
+//! the choice for new connections while sticky hits still reach it (HAProxy's
+//! `set weight ... 0`). The run-time weight lives on the [`Backend`], not on the
+//! [`BackendState`] a reload carries over, so a reload (and a restart) returns
+//! every backend to its configured weight.
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -22,6 +29,10 @@ use crate::metrics::BackendMetrics;
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
 /// reservation race (two tasks taking the last slot) can't spin.
 const MAX_PICK_RACES: usize = 8;
+
+/// Largest weight, configured (1..=256) or set at run time (0..=256): weights are
+/// relative, 256 levels are plenty (HAProxy's range).
+pub const MAX_WEIGHT: u32 = 256;
 
 /// The clock of [`BackendState::served_ms`] and [`BackendState::down_ms`]: one for
 /// the process, so that times of different backends compare.
@@ -157,6 +168,8 @@ pub struct Backend {
     /// Position in the service's backend list.
     pub index: usize,
     state: Arc<BackendState>,
+    /// Weight now: `config.weight` until set at run time (0..=[`MAX_WEIGHT`]).
+    weight: AtomicU32,
     /// Metric handles.
     pub metrics: BackendMetrics,
 }
@@ -167,6 +180,7 @@ impl std::fmt::Debug for Backend {
             .field("name", &self.name)
             .field("active", &self.active())
             .field("state", &self.state_name())
+            .field("weight", &self.weight())
             .finish()
     }
 }
@@ -216,6 +230,27 @@ impl Backend {
     fn publish_state(&self) {
         self.metrics.up.set(i64::from(self.is_available()));
         self.metrics.set_state(self.state_name());
+        self.metrics.weight.set(i64::from(self.weight()));
+    }
+
+    /// The weight new connections are balanced by: the configured one, or the one
+    /// last set at run time. 0 means no new connections (sticky hits still come).
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Acquire)
+    }
+
+    /// Set the weight at run time (clamped to [`MAX_WEIGHT`]); it holds until the
+    /// next reload or restart, which return to `config.weight`. Applies to the next
+    /// pick; a slow-start ramp under way continues towards the new weight.
+    pub fn set_weight(&self, weight: u32) {
+        self.weight.store(weight.min(MAX_WEIGHT), Ordering::Release);
+        self.publish_state();
+    }
+
+    /// Takes new connections from the balancing (not only sticky hits): available
+    /// and a weight above 0.
+    pub fn takes_new(&self) -> bool {
+        self.is_available() && self.weight() > 0
     }
 
     /// Set health; returns true if it changed.
@@ -263,7 +298,8 @@ impl Backend {
 
     /// Weight now, ramped over `slow_start` after the backend became available.
     fn effective_weight(&self, slow_start: Duration) -> u64 {
-        let w = u64::from(self.config.weight.max(1)) * 16;
+        // At least 1: a pick racing a change to 0 still needs a number.
+        let w = u64::from(self.weight().max(1)) * 16;
         if slow_start.is_zero() {
             return w;
         }
@@ -424,6 +460,7 @@ impl Pool {
                     config: c.clone(),
                     index,
                     state: carried_state(previous, c),
+                    weight: AtomicU32::new(c.weight),
                     metrics: make(c),
                 };
                 if c.disabled {
@@ -466,10 +503,11 @@ impl Pool {
         open.or(cands.first()).map(|&i| &self.backends[i])
     }
 
-    /// Candidates: available primaries not yet tried; else (every primary down,
-    /// disabled, or already tried for this connection) available backups not yet tried.
+    /// Candidates: available primaries of weight above 0 not yet tried; else (every
+    /// primary down, disabled, at weight 0, or already tried for this connection)
+    /// such backups not yet tried.
     fn candidates(&self, tried: &[usize]) -> Vec<usize> {
-        let ok = |b: &&Arc<Backend>| b.is_available() && !tried.contains(&b.index);
+        let ok = |b: &&Arc<Backend>| b.takes_new() && !tried.contains(&b.index);
         let primaries: Vec<usize> = self
             .backends
             .iter()

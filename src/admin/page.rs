@@ -269,7 +269,10 @@ const COLUMNS: [(&str, &str); 16] = [
     ("Backend", "name in the config"),
     ("Address", "host:port"),
     ("State", "state and how long it has held"),
-    ("Wt", "weight"),
+    (
+        "Wt",
+        "weight new connections are balanced by; highlighted when set at run time (crossbar backend weight), with the file's below",
+    ),
     ("Bck", "backup: used only when no primary is available"),
     ("Cur", "connections open now"),
     ("Max", "most connections open at once"),
@@ -441,11 +444,11 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
     } else {
         "-"
     };
+    write_weight(o, b)?;
     write!(
         o,
-        "<td>{}</td><td>{backup}</td><td>{}</td><td>{}</td>\
+        "<td>{backup}</td><td>{}</td><td>{}</td>\
          <td>{}</td><td title=\"{}\">{}</td><td title=\"{}\">{}</td>",
-        n(b, "weight"),
         n(b, "active_connections"),
         n(b, "peak_connections"),
         n(b, "connections_total"),
@@ -463,7 +466,21 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
         "<td>{}</td><td>{}</td><td>{}</td></tr>",
         n(hs, "resumed"),
         n(hs, "full"),
-        hint(svc, s(b, "name"), state, cli),
+        hint(svc, b, state, cli),
+    )
+}
+
+/// The weight cell: the weight, and when it was set at run time, highlighted with
+/// the file's below it.
+fn write_weight(o: &mut String, b: &Value) -> fmt::Result {
+    let (now, file) = (n(b, "weight"), n(b, "configured_weight"));
+    if now == file {
+        return write!(o, "<td>{now}</td>");
+    }
+    write!(
+        o,
+        "<td class=\"rtw\" title=\"set at run time; the file says {file}, and a reload or restart returns to it\">\
+         {now}<span class=\"hl\">file {file}</span></td>"
     )
 }
 
@@ -536,17 +553,30 @@ fn check_none(kind: &str) -> &'static str {
 
 /// The CLI command for the usual next step from `state`, if any; the reason is
 /// the cell's tooltip so the command stays on one line.
-fn hint(svc: &str, backend: &str, state: &str, cli: &str) -> String {
-    let why = match state {
-        "standby" => "recovered primary held back (failback: manual); to hand traffic back",
-        "drain" => "draining; to put it back in rotation",
-        "disabled" => "in maintenance; to put it back in rotation",
+fn hint(svc: &str, b: &Value, state: &str, cli: &str) -> String {
+    let target = format!("{}/{}", Esc(svc), Esc(s(b, "name")));
+    let file = n(b, "configured_weight");
+    let (why, cmd) = match state {
+        "standby" => (
+            "recovered primary held back (failback: manual); to hand traffic back",
+            format!("enable {target}"),
+        ),
+        "drain" => (
+            "draining; to put it back in rotation",
+            format!("enable {target}"),
+        ),
+        "disabled" => (
+            "in maintenance; to put it back in rotation",
+            format!("enable {target}"),
+        ),
+        _ if n(b, "weight") != file => (
+            "weight set at run time; to return to the file's (a reload does too)",
+            format!("weight {target} {file}"),
+        ),
         _ => return String::new(),
     };
     format!(
-        "<code title=\"{why}\">crossbar backend enable {}/{}{}</code>",
-        Esc(svc),
-        Esc(backend),
+        "<code title=\"{why}\">crossbar backend {cmd}{}</code>",
         Esc(cli)
     )
 }
