@@ -871,6 +871,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_run_time_weight_applies_to_the_next_picks_and_zero_leaves_sticky_hits() {
+        let p = pool(
+            Balance::RoundRobin,
+            &[backend("a", 1, false, None), backend("b", 1, false, None)],
+        );
+        p.backends[0].set_weight(3);
+        let got = names(&p, 8).await;
+        assert_eq!(got.iter().filter(|x| *x == "a").count(), 6, "{got:?}");
+        p.backends[0].set_weight(0);
+        assert_eq!(names(&p, 4).await, ["b", "b", "b", "b"]);
+        assert_eq!(p.backends[0].state_name(), "up", "weight 0 is not a drain");
+        let sticky = p.try_preferred(0).expect("a sticky hit still reaches it");
+        assert_eq!(&*sticky.backend().name, "a");
+        // Every primary at 0: the backup takes new connections, as when they are down.
+        let p = pool(
+            Balance::First,
+            &[backend("a", 1, false, None), backend("bk", 1, true, None)],
+        );
+        p.backends[0].set_weight(0);
+        assert_eq!(names(&p, 1).await, ["bk"]);
+        assert_eq!(p.backends[0].metrics.weight.get(), 0);
+        p.backends[0].set_weight(MAX_WEIGHT + 1);
+        assert_eq!(p.backends[0].weight(), MAX_WEIGHT, "clamped");
+    }
+
+    #[tokio::test]
+    async fn a_reloaded_pool_starts_from_the_configured_weight() {
+        let m = Metrics::new();
+        let params = PoolParams {
+            algo: Balance::RoundRobin,
+            slow_start: Duration::ZERO,
+            queue_size: 4,
+            queue_timeout: Duration::from_secs(1),
+        };
+        let configs = [backend("a", 2, false, None)];
+        let old = Pool::new(&configs, params, |b| m.backend("t", &b.name), None);
+        old.backends[0].set_weight(0);
+        old.backends[0].set_admin_state(AdminState::Drain);
+        let new = Pool::new(&configs, params, |b| m.backend("t", &b.name), Some(&old));
+        assert_eq!(new.backends[0].weight(), 2);
+        assert_eq!(new.backends[0].metrics.weight.get(), 2);
+        assert_eq!(new.backends[0].admin_state(), AdminState::Drain, "carried");
+    }
+
+    #[tokio::test]
     async fn least_conn_prefers_the_idle_backend() {
         let p = pool(
             Balance::LeastConn,

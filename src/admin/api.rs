@@ -961,6 +961,33 @@ mod tests {
     }
 
     #[test]
+    fn weights() {
+        assert_eq!(parse_weight("0").unwrap(), WeightAsk::Absolute(0));
+        assert_eq!(parse_weight("256").unwrap(), WeightAsk::Absolute(256));
+        assert_eq!(parse_weight("50%").unwrap(), WeightAsk::Percent(50));
+        assert_eq!(parse_weight("150%25").unwrap(), WeightAsk::Percent(150));
+        for bad in [
+            "", "%", "257", "-1", "+3", "1.5", "0x10", "ten", " 5", "5 %",
+        ] {
+            assert!(parse_weight(bad).is_err(), "{bad}");
+        }
+        let r = |ask, configured| WeightAsk::resolve(ask, configured).ok();
+        assert_eq!(r(WeightAsk::Percent(50), 5), Some(3), "rounded");
+        assert_eq!(r(WeightAsk::Percent(1), 1), Some(1), "never 0 by rounding");
+        assert_eq!(r(WeightAsk::Percent(0), 100), Some(0));
+        assert_eq!(r(WeightAsk::Percent(200), 128), Some(256));
+        assert_eq!(r(WeightAsk::Percent(201), 128), None);
+        assert_eq!(r(WeightAsk::Percent(u32::MAX), 256), None);
+        assert_eq!(r(WeightAsk::Absolute(7), 1), Some(7));
+        assert_eq!(
+            weight_query(Some("weight=0&force")).unwrap(),
+            (WeightAsk::Absolute(0), true)
+        );
+        assert!(weight_query(None).is_err());
+        assert!(weight_query(Some("force=1")).is_err());
+    }
+
+    #[test]
     fn limits() {
         assert_eq!(table_limit(None).unwrap(), DEFAULT_TABLE_LIMIT);
         assert_eq!(table_limit(Some("")).unwrap(), DEFAULT_TABLE_LIMIT);

@@ -479,7 +479,8 @@ fn write_weight(o: &mut String, b: &Value) -> fmt::Result {
     }
     write!(
         o,
-        "<td class=\"rtw\" title=\"set at run time; the file says {file}, and a reload or restart returns to it\">\
+        "<td class=\"rtw\" title=\"file {file}: the config file's weight; {now} set at run time \
+         (crossbar backend weight) until the next reload or restart\">\
          {now}<span class=\"hl\">file {file}</span></td>"
     )
 }
