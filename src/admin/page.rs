@@ -379,10 +379,7 @@ fn join(list: &Value) -> String {
 /// A red line in the caption of a service that has no backend to give a new
 /// connection to, with each backend's reason.
 fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
-    if backends
-        .iter()
-        .any(|b| b["available"].as_bool() == Some(true))
-    {
+    if backends.iter().any(takes_new) {
         return Ok(());
     }
     o.push_str(
@@ -400,6 +397,12 @@ fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
     Ok(())
 }
 
+/// Does the backend take new connections from the balancing: available, and not
+/// at weight 0 (which leaves it sticky hits only)?
+fn takes_new(b: &Value) -> bool {
+    b["available"].as_bool() == Some(true) && b["weight"].as_u64() != Some(0)
+}
+
 /// Why a backend takes no new connections, for the banner (already escaped).
 fn why_unavailable(b: &Value) -> String {
     // The row below has the check's error in full; here, only which check.
@@ -413,6 +416,9 @@ fn why_unavailable(b: &Value) -> String {
         "drain" => format!("DRAINED by the operator ({health})"),
         "disabled" => format!("DISABLED by the operator ({health})"),
         "standby" => "in STANDBY: recovered, waiting for manual failback".into(),
+        "up" if b["weight"].as_u64() == Some(0) => {
+            "at WEIGHT 0 by the operator (sticky clients only)".into()
+        }
         other => Esc(other).to_string(),
     }
 }
@@ -700,6 +706,15 @@ mod tests {
         let mut data = data;
         data["services"][0]["backends"][2]["available"] = true.into();
         assert!(!render(&data, 0, "").contains("NO BACKEND AVAILABLE"));
+        // Up at weight 0 takes sticky clients only: no backend for new ones.
+        let c = &mut data["services"][0]["backends"][2];
+        (c["state"], c["weight"], c["configured_weight"]) = ("up".into(), 0.into(), 2.into());
+        let html = render(&data, 0, "");
+        assert!(html.contains("; c at WEIGHT 0 by the operator (sticky clients only)</div>"));
+        assert!(
+            html.contains("crossbar backend weight ca/c 2"),
+            "the way back"
+        );
     }
 
     #[test]
