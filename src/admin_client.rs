@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::TcpStream;
 
-use crate::admin::{Action, Secret};
+use crate::admin::{Action, Secret, WeightAsk};
 
 /// The default admin URL (the admin endpoint's default listen address).
 pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9140";
@@ -156,6 +156,17 @@ pub enum Command {
         /// Also when it is the service's last available backend.
         force: bool,
     },
+    /// Set a backend's weight until the next reload or restart.
+    Weight {
+        /// Service name.
+        service: String,
+        /// Backend name.
+        backend: String,
+        /// The new weight, or a percentage of the configured one.
+        weight: WeightAsk,
+        /// Also weight 0 on the service's last backend taking new connections.
+        force: bool,
+    },
     /// The open connections (the oldest first).
     Connections {
         /// Only this service's.
@@ -286,6 +297,22 @@ impl Command {
                     if *force { "?force=true" } else { "" }
                 ),
             ),
+            Command::Weight {
+                service,
+                backend,
+                weight,
+                force,
+            } => {
+                let w = match weight {
+                    WeightAsk::Absolute(w) => format!("weight={w}"),
+                    WeightAsk::Percent(p) => format!("weight={p}%25"),
+                };
+                let q = query(&[Some(w), force.then(|| "force=true".to_string())]);
+                (
+                    Method::POST,
+                    format!("/api/backends/{service}/{backend}/weight{q}"),
+                )
+            }
             Command::Connections {
                 service,
                 client,
@@ -352,6 +379,17 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
             "{service}/{backend}: {} ({} active connections)\n",
             v["state"].as_str().unwrap_or("?"),
             v["active_connections"]
+        ),
+        Command::Weight {
+            service, backend, ..
+        } => format!(
+            "{service}/{backend}: weight {} (was {}; {}, {} active connections)\n  \
+             until the next reload or restart, which return it to the configured weight {}\n",
+            v["weight"],
+            v["previous_weight"],
+            v["state"].as_str().unwrap_or("?"),
+            v["active_connections"],
+            v["configured_weight"],
         ),
         Command::Reload => reloaded(&v),
     })
@@ -542,7 +580,7 @@ fn status_table(v: &Value) -> String {
                 text(&b["address"]),
                 text(&b["state"]),
                 text(&b["active_connections"]),
-                text(&b["weight"]),
+                weight_cell(b),
                 if b["backup"].as_bool() == Some(true) {
                     "yes"
                 } else {
@@ -556,6 +594,16 @@ fn status_table(v: &Value) -> String {
         }
     }
     out
+}
+
+/// The weight, and the file's when one was set at run time: `10 (file 20)`.
+fn weight_cell(b: &Value) -> String {
+    let configured = &b["configured_weight"];
+    if configured.is_null() || *configured == b["weight"] {
+        text(&b["weight"])
+    } else {
+        format!("{} (file {})", text(&b["weight"]), text(configured))
+    }
 }
 
 fn table_view(v: &Value) -> String {

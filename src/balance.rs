@@ -4,6 +4,13 @@
 //! A backend takes new connections when it is healthy, enabled (not drained or
 //! disabled, not a recovered primary waiting for manual failback) and below its
 //! `max_connections`. Backups are candidates only when no primary is available.
+//!
+//! A backend's weight is the file's until the operator sets another at run time
+//! ([`Backend::set_weight`], `crossbar backend weight`); weight 0 takes it out of
+//! the choice for new connections while sticky hits still reach it (HAProxy's
+//! `set weight ... 0`). The run-time weight lives on the [`Backend`], not on the
+//! [`BackendState`] a reload carries over, so a reload (and a restart) returns
+//! every backend to its configured weight.
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -22,6 +29,10 @@ use crate::metrics::BackendMetrics;
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
 /// reservation race (two tasks taking the last slot) can't spin.
 const MAX_PICK_RACES: usize = 8;
+
+/// Largest weight, configured (1..=256) or set at run time (0..=256): weights are
+/// relative, 256 levels are plenty (HAProxy's range).
+pub const MAX_WEIGHT: u32 = 256;
 
 /// The clock of [`BackendState::served_ms`] and [`BackendState::down_ms`]: one for
 /// the process, so that times of different backends compare.
@@ -157,6 +168,8 @@ pub struct Backend {
     /// Position in the service's backend list.
     pub index: usize,
     state: Arc<BackendState>,
+    /// Weight now: `config.weight` until set at run time (0..=[`MAX_WEIGHT`]).
+    weight: AtomicU32,
     /// Metric handles.
     pub metrics: BackendMetrics,
 }
@@ -167,6 +180,7 @@ impl std::fmt::Debug for Backend {
             .field("name", &self.name)
             .field("active", &self.active())
             .field("state", &self.state_name())
+            .field("weight", &self.weight())
             .finish()
     }
 }
@@ -216,6 +230,27 @@ impl Backend {
     fn publish_state(&self) {
         self.metrics.up.set(i64::from(self.is_available()));
         self.metrics.set_state(self.state_name());
+        self.metrics.weight.set(i64::from(self.weight()));
+    }
+
+    /// The weight new connections are balanced by: the configured one, or the one
+    /// last set at run time. 0 means no new connections (sticky hits still come).
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Acquire)
+    }
+
+    /// Set the weight at run time (clamped to [`MAX_WEIGHT`]); it holds until the
+    /// next reload or restart, which return to `config.weight`. Applies to the next
+    /// pick; a slow-start ramp under way continues towards the new weight.
+    pub fn set_weight(&self, weight: u32) {
+        self.weight.store(weight.min(MAX_WEIGHT), Ordering::Release);
+        self.publish_state();
+    }
+
+    /// Takes new connections from the balancing (not only sticky hits): available
+    /// and a weight above 0.
+    pub fn takes_new(&self) -> bool {
+        self.is_available() && self.weight() > 0
     }
 
     /// Set health; returns true if it changed.
@@ -263,7 +298,8 @@ impl Backend {
 
     /// Weight now, ramped over `slow_start` after the backend became available.
     fn effective_weight(&self, slow_start: Duration) -> u64 {
-        let w = u64::from(self.config.weight.max(1)) * 16;
+        // At least 1: a pick racing a change to 0 still needs a number.
+        let w = u64::from(self.weight().max(1)) * 16;
         if slow_start.is_zero() {
             return w;
         }
@@ -424,6 +460,7 @@ impl Pool {
                     config: c.clone(),
                     index,
                     state: carried_state(previous, c),
+                    weight: AtomicU32::new(c.weight),
                     metrics: make(c),
                 };
                 if c.disabled {
@@ -466,10 +503,11 @@ impl Pool {
         open.or(cands.first()).map(|&i| &self.backends[i])
     }
 
-    /// Candidates: available primaries not yet tried; else (every primary down,
-    /// disabled, or already tried for this connection) available backups not yet tried.
+    /// Candidates: available primaries of weight above 0 not yet tried; else (every
+    /// primary down, disabled, at weight 0, or already tried for this connection)
+    /// such backups not yet tried.
     fn candidates(&self, tried: &[usize]) -> Vec<usize> {
-        let ok = |b: &&Arc<Backend>| b.is_available() && !tried.contains(&b.index);
+        let ok = |b: &&Arc<Backend>| b.takes_new() && !tried.contains(&b.index);
         let primaries: Vec<usize> = self
             .backends
             .iter()
@@ -830,6 +868,51 @@ mod tests {
             !got.windows(3).any(|w| w.iter().all(|x| x == "a")),
             "{got:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_run_time_weight_applies_to_the_next_picks_and_zero_leaves_sticky_hits() {
+        let p = pool(
+            Balance::RoundRobin,
+            &[backend("a", 1, false, None), backend("b", 1, false, None)],
+        );
+        p.backends[0].set_weight(3);
+        let got = names(&p, 8).await;
+        assert_eq!(got.iter().filter(|x| *x == "a").count(), 6, "{got:?}");
+        p.backends[0].set_weight(0);
+        assert_eq!(names(&p, 4).await, ["b", "b", "b", "b"]);
+        assert_eq!(p.backends[0].state_name(), "up", "weight 0 is not a drain");
+        let sticky = p.try_preferred(0).expect("a sticky hit still reaches it");
+        assert_eq!(&*sticky.backend().name, "a");
+        // Every primary at 0: the backup takes new connections, as when they are down.
+        let p = pool(
+            Balance::First,
+            &[backend("a", 1, false, None), backend("bk", 1, true, None)],
+        );
+        p.backends[0].set_weight(0);
+        assert_eq!(names(&p, 1).await, ["bk"]);
+        assert_eq!(p.backends[0].metrics.weight.get(), 0);
+        p.backends[0].set_weight(MAX_WEIGHT + 1);
+        assert_eq!(p.backends[0].weight(), MAX_WEIGHT, "clamped");
+    }
+
+    #[tokio::test]
+    async fn a_reloaded_pool_starts_from_the_configured_weight() {
+        let m = Metrics::new();
+        let params = PoolParams {
+            algo: Balance::RoundRobin,
+            slow_start: Duration::ZERO,
+            queue_size: 4,
+            queue_timeout: Duration::from_secs(1),
+        };
+        let configs = [backend("a", 2, false, None)];
+        let old = Pool::new(&configs, params, |b| m.backend("t", &b.name), None);
+        old.backends[0].set_weight(0);
+        old.backends[0].set_admin_state(AdminState::Drain);
+        let new = Pool::new(&configs, params, |b| m.backend("t", &b.name), Some(&old));
+        assert_eq!(new.backends[0].weight(), 2);
+        assert_eq!(new.backends[0].metrics.weight.get(), 2);
+        assert_eq!(new.backends[0].admin_state(), AdminState::Drain, "carried");
     }
 
     #[tokio::test]

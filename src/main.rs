@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use crossbar::admin::Action;
+use crossbar::admin::{Action, WeightAsk};
 use crossbar::admin_client::{ClientOptions, Command as ClientCommand, Given, Pick};
 use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
 
@@ -20,6 +20,7 @@ Examples:
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
   crossbar status -c /etc/crossbar/crossbar.yaml   # admin address and token from the config
   crossbar backend drain puppet/compile1 -c /etc/crossbar/crossbar.yaml
+  crossbar backend weight puppet/compile3 10 -c /etc/crossbar/crossbar.yaml   # until reload
   crossbar table show puppet --limit 20
   crossbar table show puppet --client 10.1.2.3     # where this agent's source entry points
   crossbar table delete puppet --key 3f2a0c9e51d7b864 -c /etc/crossbar/crossbar.yaml
@@ -99,17 +100,29 @@ enum Command {
         #[command(subcommand)]
         command: TableCommand,
     },
-    /// Drain, enable or disable a backend (admin API client).
+    /// Drain, enable or disable a backend, or set its weight (admin API client).
     ///
     /// Draining or disabling the last available backend of a service is refused
     /// (the server refuses it: every new client would get no backend) unless
-    /// --force is given; enabling never is.
+    /// --force is given; enabling never is. So is weight 0 on the last backend
+    /// taking new connections.
+    ///
+    /// `weight` sets the weight new connections are balanced by (HAProxy's `set
+    /// weight`): WEIGHT is 0..=256, or N% of the configured weight. 0 sends it no
+    /// new connections while sticky clients still come back (not a drain). It
+    /// holds until the next reload or restart, which return every backend to the
+    /// weight in the file.
     Backend {
-        /// What to do: drain (no new connections, open ones continue), enable, disable.
+        /// What to do: drain (no new connections, open ones continue), enable,
+        /// disable, weight.
         action: BackendAction,
         /// The backend, as SERVICE/BACKEND.
         target: String,
-        /// Drain or disable it even when it is the last available backend of its service.
+        /// For `weight`: the new weight, 0..=256, or N% of the configured weight.
+        #[arg(required_if_eq("action", "weight"), value_parser = parse_weight)]
+        weight: Option<WeightAsk>,
+        /// Drain or disable it, or set weight 0, even when it is the last backend of
+        /// its service taking new connections.
         #[arg(long)]
         force: bool,
         #[command(flatten)]
@@ -225,6 +238,15 @@ enum BackendAction {
     Drain,
     Enable,
     Disable,
+    Weight,
+}
+
+/// `WEIGHT` of `crossbar backend weight`, checked before anything is sent.
+fn parse_weight(s: &str) -> Result<WeightAsk, String> {
+    crossbar::admin::parse_weight(s).map_err(|e| {
+        let msg = e.to_string();
+        msg.strip_prefix("bad query: ").unwrap_or(&msg).to_string()
+    })
 }
 
 /// How to reach the admin API.
@@ -383,6 +405,7 @@ fn main() -> ExitCode {
         Command::Backend {
             action,
             target,
+            weight,
             force,
             admin,
         } => {
@@ -390,21 +413,36 @@ fn main() -> ExitCode {
                 eprintln!("error: expected SERVICE/BACKEND, got {target:?}");
                 return ExitCode::FAILURE;
             };
-            let action = match action {
-                BackendAction::Drain => Action::Drain,
-                BackendAction::Enable => Action::Enable,
-                BackendAction::Disable => Action::Disable,
+            let (service, backend) = (service.to_string(), backend.to_string());
+            let action = match (action, weight) {
+                (BackendAction::Weight, Some(weight)) => {
+                    let cmd = ClientCommand::Weight {
+                        service,
+                        backend,
+                        weight,
+                        force,
+                    };
+                    return client(admin, url_from_env, cmd);
+                }
+                (BackendAction::Weight, None) => {
+                    eprintln!("error: give the weight: crossbar backend weight SERVICE/BACKEND N");
+                    return ExitCode::FAILURE;
+                }
+                (_, Some(w)) => {
+                    eprintln!("error: a weight ({w}) goes with `crossbar backend weight` only");
+                    return ExitCode::FAILURE;
+                }
+                (BackendAction::Drain, None) => Action::Drain,
+                (BackendAction::Enable, None) => Action::Enable,
+                (BackendAction::Disable, None) => Action::Disable,
             };
-            client(
-                admin,
-                url_from_env,
-                ClientCommand::Backend {
-                    service: service.to_string(),
-                    backend: backend.to_string(),
-                    action,
-                    force,
-                },
-            )
+            let cmd = ClientCommand::Backend {
+                service,
+                backend,
+                action,
+                force,
+            };
+            client(admin, url_from_env, cmd)
         }
         Command::Reload { admin } => reload(admin, url_from_env),
     }

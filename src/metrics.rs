@@ -42,6 +42,7 @@ pub struct Metrics {
     connections: IntCounterVec,
     active: IntGaugeVec,
     backend_up: IntGaugeVec,
+    backend_weight: IntGaugeVec,
     backend_state: IntGaugeVec,
     bytes: IntCounterVec,
     connect_errors: IntCounterVec,
@@ -161,6 +162,13 @@ impl Metrics {
                 &r,
                 "crossbar_backend_up",
                 "1 if the backend takes new connections (healthy and enabled), else 0.",
+                &["service", "backend"],
+            ),
+            backend_weight: gauge_vec(
+                &r,
+                "crossbar_backend_weight",
+                "The weight new connections are balanced by: the configured one, or the \
+                 one set at run time (0: no new connections, sticky hits only).",
                 &["service", "backend"],
             ),
             backend_state: gauge_vec(
@@ -325,6 +333,7 @@ impl Metrics {
             connections: self.connections.with_label_values(&l),
             active: self.active.with_label_values(&l),
             up: self.backend_up.with_label_values(&l),
+            weight: self.backend_weight.with_label_values(&l),
             bytes_c2s: self
                 .bytes
                 .with_label_values(&[service, backend, "client_to_server"]),
@@ -377,6 +386,7 @@ impl Metrics {
         }
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
+        let _ = self.backend_weight.remove_label_values(&l); // ok: absent labels are fine
         for state in BACKEND_STATES {
             let _ = self
                 .backend_state
@@ -550,6 +560,8 @@ pub struct BackendMetrics {
     pub active: IntGauge,
     /// 1 when the backend takes new connections.
     pub up: IntGauge,
+    /// Its weight now (configured or set at run time).
+    pub weight: IntGauge,
     /// Bytes client -> server.
     pub bytes_c2s: IntCounter,
     /// Bytes server -> client.

@@ -4,7 +4,8 @@
 //! `/api/services`, the config path (which contains `<b>&amp;`) must show as text,
 //! and a screenshot is saved under `target/test-output/`. A second test checks the
 //! page at 1280x900 (nothing cut off, health under DRAIN/DISABLED, the no-backend
-//! banner, the active backend of `balance: first`, red counts only while failing)
+//! banner, the active backend of `balance: first`, red counts only while failing,
+//! a weight set at run time)
 //! and saves the screenshot docs/status-page.png is taken from.
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (tests/run.sh installs
@@ -720,6 +721,9 @@ async fn status_page_at_1280_shows_what_matters() {
     let path = format!("/api/backends/puppet/{C2}/drain");
     let (status, _, body) = http_with(admin, Method::POST, &path, None, Some(token)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    let path = format!("/api/backends/puppet/{C1}/weight?weight=4");
+    let (status, _, body) = http_with(admin, Method::POST, &path, None, Some(token)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     // compile03 comes back: its failures are history.
     let sock = tokio::net::TcpSocket::new_v4().expect("socket");
     sock.set_reuseaddr(true).expect("reuseaddr");
@@ -819,6 +823,23 @@ async fn status_page_at_1280_shows_what_matters() {
         token_file.display()
     );
     assert_eq!(hint.split_whitespace().collect::<Vec<_>>().join(" "), want);
+    // A weight set at run time: highlighted with the file's, and how to go back.
+    let c1 = row("puppet", C1);
+    assert_eq!(
+        cell(&c1, 3).split_whitespace().collect::<Vec<_>>(),
+        ["4", "file", "1"]
+    );
+    let want = format!(
+        "crossbar backend weight puppet/{C1} 1 --token-file {}",
+        token_file.display()
+    );
+    assert_eq!(
+        cell(&c1, 15)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        want
+    );
 
     // 2. Health under DRAIN and DISABLED.
     let c2_state = cell(&row("puppet", C2), 2);

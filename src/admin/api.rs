@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use crate::balance::{AdminState, Backend};
+use crate::balance::{AdminState, Backend, MAX_WEIGHT};
 use crate::config::{Balance, Mode};
 use crate::server::Server;
 use crate::service::Service;
@@ -64,6 +64,17 @@ pub enum ApiError {
         /// The other backends and their states, `" (others: b2 down)"`, or `""`.
         others: String,
     },
+    /// Setting this backend's weight to 0 would leave its service with no backend
+    /// for new connections, and `force` was not given.
+    #[error("{backend} is the last backend of service {service:?} taking new connections{others}: weight 0 leaves none for new connections (every new client is refused: no_backend; sticky hits still reach it); add force=true to do it anyway (crossbar backend weight {service}/{backend} 0 --force)")]
+    LastWeighted {
+        /// Service.
+        service: String,
+        /// Backend.
+        backend: String,
+        /// The other backends and their states, `" (others: b2 drain)"`, or `""`.
+        others: String,
+    },
     /// The configuration file could not be reloaded; the old one keeps running.
     #[error("reload failed, keeping the running configuration: {0}")]
     ReloadFailed(String),
@@ -82,7 +93,7 @@ impl ApiError {
             | ApiError::NoTable(_)
             | ApiError::NoEntry { .. } => S::NOT_FOUND,
             ApiError::BadQuery(_) => S::BAD_REQUEST,
-            ApiError::LastBackend { .. } => S::CONFLICT,
+            ApiError::LastBackend { .. } | ApiError::LastWeighted { .. } => S::CONFLICT,
             ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
             ApiError::Internal(_) => S::INTERNAL_SERVER_ERROR,
         }
@@ -261,7 +272,8 @@ fn backend_json(b: &Backend) -> Value {
         "active_connections": b.active(),
         "peak_connections": live.peak(),
         "connections_total": m.connections.get(),
-        "weight": b.config.weight,
+        "weight": b.weight(),
+        "configured_weight": b.config.weight,
         "backup": b.config.backup,
         "bytes": {
             "client_to_server": m.bytes_c2s.get(),
@@ -613,31 +625,181 @@ pub fn set_backend(
     }))
 }
 
-/// Refuse to take `b` out of rotation when it is the only available backend left.
+/// Refuse to take `b` out of rotation when it is the only backend left that takes
+/// new connections (available, weight above 0).
 fn last_available(svc: &Service, b: &Backend, action: Action) -> Result<(), ApiError> {
+    match others_out(svc, b) {
+        None => Ok(()),
+        Some(others) => Err(ApiError::LastBackend {
+            service: svc.name().to_string(),
+            backend: b.name.to_string(),
+            action: action.as_str(),
+            others,
+        }),
+    }
+}
+
+/// `None` when `b` takes no new connections or another backend of `svc` does;
+/// else the other backends and why each takes none: `" (others: b2 down)"`, or
+/// `" (its only backend)"`.
+fn others_out(svc: &Service, b: &Backend) -> Option<String> {
     let others: Vec<&Arc<Backend>> = svc
         .pool
         .backends
         .iter()
         .filter(|o| o.name != b.name)
         .collect();
-    if !b.is_available() || others.iter().any(|o| o.is_available()) {
-        return Ok(());
+    if !b.takes_new() || others.iter().any(|o| o.takes_new()) {
+        return None;
     }
     let list: Vec<String> = others
         .iter()
-        .map(|o| format!("{} {}", o.name, o.state_name()))
+        .map(|o| match o.state_name() {
+            "up" => format!("{} up at weight 0", o.name),
+            state => format!("{} {state}", o.name),
+        })
         .collect();
-    Err(ApiError::LastBackend {
-        service: svc.name().to_string(),
-        backend: b.name.to_string(),
-        action: action.as_str(),
-        others: if list.is_empty() {
-            " (its only backend)".to_string()
-        } else {
-            format!(" (others: {})", list.join(", "))
-        },
+    Some(if list.is_empty() {
+        " (its only backend)".to_string()
+    } else {
+        format!(" (others: {})", list.join(", "))
     })
+}
+
+/// A weight asked of `POST /api/backends/{service}/{backend}/weight`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightAsk {
+    /// This weight, 0..=[`MAX_WEIGHT`].
+    Absolute(u32),
+    /// This percentage of the configured weight (HAProxy's `set weight ... 50%`).
+    Percent(u32),
+}
+
+impl WeightAsk {
+    /// The weight this asks of a backend configured with `configured`: a percentage
+    /// rounds to the nearest integer, and one above 0 never gives 0 (`1%` must not
+    /// stop a backend's traffic by accident); above [`MAX_WEIGHT`] is refused.
+    pub fn resolve(self, configured: u32) -> Result<u32, ApiError> {
+        let w = match self {
+            WeightAsk::Absolute(w) => u64::from(w),
+            WeightAsk::Percent(0) => 0,
+            WeightAsk::Percent(p) => ((u64::from(configured) * u64::from(p) + 50) / 100).max(1),
+        };
+        u32::try_from(w)
+            .ok()
+            .filter(|w| *w <= MAX_WEIGHT)
+            .ok_or_else(|| {
+                ApiError::BadQuery(format!(
+                    "weight must be 0..={MAX_WEIGHT}; {self} of the configured weight {configured} is {w}"
+                ))
+            })
+    }
+}
+
+impl std::fmt::Display for WeightAsk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightAsk::Absolute(w) => write!(f, "{w}"),
+            WeightAsk::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+/// Parse a weight as the CLI and the API take it: `N` (0..=256) or `N%` (of the
+/// configured weight; `%25` is the URL-encoded `%`).
+pub fn parse_weight(v: &str) -> Result<WeightAsk, ApiError> {
+    let bad = |why: &str| {
+        ApiError::BadQuery(format!(
+            "weight must be an integer 0..={MAX_WEIGHT} or a percentage of the configured weight (50%){why}, got {v:?}"
+        ))
+    };
+    let (digits, percent) = match v.strip_suffix("%25").or_else(|| v.strip_suffix('%')) {
+        Some(d) => (d, true),
+        None => (v, false),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad(""));
+    }
+    let n: u32 = digits.parse().map_err(|_| bad(": out of range"))?;
+    match (percent, n) {
+        (true, _) => Ok(WeightAsk::Percent(n)),
+        (false, n) if n <= MAX_WEIGHT => Ok(WeightAsk::Absolute(n)),
+        (false, _) => Err(bad(": out of range")),
+    }
+}
+
+/// Parse `POST /api/backends/{service}/{backend}/weight`'s query: `weight=N` or
+/// `weight=N%` (required) and `force`.
+pub fn weight_query(query: Option<&str>) -> Result<(WeightAsk, bool), ApiError> {
+    let params = params(query, &["weight", "force"])?;
+    let Some((_, v)) = params.iter().find(|(k, _)| *k == "weight") else {
+        return Err(ApiError::BadQuery(format!(
+            "give the new weight: weight=N (0..={MAX_WEIGHT}) or weight=N%25 (of the configured weight)"
+        )));
+    };
+    let force = match params.iter().find(|(k, _)| *k == "force") {
+        None => false,
+        Some((_, "" | "true" | "1")) => true,
+        Some((_, "false" | "0")) => false,
+        Some((_, v)) => {
+            return Err(ApiError::BadQuery(format!(
+                "force must be true or false, got {v:?}"
+            )))
+        }
+    };
+    Ok((parse_weight(v)?, force))
+}
+
+/// `POST /api/backends/{service}/{backend}/weight`: set the weight new connections
+/// are balanced by, until the next reload or restart. Weight 0 on the last backend
+/// that takes new connections is refused ([`ApiError::LastWeighted`]) unless `force`.
+pub fn set_weight(
+    server: &Server,
+    name: &str,
+    backend: &str,
+    ask: WeightAsk,
+    force: bool,
+) -> Result<Value, ApiError> {
+    let svc = service(server, name)?;
+    let b = svc
+        .pool
+        .get(backend)
+        .ok_or_else(|| ApiError::UnknownBackend {
+            service: name.to_string(),
+            backend: backend.to_string(),
+        })?;
+    let weight = ask.resolve(b.config.weight)?;
+    let _one_at_a_time = BACKEND_CHANGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if weight == 0 && !force {
+        if let Some(others) = others_out(&svc, b) {
+            return Err(ApiError::LastWeighted {
+                service: name.to_string(),
+                backend: backend.to_string(),
+                others,
+            });
+        }
+    }
+    let previous = b.weight();
+    b.set_weight(weight);
+    tracing::info!(
+        service = name,
+        backend,
+        weight,
+        previous,
+        configured = b.config.weight,
+        "admin: backend weight set (until the next reload or restart)"
+    );
+    Ok(json!({
+        "service": name,
+        "backend": backend,
+        "weight": weight,
+        "previous_weight": previous,
+        "configured_weight": b.config.weight,
+        "state": b.state_name(),
+        "active_connections": b.active(),
+    }))
 }
 
 /// `GET /api/connections`'s parameters.
@@ -796,6 +958,33 @@ mod tests {
         );
         assert!(connections_query(Some("limit=0")).is_err());
         assert!(connections_query(Some("backend=b1")).is_err());
+    }
+
+    #[test]
+    fn weights() {
+        assert_eq!(parse_weight("0").unwrap(), WeightAsk::Absolute(0));
+        assert_eq!(parse_weight("256").unwrap(), WeightAsk::Absolute(256));
+        assert_eq!(parse_weight("50%").unwrap(), WeightAsk::Percent(50));
+        assert_eq!(parse_weight("150%25").unwrap(), WeightAsk::Percent(150));
+        for bad in [
+            "", "%", "257", "-1", "+3", "1.5", "0x10", "ten", " 5", "5 %",
+        ] {
+            assert!(parse_weight(bad).is_err(), "{bad}");
+        }
+        let r = |ask, configured| WeightAsk::resolve(ask, configured).ok();
+        assert_eq!(r(WeightAsk::Percent(50), 5), Some(3), "rounded");
+        assert_eq!(r(WeightAsk::Percent(1), 1), Some(1), "never 0 by rounding");
+        assert_eq!(r(WeightAsk::Percent(0), 100), Some(0));
+        assert_eq!(r(WeightAsk::Percent(200), 128), Some(256));
+        assert_eq!(r(WeightAsk::Percent(201), 128), None);
+        assert_eq!(r(WeightAsk::Percent(u32::MAX), 256), None);
+        assert_eq!(r(WeightAsk::Absolute(7), 1), Some(7));
+        assert_eq!(
+            weight_query(Some("weight=0&force")).unwrap(),
+            (WeightAsk::Absolute(0), true)
+        );
+        assert!(weight_query(None).is_err());
+        assert!(weight_query(Some("force=1")).is_err());
     }
 
     #[test]

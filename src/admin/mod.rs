@@ -1,6 +1,6 @@
 //! The admin HTTP endpoint: the status page at `/`, `/metrics`, `/healthz` and the `/api` to inspect
 //! services and open connections, show, look up and delete stick entries,
-//! drain/enable/disable backends and reload.
+//! drain/enable/disable backends, set their weights and reload.
 //!
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
 //! header read timeout, then a timeout on the rest of the request, request bodies
@@ -35,7 +35,10 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use api::{Action, DEFAULT_CONNECTIONS_LIMIT, DEFAULT_TABLE_LIMIT, MAX_TABLE_LIMIT};
+pub use api::{
+    parse_weight, Action, WeightAsk, DEFAULT_CONNECTIONS_LIMIT, DEFAULT_TABLE_LIMIT,
+    MAX_TABLE_LIMIT,
+};
 pub use auth::{constant_time_eq, Secret, TokenError};
 pub use throttle::WARN_INTERVAL;
 
@@ -317,6 +320,7 @@ enum Route<'a> {
     Connections,
     Table(&'a str),
     Backend(&'a str, &'a str, Action),
+    Weight(&'a str, &'a str),
     Reload,
 }
 
@@ -330,6 +334,9 @@ impl Route<'_> {
             ["api", "services"] => Route::Services,
             ["api", "connections"] => Route::Connections,
             ["api", "tables", s] if !s.is_empty() => Route::Table(s),
+            ["api", "backends", s, b, "weight"] if !s.is_empty() && !b.is_empty() => {
+                Route::Weight(s, b)
+            }
             ["api", "backends", s, b, a] if !s.is_empty() && !b.is_empty() => {
                 Route::Backend(s, b, Action::parse(a)?)
             }
@@ -341,7 +348,7 @@ impl Route<'_> {
     fn allow(&self) -> &'static [Method] {
         match self {
             Route::Table(_) => &[Method::GET, Method::DELETE],
-            Route::Backend(..) | Route::Reload => &[Method::POST],
+            Route::Backend(..) | Route::Weight(..) | Route::Reload => &[Method::POST],
             _ => &[Method::GET],
         }
     }
@@ -540,6 +547,8 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
         Route::Backend(s, b, a) => {
             api::force_query(query).and_then(|force| api::set_backend(server, s, b, a, force))
         }
+        Route::Weight(s, b) => api::weight_query(query)
+            .and_then(|(ask, force)| api::set_weight(server, s, b, ask, force)),
         Route::Reload => api::reload(server).await,
     };
     match result {

@@ -269,7 +269,10 @@ const COLUMNS: [(&str, &str); 16] = [
     ("Backend", "name in the config"),
     ("Address", "host:port"),
     ("State", "state and how long it has held"),
-    ("Wt", "weight"),
+    (
+        "Wt",
+        "weight new connections are balanced by; highlighted when set at run time (crossbar backend weight), with the file's below",
+    ),
     ("Bck", "backup: used only when no primary is available"),
     ("Cur", "connections open now"),
     ("Max", "most connections open at once"),
@@ -376,10 +379,7 @@ fn join(list: &Value) -> String {
 /// A red line in the caption of a service that has no backend to give a new
 /// connection to, with each backend's reason.
 fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
-    if backends
-        .iter()
-        .any(|b| b["available"].as_bool() == Some(true))
-    {
+    if backends.iter().any(takes_new) {
         return Ok(());
     }
     o.push_str(
@@ -397,6 +397,12 @@ fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
     Ok(())
 }
 
+/// Does the backend take new connections from the balancing: available, and not
+/// at weight 0 (which leaves it sticky hits only)?
+fn takes_new(b: &Value) -> bool {
+    b["available"].as_bool() == Some(true) && b["weight"].as_u64() != Some(0)
+}
+
 /// Why a backend takes no new connections, for the banner (already escaped).
 fn why_unavailable(b: &Value) -> String {
     // The row below has the check's error in full; here, only which check.
@@ -410,6 +416,9 @@ fn why_unavailable(b: &Value) -> String {
         "drain" => format!("DRAINED by the operator ({health})"),
         "disabled" => format!("DISABLED by the operator ({health})"),
         "standby" => "in STANDBY: recovered, waiting for manual failback".into(),
+        "up" if b["weight"].as_u64() == Some(0) => {
+            "at WEIGHT 0 by the operator (sticky clients only)".into()
+        }
         other => Esc(other).to_string(),
     }
 }
@@ -441,11 +450,11 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
     } else {
         "-"
     };
+    write_weight(o, b)?;
     write!(
         o,
-        "<td>{}</td><td>{backup}</td><td>{}</td><td>{}</td>\
+        "<td>{backup}</td><td>{}</td><td>{}</td>\
          <td>{}</td><td title=\"{}\">{}</td><td title=\"{}\">{}</td>",
-        n(b, "weight"),
         n(b, "active_connections"),
         n(b, "peak_connections"),
         n(b, "connections_total"),
@@ -463,7 +472,22 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
         "<td>{}</td><td>{}</td><td>{}</td></tr>",
         n(hs, "resumed"),
         n(hs, "full"),
-        hint(svc, s(b, "name"), state, cli),
+        hint(svc, b, state, cli),
+    )
+}
+
+/// The weight cell: the weight, and when it was set at run time, highlighted with
+/// the file's below it.
+fn write_weight(o: &mut String, b: &Value) -> fmt::Result {
+    let (now, file) = (n(b, "weight"), n(b, "configured_weight"));
+    if now == file {
+        return write!(o, "<td>{now}</td>");
+    }
+    write!(
+        o,
+        "<td class=\"rtw\" title=\"file {file}: the config file's weight; {now} set at run time \
+         (crossbar backend weight) until the next reload or restart\">\
+         {now}<span class=\"hl\">file {file}</span></td>"
     )
 }
 
@@ -536,17 +560,30 @@ fn check_none(kind: &str) -> &'static str {
 
 /// The CLI command for the usual next step from `state`, if any; the reason is
 /// the cell's tooltip so the command stays on one line.
-fn hint(svc: &str, backend: &str, state: &str, cli: &str) -> String {
-    let why = match state {
-        "standby" => "recovered primary held back (failback: manual); to hand traffic back",
-        "drain" => "draining; to put it back in rotation",
-        "disabled" => "in maintenance; to put it back in rotation",
+fn hint(svc: &str, b: &Value, state: &str, cli: &str) -> String {
+    let target = format!("{}/{}", Esc(svc), Esc(s(b, "name")));
+    let file = n(b, "configured_weight");
+    let (why, cmd) = match state {
+        "standby" => (
+            "recovered primary held back (failback: manual); to hand traffic back",
+            format!("enable {target}"),
+        ),
+        "drain" => (
+            "draining; to put it back in rotation",
+            format!("enable {target}"),
+        ),
+        "disabled" => (
+            "in maintenance; to put it back in rotation",
+            format!("enable {target}"),
+        ),
+        _ if n(b, "weight") != file => (
+            "weight set at run time; to return to the file's (a reload does too)",
+            format!("weight {target} {file}"),
+        ),
         _ => return String::new(),
     };
     format!(
-        "<code title=\"{why}\">crossbar backend enable {}/{}{}</code>",
-        Esc(svc),
-        Esc(backend),
+        "<code title=\"{why}\">crossbar backend {cmd}{}</code>",
         Esc(cli)
     )
 }
@@ -669,6 +706,15 @@ mod tests {
         let mut data = data;
         data["services"][0]["backends"][2]["available"] = true.into();
         assert!(!render(&data, 0, "").contains("NO BACKEND AVAILABLE"));
+        // Up at weight 0 takes sticky clients only: no backend for new ones.
+        let c = &mut data["services"][0]["backends"][2];
+        (c["state"], c["weight"], c["configured_weight"]) = ("up".into(), 0.into(), 2.into());
+        let html = render(&data, 0, "");
+        assert!(html.contains("; c at WEIGHT 0 by the operator (sticky clients only)</div>"));
+        assert!(
+            html.contains("crossbar backend weight ca/c 2"),
+            "the way back"
+        );
     }
 
     #[test]

@@ -41,8 +41,8 @@ const MAX_BACKLOG: u64 = i32::MAX as u64;
 const RELAY_KERNEL_RETIRED: &str = "warning: `kernel` was retired (the BPF sockmap relay: \
      more CPU than splice, and the kernel could deliver a segment twice; \
      docs/performance.md); using splice-auto: write `relay: splice-auto` or remove the line";
-/// Largest backend weight; weights are relative, 256 levels are plenty.
-const MAX_WEIGHT: u64 = 256;
+/// Largest backend weight (shared with the run-time weight).
+const MAX_WEIGHT: u64 = crate::balance::MAX_WEIGHT as u64;
 
 /// Everything one pass over a file's text finds.
 pub(super) struct Analysis {
