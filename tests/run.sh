@@ -48,6 +48,11 @@ need openjdk-17-jdk-headless javac
 # real headless browser over WebDriver.
 need chromium /usr/bin/chromium
 need chromium-driver /usr/bin/chromedriver
+# testssl.sh, sslscan: the scanners compared direct and through crossbar
+# (tests/scanners.rs); golang: Go's crypto/tls client in tests/client_stacks.rs.
+need testssl.sh testssl
+need sslscan sslscan
+need golang go
 # promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/alerts.rs).
 need prometheus promtool
 # The package test .ci/run runs next (tests/package/run.sh): man-db renders
@@ -85,6 +90,14 @@ if ! python3 -c "import proxyprotocol" 2>/dev/null; then
     pip install -q proxy-protocol==0.11.3 2>/dev/null ||
         pip install -q --break-system-packages proxy-protocol==0.11.3 ||
         stop "pip install proxy-protocol failed"
+fi
+
+# sslyze (PyPI): the third scanner of tests/scanners.rs (its JSON output is compared).
+if ! command -v sslyze >/dev/null; then
+    echo "tests/run.sh: installing sslyze (pip)"
+    pip install -q sslyze==6.3.1 2>/dev/null ||
+        pip install -q --break-system-packages sslyze==6.3.1 ||
+        stop "pip install sslyze failed"
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

@@ -59,7 +59,7 @@ impl Java {
 
     /// A PKCS#12 keystore holding a certificate for `name` issued by `ca`.
     pub fn keystore(&self, ca: &TestCa, name: &str) -> Result<PathBuf> {
-        let pem = ca.issue_pem(name, &[SNI, "localhost"])?;
+        let pem = ca.issue_pem(name, &[SNI, "localhost", super::STACKS])?;
         let d = self.dir.path();
         std::fs::write(d.join(format!("{name}.crt")), &pem.cert)?;
         std::fs::write(d.join(format!("{name}.key")), &pem.key)?;
@@ -173,8 +173,23 @@ impl Java {
         props: &[&str],
         prefix: &[&str],
     ) -> Result<(Vec<Vec<JdkAttempt>>, Vec<String>)> {
+        self.clients_to(SNI, ca, clients, resumptions, addrs, props, prefix)
+    }
+
+    /// [`Java::clients`] sending the server name `sni`.
+    #[allow(clippy::too_many_arguments)] // clients' parameters and the name
+    pub fn clients_to(
+        &self,
+        sni: &str,
+        ca: &TestCa,
+        clients: usize,
+        resumptions: usize,
+        addrs: &[SocketAddr],
+        props: &[&str],
+        prefix: &[&str],
+    ) -> Result<(Vec<Vec<JdkAttempt>>, Vec<String>)> {
         let trust = self.truststore(ca)?;
-        let mut args = vec![trust.display().to_string(), SNI.to_string()];
+        let mut args = vec![trust.display().to_string(), sni.to_string()];
         args.extend([clients.to_string(), resumptions.to_string()]);
         args.extend(addrs.iter().map(|a| a.to_string()));
         let (guard, lines) = self

@@ -49,6 +49,11 @@ pub const WAIT: Duration = Duration::from_secs(90);
 /// The SNI every TLS test uses.
 pub const SNI: &str = "puppet.example.com";
 
+/// A wildcard the openssl and JDK test backends' certificates also carry, so one
+/// backend can serve any `NAME.stacks.example.com` (tests/client_stacks.rs routes
+/// by such names).
+pub const STACKS: &str = "*.stacks.example.com";
+
 /// Await `fut`, failing the test (naming `what`) if it takes longer than [`WAIT`].
 pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(WAIT, fut).await {

@@ -49,7 +49,7 @@ impl OpensslBackend {
     /// (e.g. `-no_ticket`).
     pub fn start(ca: &TestCa, name: &str, extra: &[&str]) -> Result<OpensslBackend> {
         let dir = tempfile::tempdir()?;
-        let pem = ca.issue_pem(name, &[SNI, "localhost"])?;
+        let pem = ca.issue_pem(name, &[SNI, "localhost", super::STACKS])?;
         std::fs::write(dir.path().join("cert.pem"), &pem.cert)?;
         std::fs::write(dir.path().join("key.pem"), &pem.key)?;
         std::fs::write(dir.path().join("who"), format!("{name}\n"))?;
