@@ -27,6 +27,8 @@ pub(crate) enum ConnError {
     ClientGone,
     #[error("backend {backend} did not answer the ClientHello within {after:?}")]
     ServerHelloTimeout { backend: Arc<str>, after: Duration },
+    #[error("backend {backend} closed without answering the ClientHello")]
+    ClosedUnanswered { backend: Arc<str> },
 }
 
 impl ConnError {
@@ -41,6 +43,7 @@ impl ConnError {
             ConnError::BackendWrite { .. } => "server_error".into(),
             ConnError::ClientGone => "client_closed".into(),
             ConnError::ServerHelloTimeout { .. } => "server_hello_timeout".into(),
+            ConnError::ClosedUnanswered { .. } => "server_closed_unanswered".into(),
         }
     }
 }

@@ -125,9 +125,13 @@ impl Offer<'_> {
         };
         match tokio::time::timeout(limit, answered).await {
             Ok(Ok(())) => Ok(server),
+            // Counted, retried, but not held against the backend's health: a
+            // client can provoke it at will (a JDK server closes on a hello it
+            // will not serve), so counting it would let any client take a
+            // backend down for everyone. A master that is really gone refuses
+            // the next connect, and active checks see one that closes on all.
             Ok(Err(e)) => {
                 b.metrics.connect_errors.inc();
-                health::passive_failure(svc, b, &e);
                 tracing::warn!(service = %svc.name(), backend = %b.name, "closed before answering the ClientHello: {e}");
                 Err(Unopened::Closed)
             }
@@ -211,8 +215,9 @@ pub(super) async fn connect(
                 backend,
                 after: svc.config.timeouts.server_hello,
             }),
-            // Tried again elsewhere; if none is left, that is what the client hears.
-            Err(Unopened::Closed) => None,
+            // Tried again elsewhere; if none is left, the client is closed the same
+            // way (it would be directly), and the log says it was the backend.
+            Err(Unopened::Closed) => Some(ConnError::ClosedUnanswered { backend }),
         };
         tried.push(b.index);
     }
