@@ -48,6 +48,8 @@ need openjdk-17-jdk-headless javac
 # real headless browser over WebDriver.
 need chromium /usr/bin/chromium
 need chromium-driver /usr/bin/chromedriver
+# dnsmasq: the real DNS server (SRV, A records) tests/discovery.rs changes under load.
+need dnsmasq-base /usr/sbin/dnsmasq
 # promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/alerts.rs).
 need prometheus promtool
 # The package test .ci/run runs next (tests/package/run.sh): man-db renders
