@@ -498,6 +498,12 @@ impl Server {
                 Service::build(sc, old, table, &self.shared.metrics, discovery)
             })
             .collect();
+        for svc in &services {
+            if let Some(d) = &svc.discovery {
+                let found = svc.pool.backends.iter().filter(|b| b.config.from_dns.is_some());
+                d.publish(&found.map(|b| &*b.name).collect::<Vec<_>>());
+            }
+        }
         let listeners = self.commit_listeners(&mut st, p.groups, p.fresh, &services);
         let old_listeners = std::mem::replace(&mut st.listeners, listeners);
         let old_services = std::mem::replace(&mut st.services, services.clone());

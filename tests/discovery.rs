@@ -469,7 +469,9 @@ async fn dns_failures_keep_the_last_good_set() {
     );
     let mut dns = Dns::start(&two).await;
     let discover = format!("host: pool.test, port: {port}, max_backends: 8");
-    let cb = Crossbar::start(&service_yaml(&dns, &discover, "")).await;
+    let yaml = service_yaml(&dns, &discover, "");
+    let cb = Crossbar::start(&yaml).await;
+    let admin = cb.serve_admin(None).await;
     let want: BTreeSet<String> = ["127.0.0.21", "127.0.0.22"]
         .iter()
         .map(|ip| format!("{ip}-{port}"))
@@ -525,6 +527,16 @@ async fn dns_failures_keep_the_last_good_set() {
         );
         for b in cb.server.service("svc").expect("svc").pool.backends.iter() {
             assert!(b.is_available(), "{} still serves", b.name);
+        }
+        if reason == "timeout" {
+            // The API and the status page say so; a reload with the same `discover`
+            // keeps the set (no lookup, no empty window) while DNS is down.
+            let api = get_admin(admin.addr, "/api/services").await;
+            assert!(api.contains("\"stale\":true") && api.contains("\"source\":\"dns\""), "{api}");
+            let page = get_admin(admin.addr, "/").await;
+            assert!(page.contains("STALE:") && page.contains("pool.test"), "{page}");
+            cb.reload(&yaml).await;
+            assert_eq!(pool(&cb, "svc"), want, "a reload keeps the discovered set");
         }
         dns.serve(&two).await;
         wait_until("stale cleared", || stale() == 0.0).await;
@@ -606,4 +618,47 @@ async fn place(ca: &TestCa, cb: &Crossbar) -> Vec<String> {
         out.push(r.expect("client request").backend);
     }
     out
+}
+
+/// GET `path` from the admin endpoint at `addr`: the whole answer.
+async fn get_admin(addr: SocketAddr, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+    let (status, text) = within("admin request", raw_request(addr, req.as_bytes(), WAIT)).await;
+    assert_eq!(status, Some(200), "{text}");
+    text
+}
+
+/// `crossbar check --resolve` prints what the names resolve to today, and passes
+/// when they do not (the file is what is checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_resolve_says_what_names_resolve_to() {
+    let records = format!(
+        "{}{}{}",
+        a("c1", "127.0.0.41".parse().expect("ip")),
+        a("c2", "127.0.0.42".parse().expect("ip")),
+        srv("c1", 8140, 10, 3) + &srv("c2", 8140, 20, 1),
+    );
+    let mut dns = Dns::start(&records).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("crossbar.yaml");
+    std::fs::write(&path, service_yaml(&dns, &format!("srv: {SRV}"), "")).expect("write");
+    let run = move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .args(["check", "--resolve", "-c"])
+            .arg(&path)
+            .output()
+            .expect("run crossbar check");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (ok, out) = tokio::task::spawn_blocking(run.clone()).await.expect("check");
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("c1.test-8140 = 127.0.0.41:8140 weight 3")
+            && out.contains("c2.test-8140 = 127.0.0.42:8140 weight 1 (backup)"),
+        "{out}"
+    );
+    dns.stop();
+    let (ok, out) = tokio::task::spawn_blocking(run).await.expect("check");
+    assert!(ok, "a failed lookup does not fail check: {out}");
+    assert!(out.contains("lookup failed"), "{out}");
 }

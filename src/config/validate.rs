@@ -672,10 +672,7 @@ impl Checker<'_> {
     ) -> Vec<BackendConfig> {
         let bp = join(p, "backends");
         if raw.is_empty() && !discover {
-            self.err(
-                &bp,
-                "no backends: a service needs at least one, or `discover` to find them in DNS",
-            );
+            self.err(&bp, "no backends: a service needs at least one");
             return Vec::new();
         }
         if !discover && raw.iter().all(|b| b.backup == Some(true)) {

@@ -326,3 +326,44 @@ pub(crate) async fn watch(
         }
     }
 }
+
+/// Look up every service's `discover` name once and add the backends found to
+/// `config` (for `crossbar check --resolve` and `crossbar doctor`); one line per
+/// service says what each name resolves to today, or why it does not.
+pub async fn resolve_into(config: &mut Config) -> Vec<String> {
+    let mut lines = Vec::new();
+    for sc in &mut config.services {
+        let Some(d) = sc.discover.clone() else { continue };
+        let what = format!("service {}: DNS {} {}", sc.name, d.query.kind(), d.query.name());
+        match lookup_once(&d).await {
+            Ok(a) => {
+                let list: Vec<String> = a
+                    .backends
+                    .iter()
+                    .map(|b| {
+                        let backup = if b.backup { " (backup)" } else { "" };
+                        format!("{} = {} weight {}{backup}", b.name, b.address, b.weight)
+                    })
+                    .collect();
+                let dropped = if a.dropped > 0 {
+                    format!(" ({} more left out by max_backends)", a.dropped)
+                } else {
+                    String::new()
+                };
+                lines.push(format!(
+                    "{what}: {} backend(s), TTL {}s{dropped}: {}",
+                    a.backends.len(),
+                    a.ttl.as_secs(),
+                    list.join(", ")
+                ));
+                for b in a.backends {
+                    if !sc.backends.iter().any(|o| o.name == b.name) {
+                        sc.backends.push(b);
+                    }
+                }
+            }
+            Err(e) => lines.push(format!("{what}: lookup failed ({}): {e}", e.reason())),
+        }
+    }
+    lines
+}

@@ -21,6 +21,7 @@ pub struct DiscoveryMetrics {
     backends: IntGaugeVec,
     dropped: IntGaugeVec,
     last_ok: IntGaugeVec,
+    info: IntGaugeVec,
 }
 
 impl std::fmt::Debug for DiscoveryMetrics {
@@ -46,9 +47,18 @@ impl DiscoveryMetrics {
             &["service", "name", "result"],
         )
         .expect("static metric definition"); // ok: static
-        r.register(Box::new(lookups.clone()))
-            .expect("unique metric name"); // ok: static
+        r.register(Box::new(lookups.clone())).expect("unique metric name"); // ok: static
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "crossbar_discovery_backend_info",
+                "1 for each backend of a service found in DNS, labelled with the name it came from.",
+            ),
+            &["service", "name", "backend"],
+        )
+        .expect("static metric definition"); // ok: static
+        r.register(Box::new(info.clone())).expect("unique metric name"); // ok: static
         DiscoveryMetrics {
+            info,
             lookups,
             stale: gauge(
                 "crossbar_discovery_stale",
@@ -120,6 +130,8 @@ pub struct DiscoveryStatus {
     service: String,
     metrics: DiscoveryMetrics,
     snap: Mutex<Snapshot>,
+    /// The backends `crossbar_discovery_backend_info` shows now.
+    published: Mutex<Vec<String>>,
 }
 
 fn unix(t: SystemTime) -> u64 {
@@ -143,6 +155,7 @@ impl DiscoveryStatus {
                 name: query.name().to_string(),
                 ..Snapshot::default()
             }),
+            published: Mutex::new(Vec::new()),
         }
     }
 
@@ -195,9 +208,24 @@ impl DiscoveryStatus {
             .set(1);
     }
 
+    /// The discovered backends the running pool has now (after a commit).
+    pub fn publish(&self, backends: &[&str]) {
+        let name = self.with(|s| s.name.clone());
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        let info = &self.metrics.info;
+        for gone in published.iter().filter(|b| !backends.contains(&b.as_str())) {
+            let _ = info.remove_label_values(&[&self.service, &name, gone]); // ok: absent is fine
+        }
+        for b in backends {
+            info.with_label_values(&[&self.service, &name, b]).set(1);
+        }
+        *published = backends.iter().map(|b| b.to_string()).collect();
+    }
+
     /// The discovery ended (its service or `discover` left the config).
     pub fn retire(&self) {
         let name = self.with(|s| s.name.clone());
         self.metrics.forget(&self.service, &name);
+        self.publish(&[]);
     }
 }
