@@ -500,7 +500,11 @@ impl Server {
             .collect();
         for svc in &services {
             if let Some(d) = &svc.discovery {
-                let found = svc.pool.backends.iter().filter(|b| b.config.from_dns.is_some());
+                let found = svc
+                    .pool
+                    .backends
+                    .iter()
+                    .filter(|b| b.config.from_dns.is_some());
                 d.publish(&found.map(|b| &*b.name).collect::<Vec<_>>());
             }
         }

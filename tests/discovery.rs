@@ -532,9 +532,15 @@ async fn dns_failures_keep_the_last_good_set() {
             // The API and the status page say so; a reload with the same `discover`
             // keeps the set (no lookup, no empty window) while DNS is down.
             let api = get_admin(admin.addr, "/api/services").await;
-            assert!(api.contains("\"stale\":true") && api.contains("\"source\":\"dns\""), "{api}");
+            assert!(
+                api.contains("\"stale\":true") && api.contains("\"source\":\"dns\""),
+                "{api}"
+            );
             let page = get_admin(admin.addr, "/").await;
-            assert!(page.contains("STALE:") && page.contains("pool.test"), "{page}");
+            assert!(
+                page.contains("STALE:") && page.contains("pool.test"),
+                "{page}"
+            );
             cb.reload(&yaml).await;
             assert_eq!(pool(&cb, "svc"), want, "a reload keeps the discovered set");
         }
@@ -648,9 +654,14 @@ async fn check_resolve_says_what_names_resolve_to() {
             .arg(&path)
             .output()
             .expect("run crossbar check");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
     };
-    let (ok, out) = tokio::task::spawn_blocking(run.clone()).await.expect("check");
+    let (ok, out) = tokio::task::spawn_blocking(run.clone())
+        .await
+        .expect("check");
     assert!(ok, "{out}");
     assert!(
         out.contains("c1.test-8140 = 127.0.0.41:8140 weight 3")

@@ -348,9 +348,11 @@ fn write_discovery(o: &mut String, d: &Value) -> fmt::Result {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |t| t.as_secs());
-    let ago = d["last_resolved"].as_u64().map_or("never".to_string(), |t| {
-        format!("{} ago", human_secs(now.saturating_sub(t)))
-    });
+    let ago = d["last_resolved"]
+        .as_u64()
+        .map_or("never".to_string(), |t| {
+            format!("{} ago", human_secs(now.saturating_sub(t)))
+        });
     write!(
         o,
         " &middot; <span class=\"dns\">DNS {} <code>{}</code>: {} backend(s), resolved {ago}",
@@ -359,7 +361,11 @@ fn write_discovery(o: &mut String, d: &Value) -> fmt::Result {
         n(d, "backends"),
     )?;
     if n(d, "dropped") > 0 {
-        write!(o, ", <span class=\"warn\">{} record(s) over max_backends left out</span>", n(d, "dropped"))?;
+        write!(
+            o,
+            ", <span class=\"warn\">{} record(s) over max_backends left out</span>",
+            n(d, "dropped")
+        )?;
     }
     o.push_str("</span>");
     if d["stale"].as_bool() == Some(true) {
@@ -463,7 +469,10 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
         ("", "")
     };
     let dns = match b["dns_name"].as_str() {
-        Some(from) => format!(" <span class=\"tag\" title=\"from DNS: {}\">dns</span>", Esc(from)),
+        Some(from) => format!(
+            " <span class=\"tag\" title=\"from DNS: {}\">dns</span>",
+            Esc(from)
+        ),
         None => String::new(),
     };
     write!(

@@ -333,8 +333,15 @@ pub(crate) async fn watch(
 pub async fn resolve_into(config: &mut Config) -> Vec<String> {
     let mut lines = Vec::new();
     for sc in &mut config.services {
-        let Some(d) = sc.discover.clone() else { continue };
-        let what = format!("service {}: DNS {} {}", sc.name, d.query.kind(), d.query.name());
+        let Some(d) = sc.discover.clone() else {
+            continue;
+        };
+        let what = format!(
+            "service {}: DNS {} {}",
+            sc.name,
+            d.query.kind(),
+            d.query.name()
+        );
         match lookup_once(&d).await {
             Ok(a) => {
                 let list: Vec<String> = a

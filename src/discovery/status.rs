@@ -47,7 +47,8 @@ impl DiscoveryMetrics {
             &["service", "name", "result"],
         )
         .expect("static metric definition"); // ok: static
-        r.register(Box::new(lookups.clone())).expect("unique metric name"); // ok: static
+        r.register(Box::new(lookups.clone()))
+            .expect("unique metric name"); // ok: static
         let info = IntGaugeVec::new(
             Opts::new(
                 "crossbar_discovery_backend_info",
@@ -56,7 +57,8 @@ impl DiscoveryMetrics {
             &["service", "name", "backend"],
         )
         .expect("static metric definition"); // ok: static
-        r.register(Box::new(info.clone())).expect("unique metric name"); // ok: static
+        r.register(Box::new(info.clone()))
+            .expect("unique metric name"); // ok: static
         DiscoveryMetrics {
             info,
             lookups,
