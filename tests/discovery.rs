@@ -560,6 +560,21 @@ async fn dns_failures_keep_the_last_good_set() {
     let dropped = cb.metric("crossbar_discovery_dropped_records", &[("service", "svc")]);
     assert_eq!(dropped, 992.0);
     assert!(log.contains("more records than max_backends"));
+    // Every discovery family docs/metrics.md lists is exported.
+    let text = cb.server.metrics().encode();
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md"))
+        .expect("docs/metrics.md");
+    let documented: BTreeSet<&str> = docs
+        .split('`')
+        .filter(|w| w.starts_with("crossbar_discovery_"))
+        .collect();
+    assert!(documented.len() >= 6, "{documented:?}");
+    for f in documented {
+        assert!(
+            text.contains(&format!("# TYPE {f} ")),
+            "{f} is documented but not exported"
+        );
+    }
     drop(dns);
 }
 
