@@ -374,3 +374,36 @@ pub async fn resolve_into(config: &mut Config) -> Vec<String> {
     }
     lines
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DiscoverQuery, HealthConfig};
+
+    fn cfg() -> DiscoverConfig {
+        DiscoverConfig {
+            query: DiscoverQuery::Srv("_x-puppet._tcp.example.com".into()),
+            resolvers: vec![],
+            min_ttl: Duration::from_secs(5),
+            max_ttl: Duration::from_secs(300),
+            max_backends: 64,
+            timeout: Duration::from_secs(2),
+            health: HealthConfig::default(),
+        }
+    }
+
+    #[test]
+    fn ttl_is_clamped_to_the_operator_bounds() {
+        let c = cfg();
+        assert_eq!(next_lookup(&c, Duration::ZERO), Duration::from_secs(5));
+        assert_eq!(
+            next_lookup(&c, Duration::from_secs(60)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            next_lookup(&c, Duration::from_secs(86_400)),
+            Duration::from_secs(300)
+        );
+        assert_eq!(retry_after(&c), Duration::from_secs(5));
+    }
+}

@@ -219,3 +219,39 @@ fn backend(
         from_dns: Some(from.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_resolver::proto::op::Query;
+
+    fn no_records(code: ResponseCode) -> ResolveError {
+        ResolveError::from(ResolveErrorKind::NoRecordsFound {
+            query: Box::new(Query::new()),
+            soa: None,
+            negative_ttl: None,
+            response_code: code,
+            trusted: true,
+        })
+    }
+
+    #[test]
+    fn failures_are_named_by_their_cause() {
+        let cases = [
+            (no_records(ResponseCode::ServFail), "servfail"),
+            (no_records(ResponseCode::NXDomain), "nxdomain"),
+            (no_records(ResponseCode::NoError), "empty"),
+            (no_records(ResponseCode::Refused), "error"),
+            (ResolveError::from(ResolveErrorKind::Timeout), "timeout"),
+        ];
+        for (e, reason) in cases {
+            assert_eq!(LookupError::from(e).reason(), reason);
+        }
+    }
+
+    #[test]
+    fn names_come_from_target_and_port() {
+        assert_eq!(ip_label("10.0.0.21".parse().unwrap()), "10.0.0.21");
+        assert_eq!(ip_label("2001:db8::1".parse().unwrap()), "2001-db8--1");
+    }
+}
