@@ -663,10 +663,11 @@ async fn check_resolve_says_what_names_resolve_to() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("crossbar.yaml");
     std::fs::write(&path, service_yaml(&dns, &format!("srv: {SRV}"), "")).expect("write");
+    let config = path.clone();
     let run = move || {
         let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
             .args(["check", "--resolve", "-c"])
-            .arg(&path)
+            .arg(&config)
             .output()
             .expect("run crossbar check");
         (
@@ -682,6 +683,21 @@ async fn check_resolve_says_what_names_resolve_to() {
         out.contains("c1.test-8140 = 127.0.0.41:8140 weight 3")
             && out.contains("c2.test-8140 = 127.0.0.42:8140 weight 1 (backup)"),
         "{out}"
+    );
+    // doctor checks the backends DNS gives today (nothing listens there: it says so).
+    let doctor = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .args(["doctor", "-c"])
+            .arg(&path)
+            .output()
+            .expect("run crossbar doctor")
+    })
+    .await
+    .expect("doctor");
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        report.contains("c1.test-8140") && report.contains("c2.test-8140"),
+        "{report}"
     );
     dns.stop();
     let (ok, out) = tokio::task::spawn_blocking(run).await.expect("check");
