@@ -350,10 +350,23 @@ async fn srv_changes_are_hitless() {
         }
         dns.serve(&records).await;
         let want: BTreeSet<String> = want.into_iter().collect();
-        wait_until(&format!("change {k}: pool {want:?}"), || {
+        let took = wait_until(&format!("change {k}: pool {want:?}"), || {
             pool(&cb, "svc") == want
         })
         .await;
+        println!("change {k}: applied {took:?} after dnsmasq restarted with the new records");
+        // Changes that keep the names: c4 becomes a primary, c2's weight goes to 5.
+        let config = |i: usize| {
+            cb.server
+                .service("svc")
+                .and_then(|s| s.pool.get(&name(i)).map(|b| b.config.clone()))
+        };
+        if k == 4 {
+            wait_until("c4 a primary", || config(3).is_some_and(|c| !c.backup)).await;
+        }
+        if k == 7 {
+            wait_until("c2 weight 5", || config(1).is_some_and(|c| c.weight == 5)).await;
+        }
         for i in newcomers {
             wait_until(&format!("change {k}: {} up", name(i)), || {
                 cb.server
