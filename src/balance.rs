@@ -279,8 +279,11 @@ impl Backend {
     /// backup that took none while the primary was gone took over nothing: see
     /// `failback: manual` in [`crate::health`].)
     pub fn served_since_down_of(&self, other: &Backend) -> bool {
+        // A backend never down (a discovered newcomer waiting for its first checks)
+        // was never taken over from.
         let served = self.state.served_ms.load(Ordering::Acquire);
-        served != 0 && served >= other.state.down_ms.load(Ordering::Acquire)
+        let down = other.state.down_ms.load(Ordering::Acquire);
+        served != 0 && down != 0 && served >= down
     }
 
     /// Hold a recovered primary back (or release it).
@@ -714,14 +717,20 @@ fn carried_state(previous: Option<&Pool>, c: &BackendConfig) -> Arc<BackendState
     let same = previous
         .and_then(|p| p.get(&c.name))
         .filter(|prev| prev.config.address == c.address);
-    match same {
-        Some(prev) => prev.state.clone(),
-        None => Arc::new(BackendState::new(if c.disabled {
-            AdminState::Disabled
-        } else {
-            AdminState::Enabled
-        })),
+    if let Some(prev) = same {
+        return prev.state.clone();
     }
+    let state = BackendState::new(if c.disabled {
+        AdminState::Disabled
+    } else {
+        AdminState::Enabled
+    });
+    // A backend DNS adds to a running pool gets traffic only after `rise` checks
+    // (then ramps over `slow_start`); at start it is up, like configured ones.
+    if previous.is_some() && c.from_dns.is_some() {
+        state.healthy.store(false, Ordering::Release);
+    }
+    Arc::new(state)
 }
 
 /// A place in a pool's queue, given back on drop.
@@ -785,6 +794,7 @@ mod tests {
             proxy_protocol: None,
             health: HealthConfig::default(),
             disabled: false,
+            from_dns: None,
         }
     }
 

@@ -9,7 +9,8 @@
 //! - [`route`]: listener + SNI -> service.
 //! - [`stick`]: session ID / ticket / PSK / source -> the backend holding the session
 //!   (the placement policy and what a handshake teaches the table).
-//! - [`balance`]: otherwise pick a backend with the service's algorithm.
+//! - [`balance`]: otherwise pick a backend with the service's algorithm (the pool:
+//!   the config file's backends and those [`discovery`] finds in DNS).
 //! - `conn`'s confirmation: a resumption whose holder is uncertain is offered to further
 //!   backends until one resumes it, within the process-wide [`budget`].
 //! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
@@ -49,6 +50,7 @@ pub mod admin_client;
 pub mod balance;
 pub mod config;
 pub mod demo;
+pub mod discovery;
 pub mod doctor;
 pub mod health;
 pub mod hello;

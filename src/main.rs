@@ -64,6 +64,10 @@ enum Command {
         /// certificates, state-file directory): for a config meant for another host.
         #[arg(long)]
         config_only: bool,
+        /// Also look up every `discover` name now and print what it resolves to (a
+        /// failed lookup is reported, never an error: the file is what is checked).
+        #[arg(long)]
+        resolve: bool,
     },
     /// Connect to every backend and check what agents need: certificate names, issuer
     /// and expiry, the Puppet CA, TLS versions, stickiness, and each backend's health
@@ -359,7 +363,8 @@ fn main() -> ExitCode {
         Command::Check {
             config,
             config_only,
-        } => check(&config, config_only),
+            resolve,
+        } => check(&config, config_only, resolve),
         Command::Generate { what, dir } => generate(what, dir),
         Command::Run {
             config,
@@ -489,7 +494,7 @@ fn table(command: TableCommand, url_from_env: bool) -> ExitCode {
 }
 
 /// `crossbar check`: the summary and every warning, or every problem.
-fn check(config: &std::path::Path, config_only: bool) -> ExitCode {
+fn check(config: &std::path::Path, config_only: bool, resolve: bool) -> ExitCode {
     let loaded = if config_only {
         Config::load(config)
     } else {
@@ -504,6 +509,17 @@ fn check(config: &std::path::Path, config_only: bool) -> ExitCode {
             for s in &cfg.services {
                 let plan = crossbar::relay::plan(s.relay).describe();
                 println!("relay: service {} uses {plan}", s.name);
+            }
+            if resolve {
+                let mut cfg = cfg;
+                match runtime(None) {
+                    Ok(rt) => {
+                        for line in rt.block_on(crossbar::discovery::resolve_into(&mut cfg)) {
+                            println!("{line}");
+                        }
+                    }
+                    Err(e) => eprintln!("no runtime to resolve names in: {e:#}"),
+                }
             }
             println!("{}: OK", config.display());
             ExitCode::SUCCESS
@@ -556,7 +572,7 @@ fn doctor(
     format: ReportFormat,
     opts: crossbar::doctor::Options,
 ) -> ExitCode {
-    let cfg = match Config::load(config) {
+    let mut cfg = match Config::load(config) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -564,7 +580,13 @@ fn doctor(
         }
     };
     let report = match runtime(None) {
-        Ok(rt) => rt.block_on(crossbar::doctor::run(&cfg, opts)),
+        // The backends `discover` finds today are checked like the configured ones.
+        Ok(rt) => rt.block_on(async {
+            for line in crossbar::discovery::resolve_into(&mut cfg).await {
+                eprintln!("{line}");
+            }
+            crossbar::doctor::run(&cfg, opts).await
+        }),
         Err(e) => return report(Err(e)),
     };
     match format {

@@ -64,6 +64,8 @@ pub struct Metrics {
     live: Mutex<HashMap<(String, String), Arc<BackendLive>>>,
     /// The admin endpoint's refusals and connection slots.
     pub admin: AdminMetrics,
+    /// DNS discovery of backends: lookups, staleness, answer sizes.
+    pub discovery: crate::discovery::DiscoveryMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -261,6 +263,7 @@ impl Metrics {
             process: Default::default(),
             live: Mutex::new(HashMap::new()),
             admin: AdminMetrics::register(&r),
+            discovery: crate::discovery::DiscoveryMetrics::register(&r),
             registry: r,
         });
         metrics.zero_fixed_labels();

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::LogLimiter;
-use crate::config::{Config, ListenConfig, ServiceConfig};
+use crate::config::{BackendConfig, Config, DiscoverConfig, ListenConfig, ServiceConfig};
+use crate::discovery::{DiscoveryStatus, Fresh, Registry};
 use crate::listener::{self, BindError, ConnLimit};
 use crate::metrics::Metrics;
 use crate::service::{prepare_table, ListenerRoutes, PreparedTable, Service, Shared};
@@ -112,6 +113,8 @@ struct Prepared {
     groups: Vec<ListenGroup>,
     /// Sockets bound for the addresses the running config does not listen on.
     fresh: HashMap<ListenKey, tokio::net::TcpListener>,
+    /// First lookups of new or changed `discover` settings.
+    discovered: Vec<Fresh>,
 }
 
 struct State {
@@ -154,11 +157,17 @@ pub enum ServerError {
 enum Applying {
     Start,
     Reload,
+    /// A `discover` name's answer changed: the running config again, with the new set.
+    Discovery,
 }
 
 /// A running balancer.
 pub struct Server {
+    /// Itself, for the discovery watchers (which must not keep it alive).
+    me: Weak<Server>,
     state: Mutex<State>,
+    /// Every service's DNS discovery (`discover:`): the backends found so far.
+    discovery: Registry,
     /// Listening sockets received from a predecessor (upgrade), used instead of
     /// binding when the address matches.
     inherited: Mutex<HashMap<SocketAddr, std::net::TcpListener>>,
@@ -186,7 +195,9 @@ impl Server {
         metrics: Arc<Metrics>,
         inherited: HashMap<SocketAddr, std::net::TcpListener>,
     ) -> Result<Arc<Server>, ServerError> {
-        let server = Arc::new(Server {
+        let server = Arc::new_cyclic(|me| Server {
+            me: me.clone(),
+            discovery: Registry::default(),
             inherited: Mutex::new(inherited),
             state: Mutex::new(State {
                 config: Arc::new(config.clone()),
@@ -353,6 +364,53 @@ impl Server {
         Ok((self.commit(prepared), warnings))
     }
 
+    /// A discovery watcher found a new set for `service`: apply the running config
+    /// again with it, as one transaction like a reload (backends in both sets keep
+    /// their state; new ones start down until they pass `rise` checks).
+    async fn rediscover(&self, service: &str, cfg: &DiscoverConfig, backends: Vec<BackendConfig>) {
+        let _one_at_a_time = self.reloading.lock().await;
+        if self.is_draining() || !self.discovery.update(service, cfg, backends) {
+            return;
+        }
+        let config = (*self.config()).clone();
+        match self.prepare(config, Applying::Discovery).await {
+            Ok((prepared, _)) => {
+                self.commit(prepared);
+            }
+            Err(e) => tracing::error!(service, "applying the discovered backends failed: {e}"),
+        }
+    }
+
+    /// Start the watcher of one service's `discover` name.
+    fn spawn_watch(
+        &self,
+        service: &str,
+        cfg: &DiscoverConfig,
+        status: Arc<DiscoveryStatus>,
+        found: Vec<BackendConfig>,
+        first_wait: Duration,
+        stop: CancellationToken,
+    ) {
+        let (me, name, c) = (self.me.clone(), service.to_string(), cfg.clone());
+        let changed: crate::discovery::OnChange = Box::new(move |backends| {
+            let (me, name, c) = (me.clone(), name.clone(), c.clone());
+            Box::pin(async move {
+                if let Some(server) = me.upgrade() {
+                    server.rediscover(&name, &c, backends).await;
+                }
+            })
+        });
+        tokio::spawn(crate::discovery::watch(
+            service.to_string(),
+            cfg.clone(),
+            status,
+            found,
+            first_wait,
+            stop,
+            changed,
+        ));
+    }
+
     /// Build the new runtime off to the side: on a reload, probe the new health
     /// settings (the gate's warnings are returned); choose (and load) stick tables,
     /// group the listen addresses, check what changes on kept ones, bind new ones.
@@ -360,7 +418,7 @@ impl Server {
     /// config has. The running config serves on meanwhile.
     async fn prepare(
         &self,
-        config: Config,
+        mut config: Config,
         applying: Applying,
     ) -> Result<(Prepared, Vec<String>), ServerError> {
         let (old, running) = {
@@ -372,10 +430,13 @@ impl Server {
                 .collect();
             (st.services.clone(), running)
         };
+        // DNS first: the gate, the state files and the pools see the discovered backends.
+        let discovered = self.discovery.first_lookups(&config, self.metrics()).await;
+        self.discovery.expand(&mut config, &discovered);
         let groups = listen_groups(&config);
         check_kept_listeners(&groups, &running)?;
         let warnings = match applying {
-            Applying::Start => Vec::new(),
+            Applying::Start | Applying::Discovery => Vec::new(),
             Applying::Reload => crate::health::gate::judge(&old, &config)
                 .await
                 .map_err(ServerError::HealthGate)?,
@@ -387,6 +448,7 @@ impl Server {
             tables,
             groups,
             fresh,
+            discovered,
         };
         Ok((prepared, warnings))
     }
@@ -418,6 +480,13 @@ impl Server {
     /// the new config drops, start the new services' tasks. Cannot fail.
     fn commit(&self, p: Prepared) -> Vec<Probe> {
         let mut st = self.lock();
+        self.discovery.install(
+            &p.config,
+            p.discovered,
+            |svc, cfg, status, found, wait, stop| {
+                self.spawn_watch(svc, cfg, status, found, wait, stop)
+            },
+        );
         let services: Vec<Arc<Service>> = p
             .config
             .services
@@ -425,9 +494,20 @@ impl Server {
             .zip(p.tables)
             .map(|(sc, table)| {
                 let old = st.services.iter().find(|s| s.name() == sc.name);
-                Service::build(sc, old, table, &self.shared.metrics)
+                let discovery = self.discovery.status(&sc.name);
+                Service::build(sc, old, table, &self.shared.metrics, discovery)
             })
             .collect();
+        for svc in &services {
+            if let Some(d) = &svc.discovery {
+                let found = svc
+                    .pool
+                    .backends
+                    .iter()
+                    .filter(|b| b.config.from_dns.is_some());
+                d.publish(&found.map(|b| &*b.name).collect::<Vec<_>>());
+            }
+        }
         let listeners = self.commit_listeners(&mut st, p.groups, p.fresh, &services);
         let old_listeners = std::mem::replace(&mut st.listeners, listeners);
         let old_services = std::mem::replace(&mut st.services, services.clone());
@@ -602,6 +682,7 @@ impl Server {
         for s in self.services() {
             s.tasks.cancel();
         }
+        self.discovery.stop_all();
         // A periodic save under way finishes first; none starts after this.
         self.savers.close();
         self.savers.wait().await;

@@ -32,6 +32,8 @@ pub struct Service {
     pub tasks: CancellationToken,
     /// Its open connections (handed over by a reload, like the backends' state).
     pub connections: Arc<OpenConnections>,
+    /// Its DNS discovery's status, when it has `discover:`.
+    pub discovery: Option<Arc<crate::discovery::DiscoveryStatus>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -69,6 +71,7 @@ impl Service {
         old: Option<&Arc<Service>>,
         table: Option<PreparedTable>,
         metrics: &Arc<Metrics>,
+        discovery: Option<Arc<crate::discovery::DiscoveryStatus>>,
     ) -> Arc<Service> {
         let pool = Pool::new(
             &sc.backends,
@@ -98,6 +101,7 @@ impl Service {
             metrics: metrics.service(&sc.name),
             tasks: CancellationToken::new(),
             connections: old.map(|o| o.connections.clone()).unwrap_or_default(),
+            discovery,
         })
     }
 

@@ -318,7 +318,9 @@ services:
 #[test]
 fn the_complete_example_in_the_docs_loads() {
     let doc = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
-    let start = doc.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let example = doc.find("## Complete example").expect("the section");
+    let start =
+        example + doc[example..].find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
     let len = doc[start..].find("```").unwrap();
     let c = ok(&doc[start..start + len]);
     assert_eq!(c.services.len(), 3);

@@ -53,6 +53,8 @@ need chromium-driver /usr/bin/chromedriver
 need testssl.sh testssl
 need sslscan sslscan
 need golang go
+# dnsmasq: the real DNS server (SRV, A records) tests/discovery.rs changes under load.
+need dnsmasq-base /usr/sbin/dnsmasq
 # promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/alerts.rs).
 need prometheus promtool
 # The package test .ci/run runs next (tests/package/run.sh): man-db renders

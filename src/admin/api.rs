@@ -203,6 +203,7 @@ pub fn services(server: &Server) -> Value {
                 "queue_size": svc.config.queue_size,
                 "handshakes": handshakes(&svc.pool.backends),
                 "active_backend": active_backend(svc),
+                "discovery": svc.discovery.as_ref().map(|d| d.snapshot()),
                 "backends": backends,
             })
         })
@@ -264,6 +265,8 @@ fn backend_json(b: &Backend) -> Value {
     json!({
         "name": &*b.name,
         "address": b.config.address.to_string(),
+        "source": b.config.from_dns.as_ref().map_or("config", |_| "dns"),
+        "dns_name": b.config.from_dns,
         "state": b.state_name(),
         "state_since": rfc3339(since),
         "state_seconds": seconds_since(since),

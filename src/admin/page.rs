@@ -308,6 +308,7 @@ fn write_service(o: &mut String, svc: &Value, cli: &str) -> fmt::Result {
         write!(o, " &middot; {}", Esc(s(p, "text")))?;
     }
     write_stick(o, &svc["stick_table"])?;
+    write_discovery(o, &svc["discovery"])?;
     let hs = &svc["handshakes"];
     write!(
         o,
@@ -338,6 +339,45 @@ fn write_service(o: &mut String, svc: &Value, cli: &str) -> fmt::Result {
     }
     write_total(o, backends)?;
     o.push_str("</table>\n");
+    Ok(())
+}
+
+/// Where DNS-discovered backends come from, when the name last resolved, and a
+/// STALE mark while lookups fail (the last good set serves on).
+fn write_discovery(o: &mut String, d: &Value) -> fmt::Result {
+    if d.is_null() {
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_secs());
+    let ago = d["last_resolved"]
+        .as_u64()
+        .map_or("never".to_string(), |t| {
+            format!("{} ago", human_secs(now.saturating_sub(t)))
+        });
+    write!(
+        o,
+        " &middot; <span class=\"dns\">DNS {} <code>{}</code>: {} backend(s), resolved {ago}",
+        Esc(s(d, "kind")),
+        Esc(s(d, "name")),
+        n(d, "backends"),
+    )?;
+    if n(d, "dropped") > 0 {
+        write!(
+            o,
+            ", <span class=\"warn\">{} record(s) over max_backends left out</span>",
+            n(d, "dropped")
+        )?;
+    }
+    o.push_str("</span>");
+    if d["stale"].as_bool() == Some(true) {
+        write!(
+            o,
+            " <span class=\"bad\">STALE: {}; the last good set serves on</span>",
+            Esc(s(d, "error")),
+        )?;
+    }
     Ok(())
 }
 
@@ -437,9 +477,16 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
     } else {
         ("", "")
     };
+    let dns = match b["dns_name"].as_str() {
+        Some(from) => format!(
+            " <span class=\"tag\" title=\"from DNS: {}\">dns</span>",
+            Esc(from)
+        ),
+        None => String::new(),
+    };
     write!(
         o,
-        "<tr class=\"{}{row_class}\"><td>{}{tag}</td><td>{}</td>",
+        "<tr class=\"{}{row_class}\"><td>{}{tag}{dns}</td><td>{}</td>",
         Esc(state),
         Esc(s(b, "name")),
         Esc(s(b, "address")),

@@ -7,6 +7,7 @@
 
 mod address;
 mod checker;
+mod discover;
 mod error;
 mod files;
 mod health;
@@ -24,6 +25,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use discover::{DiscoverConfig, DiscoverQuery};
 pub use error::{ConfigError, Diagnostic};
 pub(crate) use files::describe_file_type;
 pub use proxy_accept::{IpNet, ProxyAccept};
@@ -391,6 +393,8 @@ pub struct BackendConfig {
     pub health: HealthConfig,
     /// Start in the disabled (maintenance) state.
     pub disabled: bool,
+    /// The DNS name (`discover:`) this backend was found under; `None`: the file.
+    pub from_dns: Option<String>,
 }
 
 /// One service: listeners, routing names, algorithm, stickiness and backends.
@@ -418,8 +422,11 @@ pub struct ServiceConfig {
     pub failback: Failback,
     /// Stick table settings; `None` disables stickiness.
     pub stick: Option<StickConfig>,
-    /// Backends in config order.
+    /// Backends in config order: the file's, then those found by `discover`
+    /// (added by the running server, see `crate::discovery`).
     pub backends: Vec<BackendConfig>,
+    /// Backends found in DNS, re-resolved on the records' TTL.
+    pub discover: Option<DiscoverConfig>,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// TCP keepalive on client and backend sockets; `None` disables.

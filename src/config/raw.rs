@@ -228,7 +228,24 @@ pub(super) struct RawService {
     pub queue_size: Option<u64>,
     pub slow_start: Option<RawDuration>,
     pub relay: Option<RawRelay>,
+    /// Absent: only `discover` supplies backends (validation wants one of the two).
+    #[serde(default)]
     pub backends: Vec<RawBackend>,
+    pub discover: Option<RawDiscover>,
+}
+
+/// `discover:` backends from DNS (SRV, or a host name's A/AAAA records).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDiscover {
+    pub srv: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u64>,
+    pub resolvers: Option<Vec<String>>,
+    pub min_ttl: Option<RawDuration>,
+    pub max_ttl: Option<RawDuration>,
+    pub max_backends: Option<u64>,
+    pub timeout: Option<RawDuration>,
 }
 
 /// `stick.on` items.

@@ -535,13 +535,22 @@ impl Checker<'_> {
             stick: self.stick(
                 raw.stick.as_ref(),
                 mode,
-                raw.backends
-                    .iter()
-                    .filter(|b| b.backup != Some(true))
-                    .count(),
+                // Discovered primaries are not known yet: as many tries as allowed.
+                if raw.discover.is_some() {
+                    usize::MAX
+                } else {
+                    raw.backends
+                        .iter()
+                        .filter(|b| b.backup != Some(true))
+                        .count()
+                },
                 &join(&p, "stick"),
             ),
-            backends: self.backends(&raw.backends, &tuning.health, &p),
+            backends: self.backends(&raw.backends, raw.discover.is_some(), &tuning.health, &p),
+            discover: raw
+                .discover
+                .as_ref()
+                .and_then(|d| self.discover(d, &tuning.health, &join(&p, "discover"))),
             timeouts: tuning.timeouts,
             keepalive: tuning.keepalive,
             max_hello_size: tuning.max_hello_size,
@@ -654,13 +663,19 @@ impl Checker<'_> {
         out
     }
 
-    fn backends(&mut self, raw: &[RawBackend], health: &Health, p: &str) -> Vec<BackendConfig> {
+    fn backends(
+        &mut self,
+        raw: &[RawBackend],
+        discover: bool,
+        health: &Health,
+        p: &str,
+    ) -> Vec<BackendConfig> {
         let bp = join(p, "backends");
-        if raw.is_empty() {
+        if raw.is_empty() && !discover {
             self.err(&bp, "no backends: a service needs at least one");
             return Vec::new();
         }
-        if raw.iter().all(|b| b.backup == Some(true)) {
+        if !discover && raw.iter().all(|b| b.backup == Some(true)) {
             self.err(
                 &bp,
                 "every backend is `backup: true`: at least one must be a primary",
@@ -718,6 +733,7 @@ impl Checker<'_> {
             }),
             health: health.to_config(),
             disabled: raw.disabled.unwrap_or(false),
+            from_dns: None,
         })
     }
 }

@@ -235,6 +235,7 @@ mod tests {
             table: None,
             tasks: CancellationToken::new(),
             connections: Default::default(),
+            discovery: None,
         }
     }
 
