@@ -115,6 +115,8 @@ struct Prepared {
     fresh: HashMap<ListenKey, tokio::net::TcpListener>,
     /// First lookups of new or changed `discover` settings.
     discovered: Vec<Fresh>,
+    /// A DNS change, not the operator's reload: run-time weights carry over.
+    keep_weights: bool,
 }
 
 struct State {
@@ -449,6 +451,7 @@ impl Server {
             groups,
             fresh,
             discovered,
+            keep_weights: applying == Applying::Discovery,
         };
         Ok((prepared, warnings))
     }
@@ -507,6 +510,9 @@ impl Server {
                     .filter(|b| b.config.from_dns.is_some());
                 d.publish(&found.map(|b| &*b.name).collect::<Vec<_>>());
             }
+        }
+        if p.keep_weights {
+            keep_run_time_weights(&st.services, &services);
         }
         let listeners = self.commit_listeners(&mut st, p.groups, p.fresh, &services);
         let old_listeners = std::mem::replace(&mut st.listeners, listeners);
@@ -794,6 +800,26 @@ async fn load_config(path: std::path::PathBuf) -> Result<Config, String> {
 }
 
 /// The listen addresses of `config`, each with the services (indices) on it.
+/// A DNS change rebuilds the pools; a weight the operator set at run time on a
+/// backend that stays (same name, same weight in the answer) is kept: only a reload
+/// or a restart returns to the configured weight. A backend whose answer now gives
+/// another weight takes the answer's.
+fn keep_run_time_weights(old: &[Arc<Service>], new: &[Arc<Service>]) {
+    for svc in new {
+        let Some(was) = old.iter().find(|o| o.name() == svc.name()) else {
+            continue;
+        };
+        for b in &svc.pool.backends {
+            let kept = was.pool.backends.iter().find(|o| {
+                o.name == b.name && o.config.weight == b.config.weight && o.weight() != o.config.weight
+            });
+            if let Some(o) = kept {
+                b.set_weight(o.weight());
+            }
+        }
+    }
+}
+
 fn listen_groups(config: &Config) -> Vec<ListenGroup> {
     let mut groups: Vec<ListenGroup> = Vec::new();
     for (si, sc) in config.services.iter().enumerate() {

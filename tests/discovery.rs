@@ -717,3 +717,45 @@ async fn check_resolve_says_what_names_resolve_to() {
     assert!(ok, "a failed lookup does not fail check: {out}");
     assert!(out.contains("lookup failed"), "{out}");
 }
+
+/// A weight the operator set at run time survives a DNS change (the pool is rebuilt
+/// from the new answer) on the backends that stay; a reload returns it to the
+/// configured weight (docs/operations.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_time_weights_survive_a_dns_change_but_not_a_reload() {
+    let ca = TestCa::new("discovery CA").expect("CA");
+    let port = free_port().port();
+    let ips = ["127.0.0.41", "127.0.0.42", "127.0.0.43"];
+    let mut live = Vec::new();
+    for ip in ips {
+        let bind: SocketAddr = format!("{ip}:{port}").parse().expect("address");
+        live.push(
+            TlsBackend::start(&ca, ip, &[SNI], BackendTls::default(), bind)
+                .await
+                .expect("compiler on the shared port"),
+        );
+    }
+    let records = |n: usize| -> String {
+        ips[..n]
+            .iter()
+            .map(|ip| a("pool", ip.parse().expect("ip")))
+            .collect()
+    };
+    let mut dns = Dns::start(&records(3)).await;
+    let yaml = service_yaml(&dns, &format!("host: pool.test, port: {port}"), "");
+    let cb = Crossbar::start(&yaml).await;
+    let backend = |ip: &str| {
+        let svc = cb.server.service("svc").expect("service svc");
+        let found = svc.pool.backends.iter().find(|b| b.name.starts_with(ip)).cloned();
+        found.unwrap_or_else(|| panic!("no backend for {ip} in {:?}", pool(&cb, "svc")))
+    };
+    let configured = backend(ips[0]).config.weight;
+    backend(ips[0]).set_weight(configured + 6);
+    dns.serve(&records(2)).await;
+    wait_until("the removal applied", || pool(&cb, "svc").len() == 2).await;
+    assert_eq!(backend(ips[0]).weight(), configured + 6, "kept across the DNS change");
+    assert_eq!(backend(ips[1]).weight(), backend(ips[1]).config.weight);
+    cb.reload(&yaml).await;
+    assert_eq!(backend(ips[0]).weight(), configured, "a reload returns to the file");
+    drop(dns);
+}
