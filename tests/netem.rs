@@ -509,39 +509,58 @@ async fn echo(mut s: TcpStream) {
 /// each, big-endian; they count as part of the upload.
 const HEADER: usize = 16;
 
-/// Run `end` on `s`; what the backend saw, with the exchange's id.
+/// Run `end` on `s`; what the backend saw, with the exchange's id (whatever
+/// happens after the header: an early end is what the twins compare).
 async fn ending_script(mut s: TcpStream, end: End) -> Option<(u64, Observed)> {
     let mut head = [0u8; HEADER];
     s.read_exact(&mut head).await.ok()?;
     let id = u64::from_be_bytes(head[..8].try_into().ok()?);
     let echo_len = u64::from_be_bytes(head[8..].try_into().ok()?) as usize;
     let mut got = head.to_vec();
-    if end == End::ClientReset {
-        let (rest, read) = read_all(&mut s).await;
-        got.extend_from_slice(&rest);
-        return Some((id, ending_observed(&got, seen(read, Ok(())))));
-    }
-    s.write_all(&head).await.ok()?;
+    let end_seen = match end {
+        End::ClientReset => rest_of_upload(&mut s, &mut got).await,
+        _ => match echo_part(&mut s, &mut got, echo_len).await {
+            Err(seen) => seen,
+            Ok(()) if end == End::BackendFin => match s.shutdown().await {
+                Err(e) => seen(Ok(()), Err(e.kind())),
+                Ok(()) => rest_of_upload(&mut s, &mut got).await,
+            },
+            Ok(()) => {
+                sent_and_acked(&s).await;
+                set_reset_on_close(&s);
+                Seen::Eof
+            }
+        },
+    };
+    Some((id, ending_observed(&got, end_seen)))
+}
+
+/// Echo the upload until `got` holds `echo_len` bytes; how it ended if early.
+async fn echo_part(s: &mut TcpStream, got: &mut Vec<u8>, echo_len: usize) -> Result<(), Seen> {
+    s.write_all(got)
+        .await
+        .map_err(|e| seen(Ok(()), Err(e.kind())))?;
     let mut buf = vec![0u8; 64 * 1024];
     while got.len() < echo_len {
         let want = buf.len().min(echo_len - got.len());
-        let n = s.read(&mut buf[..want]).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        s.write_all(&buf[..n]).await.ok()?;
+        let n = match s.read(&mut buf[..want]).await {
+            Ok(0) => return Err(Seen::Eof),
+            Ok(n) => n,
+            Err(e) => return Err(seen(Err(e.kind()), Ok(()))),
+        };
+        s.write_all(&buf[..n])
+            .await
+            .map_err(|e| seen(Ok(()), Err(e.kind())))?;
         got.extend_from_slice(&buf[..n]);
     }
-    if end == End::BackendFin {
-        s.shutdown().await.ok()?;
-        let (rest, read) = read_all(&mut s).await;
-        got.extend_from_slice(&rest);
-        return Some((id, ending_observed(&got, seen(read, Ok(())))));
-    }
-    sent_and_acked(&s).await;
-    set_reset_on_close(&s);
-    drop(s);
-    Some((id, ending_observed(&got, Seen::Eof)))
+    Ok(())
+}
+
+/// Read the rest of the upload into `got`; how it ended.
+async fn rest_of_upload(s: &mut TcpStream, got: &mut Vec<u8>) -> Seen {
+    let (rest, read) = read_all(s).await;
+    got.extend_from_slice(&rest);
+    seen(read, Ok(()))
 }
 
 static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -622,6 +641,10 @@ fn rss_kib(pid: u32) -> u64 {
 // ---------------------------------------------------------------------------
 // One round
 
+/// What the client and the backend of one ending exchange saw (the client's is
+/// `None` when it reset: the backend's view is the one that counts then).
+type Views = (Option<Observed>, Option<Observed>);
+
 /// Everything seen in one round, per path.
 #[derive(Default)]
 struct Outcome {
@@ -630,7 +653,7 @@ struct Outcome {
     /// (size, path) -> what the client got back.
     bulk: HashMap<(usize, Path), Result<Observed, String>>,
     /// (end, size, path) -> (client's view, backend's view).
-    endings: HashMap<(End, usize, Path), (Option<Observed>, Option<Observed>)>,
+    endings: HashMap<(End, usize, Path), Views>,
     connections: usize,
     bytes: u64,
     /// Bulk echoes' expected results.
@@ -783,9 +806,11 @@ async fn workload(
     let mut rx = reports.lock().await;
     let mut missing = ids.len();
     while missing > 0 {
-        let (id, seen) = within("the backends' reports", rx.recv())
-            .await
-            .expect("reports");
+        // A backend that never reports (its exchange hung past every keepalive) is
+        // left as `None`: a difference from its twin, or a hang on both paths.
+        let Ok(Some((id, seen))) = tokio::time::timeout(common::WAIT, rx.recv()).await else {
+            break;
+        };
         if let Some(k) = ids.get(&id) {
             if let Some(e) = out.endings.get_mut(k) {
                 if e.1.is_none() {
@@ -816,15 +841,21 @@ async fn agents_run(
         let addr = path.addr(port, a);
         let gate = gate.clone();
         tasks.push(tokio::spawn(async move {
-            let get = || testbed::get(addr, common::SNI, cfg.clone(), "/who");
-            let first = match within("a full handshake", get()).await {
+            let get = || async {
+                let get = testbed::get(addr, common::SNI, cfg.clone(), "/who");
+                match tokio::time::timeout(common::WAIT, get).await {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow::anyhow!("no answer within {:?}", common::WAIT)),
+                }
+            };
+            let first = match get().await {
                 Ok(r) => r.backend,
                 Err(e) => return (0, Vec::from([format!("{addr} full handshake: {e:#}")])),
             };
             pulled(&gate).await;
             let (mut kept, mut errors) = (0, Vec::new());
             for _ in 0..resumptions {
-                match within("a resumption", get()).await {
+                match get().await {
                     Ok(r) if r.resumed && r.backend == first => kept += 1,
                     Ok(r) => errors.push(format!("{addr}: {r:?}, first on {first}")),
                     Err(e) => errors.push(format!("{addr}: {e:#}")),
@@ -884,12 +915,15 @@ async fn bulk_echo(
         };
         (n, hex(&h.finalize()), end)
     };
-    let (wrote, (n, sha, read)) = within("a bulk echo", async { tokio::join!(write, read) }).await;
-    Ok(Observed {
-        received: n,
-        sha,
-        end: seen(read, wrote),
-    })
+    let exchange = async { tokio::join!(write, read) };
+    match tokio::time::timeout(common::WAIT, exchange).await {
+        Ok((wrote, (n, sha, read))) => Ok(Observed {
+            received: n,
+            sha,
+            end: seen(read, wrote),
+        }),
+        Err(_) => Err(format!("{addr}: no end within {:?}", common::WAIT)),
+    }
 }
 
 /// Until the cable is pulled, in the outage round (at once otherwise).
@@ -943,8 +977,10 @@ async fn ending_client(
         w.shutdown().await.map_err(|e| e.kind())
     };
     let exchange = async { tokio::join!(write, read_all(&mut r)) };
-    let (wrote, (got, read)) = within("an ending exchange", exchange).await;
-    Some(ending_observed(&got, seen(read, wrote)))
+    match tokio::time::timeout(common::WAIT, exchange).await {
+        Ok((wrote, (got, read))) => Some(ending_observed(&got, seen(read, wrote))),
+        Err(_) => Some(ending_observed(&[], Seen::Error(ErrorKind::TimedOut))),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1069,7 +1105,7 @@ async fn read_all<S: AsyncRead + Unpin>(s: &mut S) -> (Vec<u8>, Result<(), Error
 /// Until the peer has acknowledged everything written (so a reset can't discard
 /// it); bounded like every wait.
 async fn sent_and_acked(tcp: &TcpStream) {
-    within("send queue acknowledged", async {
+    let acked = async {
         loop {
             let mut n: libc::c_int = 0;
             // SAFETY: the ioctl writes one c_int we own; the fd is borrowed, so open.
@@ -1079,8 +1115,9 @@ async fn sent_and_acked(tcp: &TcpStream) {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    })
-    .await
+    };
+    // Past the guard the reset goes out anyway: what the peer then sees is compared.
+    let _ = tokio::time::timeout(common::WAIT, acked).await; // ok: see above
 }
 
 fn set_reset_on_close(tcp: &TcpStream) {

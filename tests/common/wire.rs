@@ -191,12 +191,11 @@ fn pump(mut from: File, mut to: File, faults: &Mutex<Faults>, stop: &AtomicBool,
         let copies = if rng.f64() < f.duplicate { 2 } else { 1 };
         let now = Instant::now();
         let mut at = now;
-        if f.rate_bps > 0 {
+        if let Some(us) = (n as u64 * 8 * 1_000_000).checked_div(f.rate_bps) {
             if line_free.saturating_duration_since(now) > RATE_BACKLOG {
                 continue;
             }
-            let bits = (n as u64) * 8;
-            line_free = line_free.max(now) + Duration::from_micros(bits * 1_000_000 / f.rate_bps);
+            line_free = line_free.max(now) + Duration::from_micros(us);
             at = line_free;
         }
         if !(f.reorder > 0.0 && rng.f64() < f.reorder) {
