@@ -14,6 +14,7 @@ pub mod netns;
 pub mod process;
 pub mod snapshot;
 pub mod tls;
+pub mod wire;
 
 #[allow(unused_imports)] // see above
 pub use log::LogBuffer;

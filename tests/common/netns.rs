@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub use super::wire::Faults;
+use super::wire::Wire;
+
 /// The hosts of a lab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Host {
@@ -225,6 +228,8 @@ pub struct Lab {
     prefix: String,
     pub dir: tempfile::TempDir,
     made: Vec<String>,
+    /// The faulty cables of the hosts made with [`Lab::with_wires`].
+    wires: Vec<(Host, Wire)>,
 }
 
 impl Lab {
@@ -233,6 +238,13 @@ impl Lab {
     /// nodes route it back to the client, so a test can connect from any of 65,536
     /// sources.
     pub fn new() -> Result<Lab> {
+        Lab::with_wires(&[])
+    }
+
+    /// [`Lab::new`], with the hosts in `wired` joined to the switch by a faulty
+    /// cable (tests/common/wire.rs) instead of a veth pair: [`Lab::faults`] then
+    /// sets what that cable does to the frames crossing it.
+    pub fn with_wires(wired: &[Host]) -> Result<Lab> {
         usable()?;
         remove_stale_labs();
         let n = LABS.fetch_add(1, Ordering::SeqCst);
@@ -241,6 +253,7 @@ impl Lab {
             prefix,
             dir: tempfile::tempdir()?,
             made: Vec::new(),
+            wires: Vec::new(),
         };
         for h in Host::ALL {
             let ns = lab.ns(h);
@@ -254,10 +267,14 @@ impl Lab {
         for h in &Host::ALL[1..] {
             let ns = lab.ns(*h);
             let port = format!("p-{}", h.suffix());
-            run(&[
-                "ip", "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
-                "netns", &ns,
-            ])?;
+            if wired.contains(h) {
+                lab.wires.push((*h, Wire::new(&ns, "eth0", &sw, &port)?));
+            } else {
+                run(&[
+                    "ip", "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
+                    "netns", &ns,
+                ])?;
+            }
             run(&["ip", "-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
             run(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
         }
@@ -298,6 +315,17 @@ impl Lab {
             &b,
         ])?;
         Ok(lab)
+    }
+
+    /// Make `host`'s cable (see [`Lab::with_wires`]) apply `faults` from now on.
+    pub fn faults(&self, host: Host, faults: Faults) -> Result<()> {
+        match self.wires.iter().find(|(h, _)| *h == host) {
+            Some((_, w)) => {
+                w.set(faults);
+                Ok(())
+            }
+            None => bail!("{host:?} has no faulty cable (see Lab::with_wires)"),
+        }
     }
 
     /// The namespace name of `host`.
