@@ -811,7 +811,9 @@ fn keep_run_time_weights(old: &[Arc<Service>], new: &[Arc<Service>]) {
         };
         for b in &svc.pool.backends {
             let kept = was.pool.backends.iter().find(|o| {
-                o.name == b.name && o.config.weight == b.config.weight && o.weight() != o.config.weight
+                o.name == b.name
+                    && o.config.weight == b.config.weight
+                    && o.weight() != o.config.weight
             });
             if let Some(o) = kept {
                 b.set_weight(o.weight());

@@ -746,16 +746,29 @@ async fn run_time_weights_survive_a_dns_change_but_not_a_reload() {
     let cb = Crossbar::start(&yaml).await;
     let backend = |ip: &str| {
         let svc = cb.server.service("svc").expect("service svc");
-        let found = svc.pool.backends.iter().find(|b| b.name.starts_with(ip)).cloned();
+        let found = svc
+            .pool
+            .backends
+            .iter()
+            .find(|b| b.name.starts_with(ip))
+            .cloned();
         found.unwrap_or_else(|| panic!("no backend for {ip} in {:?}", pool(&cb, "svc")))
     };
     let configured = backend(ips[0]).config.weight;
     backend(ips[0]).set_weight(configured + 6);
     dns.serve(&records(2)).await;
     wait_until("the removal applied", || pool(&cb, "svc").len() == 2).await;
-    assert_eq!(backend(ips[0]).weight(), configured + 6, "kept across the DNS change");
+    assert_eq!(
+        backend(ips[0]).weight(),
+        configured + 6,
+        "kept across the DNS change"
+    );
     assert_eq!(backend(ips[1]).weight(), backend(ips[1]).config.weight);
     cb.reload(&yaml).await;
-    assert_eq!(backend(ips[0]).weight(), configured, "a reload returns to the file");
+    assert_eq!(
+        backend(ips[0]).weight(),
+        configured,
+        "a reload returns to the file"
+    );
     drop(dns);
 }

@@ -879,7 +879,10 @@ async fn hellos_a_backend_closes_on_do_not_take_it_down() {
     for _ in 0..4 {
         served.push(get(addr, cfg.clone()).await);
     }
-    assert!(served.iter().any(|r| r.as_deref() == Ok("b1")), "{served:?}");
+    assert!(
+        served.iter().any(|r| r.as_deref() == Ok("b1")),
+        "{served:?}"
+    );
     assert!(served.iter().all(|r| r.is_ok()), "{served:?}");
     drop((b1, b2));
 }
