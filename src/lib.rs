@@ -52,6 +52,7 @@ pub mod demo;
 pub mod doctor;
 pub mod health;
 pub mod hello;
+pub mod log_writer;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod relay;

@@ -92,7 +92,10 @@ fn client_hello_parse_allocates_only_what_it_keeps() {
         ("hellos/java17_tls12.bin", HELLO_ALLOCATIONS),
         ("hellos/wget_gnutls_localhost.bin", HELLO_ALLOCATIONS),
         ("hellos/openssl3_tls13_psk.bin", RESUMING_HELLO_ALLOCATIONS),
-        ("hellos/openssl3_tls12_ticket.bin", RESUMING_HELLO_ALLOCATIONS),
+        (
+            "hellos/openssl3_tls12_ticket.bin",
+            RESUMING_HELLO_ALLOCATIONS,
+        ),
     ];
     let mut failed = Vec::new();
     for (name, most) in cases {
@@ -132,7 +135,9 @@ fn server_watcher_allocates_only_what_it_keeps() {
         assert!(done, "{name}: the watcher should finish on a whole flight");
         println!("{name}: {n} allocator calls");
         if n > WATCH_ALLOCATIONS {
-            failed.push(format!("{name}: {n} allocator calls (at most {WATCH_ALLOCATIONS})"));
+            failed.push(format!(
+                "{name}: {n} allocator calls (at most {WATCH_ALLOCATIONS})"
+            ));
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");

@@ -286,7 +286,11 @@ pub(super) fn client_hello_parts(message: &[u8]) -> Option<HelloParts<'_>> {
     if session_id.len() > MAX_SESSION_ID || ciphers.len() % 2 != 0 || compression.is_empty() {
         return None;
     }
-    let extensions = if body.is_empty() { &[][..] } else { body.vec16()? };
+    let extensions = if body.is_empty() {
+        &[][..]
+    } else {
+        body.vec16()?
+    };
     if !body.is_empty() {
         return None;
     }

@@ -329,7 +329,11 @@ pub(super) fn parse_server_hello(message: &[u8]) -> Option<ServerHelloFields> {
     let random = body.take(32)?;
     let session_id = SessionId::new(body.vec8()?)?;
     body.take(2 + 1)?; // cipher_suite, compression_method
-    let extensions = if body.is_empty() { &[][..] } else { body.vec16().unwrap_or(&[]) };
+    let extensions = if body.is_empty() {
+        &[][..]
+    } else {
+        body.vec16().unwrap_or(&[])
+    };
     let ext = walk_extensions(extensions, Side::Server)?;
     let psk_selected = match ext.psk {
         Some(p) => Some(Reader::new(p).u16()?),
