@@ -5,16 +5,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::service::Service;
+
 /// The fields of one access-log line, filled in as the connection progresses.
 #[derive(Default)]
 pub struct AccessLog {
     /// The client a trusted tier's PROXY header named (the TCP peer, logged as
     /// `via`, is then the tier); `None`: the peer is the client.
     pub proxied: Option<SocketAddr>,
-    /// The SNI the client sent.
-    pub sni: Option<String>,
-    /// The service it was routed to.
-    pub service: Option<Arc<str>>,
+    /// The service it was routed to (its `Arc`: naming it costs no allocation).
+    pub service: Option<Arc<Service>>,
     /// The stick key kind that decided (or was last looked up).
     pub stick: Option<&'static str>,
     /// Whether that lookup hit.
@@ -31,8 +31,8 @@ pub struct AccessLog {
     pub c2s: u64,
     /// Bytes server -> client.
     pub s2c: u64,
-    /// How the connection ended (the termination reason).
-    pub end: String,
+    /// How the connection ended (the termination reason), in two static words.
+    pub end: End,
     /// The error, if it ended in one.
     pub error: Option<String>,
 }
@@ -40,16 +40,17 @@ pub struct AccessLog {
 impl AccessLog {
     /// Write the line for the connection from `peer` on `listener`, begun at `started`:
     /// `client=` the client (named by a PROXY header, or the peer), `via=` the tier
-    /// it came through (`-`: none).
-    pub fn write(&self, peer: SocketAddr, listener: &str, started: Instant) {
+    /// it came through (`-`: none); `sni` the name the client sent, kept by the
+    /// connection (not copied here).
+    pub fn write(&self, peer: SocketAddr, listener: &str, started: Instant, sni: Option<&str>) {
         let via = self.proxied.map(|_| peer);
         tracing::info!(
             target: "crossbar::access",
             client = %self.proxied.unwrap_or(peer),
             via = %Via(via),
             listener = %listener,
-            sni = self.sni.as_deref().unwrap_or("-"),
-            service = self.service.as_deref().unwrap_or("-"),
+            sni = sni.unwrap_or("-"),
+            service = self.service.as_deref().map_or("-", Service::name),
             stick = self.stick.unwrap_or("-"),
             stick_result = if self.stick.is_none() { "-" } else if self.stick_hit { "hit" } else { "miss" },
             backend = self.backend.as_deref().unwrap_or("-"),
@@ -62,6 +63,30 @@ impl AccessLog {
             end = %self.end,
             error = self.error.as_deref().unwrap_or(""),
         );
+    }
+}
+
+/// A termination reason: a side's prefix (`hello_error:`, `refused:`, ...; may be
+/// empty) and the word, both static so that ending a connection allocates nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct End {
+    /// The prefix naming the side or step (`""` for none).
+    pub prefix: &'static str,
+    /// The reason itself.
+    pub word: &'static str,
+}
+
+impl End {
+    /// A reason without a prefix.
+    pub fn word(word: &'static str) -> End {
+        End { prefix: "", word }
+    }
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.prefix)?;
+        f.write_str(self.word)
     }
 }
 

@@ -654,6 +654,14 @@ impl Pool {
     /// backend (a retry) is never woken for it, and never swallows the wakeup
     /// another queued connection needed.
     pub async fn acquire(&self, client: IpAddr, tried: &[usize]) -> Result<Lease, PickError> {
+        // A free slot is taken without listening for one first: no waiter to box
+        // and register (a lock per candidate) on the common path (issue #32). Only
+        // a full pool listens, then looks again, so no freed slot is missed.
+        if let Pick::Backend(i) = self.pick(client, tried) {
+            if let Some(lease) = self.backends[i].try_reserve() {
+                return Ok(lease);
+            }
+        }
         let deadline = tokio::time::Instant::now() + self.queue_timeout;
         let mut waiting: Option<QueueSlot<'_>> = None;
         loop {

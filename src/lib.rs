@@ -54,6 +54,7 @@ pub mod discovery;
 pub mod doctor;
 pub mod health;
 pub mod hello;
+pub mod log_writer;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod relay;

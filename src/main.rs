@@ -8,6 +8,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use crossbar::admin::{Action, WeightAsk};
 use crossbar::admin_client::{ClientOptions, Command as ClientCommand, Given, Pick};
 use crossbar::config::{Config, DEFAULT_CONFIG_PATH};
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// Command lines shown by `--help` and in crossbar(1).
 const EXAMPLES: &str = "\
@@ -331,19 +332,30 @@ fn admin_url_from_env(matches: &clap::ArgMatches) -> bool {
         && m.value_source("url") == Some(clap::parser::ValueSource::EnvVariable)
 }
 
-fn init_logging(format: LogFormat, default: &str) {
+/// Log to stderr through [`crossbar::log_writer`] (a worker never waits on the log
+/// destination); the returned guard writes what is queued when dropped, so main
+/// holds it to the end. Without a thread for the writer, synchronously.
+fn init_logging(format: LogFormat, default: &str) -> Option<crossbar::log_writer::Flush> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // Colour only for a person at a terminal: journald and files store escape codes as is.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi);
+    let (writer, flush) = match crossbar::log_writer::stderr() {
+        Ok((w, f)) => (BoxMakeWriter::new(w), Some(f)),
+        Err(e) => {
+            eprintln!("warning: no log writer thread ({e}): logging synchronously");
+            (BoxMakeWriter::new(std::io::stderr), None)
+        }
+    };
+    let builder = builder.with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    flush
 }
 
 fn main() -> ExitCode {
@@ -358,7 +370,7 @@ fn main() -> ExitCode {
         Command::Run { .. } | Command::Check { .. } => "info",
         _ => "warn",
     };
-    init_logging(cli.log_format, default_level);
+    let _flush = init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Check {
             config,

@@ -264,7 +264,12 @@ impl Metrics {
             live: Mutex::new(HashMap::new()),
             admin: AdminMetrics::register(&r),
             discovery: crate::discovery::DiscoveryMetrics::register(&r),
-            registry: r,
+            registry: {
+                // The log writer's drops (process-wide: crate::log_writer).
+                let dropped = crate::log_writer::dropped_lines().clone();
+                r.register(Box::new(dropped)).expect("unique metric name"); // ok: static
+                r
+            },
         });
         metrics.zero_fixed_labels();
         metrics

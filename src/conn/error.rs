@@ -4,6 +4,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::access_log::End;
 use crate::balance::PickError;
 use crate::hello::HelloError;
 use crate::proxy_protocol::FrontError;
@@ -33,17 +34,18 @@ pub(crate) enum ConnError {
 
 impl ConnError {
     /// The access log's `end` for this error.
-    pub(crate) fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> End {
+        let with = |prefix, word| End { prefix, word };
         match self {
-            ConnError::Front(e) => format!("proxy_error:{}", e.reason()),
-            ConnError::Hello(e) => format!("hello_error:{}", e.reason()),
-            ConnError::NoRoute(_) => "refused:no_route".into(),
-            ConnError::Pick(e) => format!("refused:{}", e.reason()),
-            ConnError::Connect { .. } => "connect_failed".into(),
-            ConnError::BackendWrite { .. } => "server_error".into(),
-            ConnError::ClientGone => "client_closed".into(),
-            ConnError::ServerHelloTimeout { .. } => "server_hello_timeout".into(),
-            ConnError::ClosedUnanswered { .. } => "server_closed_unanswered".into(),
+            ConnError::Front(e) => with("proxy_error:", e.reason()),
+            ConnError::Hello(e) => with("hello_error:", e.reason()),
+            ConnError::NoRoute(_) => with("refused:", "no_route"),
+            ConnError::Pick(e) => with("refused:", e.reason()),
+            ConnError::Connect { .. } => End::word("connect_failed"),
+            ConnError::BackendWrite { .. } => End::word("server_error"),
+            ConnError::ClientGone => End::word("client_closed"),
+            ConnError::ServerHelloTimeout { .. } => End::word("server_hello_timeout"),
+            ConnError::ClosedUnanswered { .. } => End::word("server_closed_unanswered"),
         }
     }
 }

@@ -73,6 +73,7 @@ pub fn handle(
             routes: &routes,
             shared: &shared,
             log: AccessLog::default(),
+            sni: None,
             started,
         };
         let failed = match conn.serve().await {
@@ -91,7 +92,8 @@ pub fn handle(
             return;
         }
         // The TCP peer: the log names the client a trusted tier's header gave too.
-        conn.log.write(acc.peer, &listener, started);
+        conn.log
+            .write(acc.peer, &listener, started, conn.sni.as_deref());
     }
 }
 
@@ -110,6 +112,9 @@ struct Conn<'a> {
     shared: &'a Shared,
     /// The access-log line, filled in as the steps go.
     log: AccessLog,
+    /// The SNI the client sent (moved out of the hello: routing, the upstream's
+    /// PROXY header and the log line read it here).
+    sni: Option<String>,
     /// When the connection was accepted.
     started: Instant,
 }
@@ -123,7 +128,7 @@ impl Conn<'_> {
         // From here on `peer` is the client (an agent behind a trusted tier).
         self.peer = self.front(&mut buf, deadline).await?;
         let (svc, hello) = self.read_and_route(&mut buf, deadline).await?;
-        self.log.service = Some(Arc::from(svc.name()));
+        self.log.service = Some(svc.clone());
         let keepalive = svc.config.keepalive;
         if self.inherited != Some(InheritedOptions { keepalive }) {
             set_keepalive(&self.client, keepalive);
@@ -200,11 +205,11 @@ impl Conn<'_> {
         }
         let read = read_hello(&mut self.client, buf, routes.max_hello, deadline);
         match read.await {
-            Ok(h) => {
-                self.log.sni = h.sni.clone();
-                let Some(svc) = routes.routes.route(h.sni.as_deref()) else {
+            Ok(mut h) => {
+                self.sni = h.sni.take();
+                let Some(svc) = routes.routes.route(self.sni.as_deref()) else {
                     crate::metrics::unrouted(&self.shared.metrics, None, Some("no_route"));
-                    return Err(ConnError::NoRoute(h.sni));
+                    return Err(ConnError::NoRoute(self.sni.clone()));
                 };
                 Ok((svc.clone(), Some(h)))
             }
@@ -227,7 +232,7 @@ impl Conn<'_> {
     fn hello_failed(&mut self, e: HelloError) -> ConnError {
         match self.routes.routes.route(None) {
             Some(s) if self.routes.routes.is_single() => {
-                self.log.service = Some(Arc::from(s.name()));
+                self.log.service = Some(s.clone());
                 s.metrics.hello_error(e.reason());
             }
             _ => crate::metrics::unrouted(&self.shared.metrics, Some(e.reason()), None),
@@ -270,7 +275,7 @@ impl Conn<'_> {
             svc,
             client: &self.client,
             peer: self.peer,
-            sni: hello.and_then(|h| h.sni.as_deref()),
+            sni: self.sni.as_deref(),
             hello: hello_bytes,
         };
         let log = &mut self.log;

@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::error::ConnError;
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, End};
 use crate::balance::Backend;
 use crate::connections::OpenConn;
 use crate::hello::{ClientHelloInfo, ServerHandshake, ServerWatcher};
@@ -145,7 +145,7 @@ pub(super) fn record_relay(
     log.handshake = handshake;
     log.c2s = stats.client_to_server + replayed;
     log.s2c = stats.server_to_client;
-    log.end = stats.end.as_str().to_string();
+    log.end = End::word(stats.end.as_str());
     if let Some(kind) = &stats.error {
         log.error = Some(format!("{kind}"));
     }

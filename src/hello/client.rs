@@ -1,7 +1,6 @@
 //! The client's side: finding and parsing a ClientHello in the first bytes of a
 //! connection (across TCP reads and TLS records), bounded in size.
-use tls_parser::{parse_tls_message_handshake, TlsMessage, TlsMessageHandshake};
-
+use super::inline::{SessionId, Versions, MAX_SESSION_ID};
 use super::wire::*;
 
 /// What the client offered in its ClientHello (only what routing and stickiness need).
@@ -10,13 +9,13 @@ pub struct ClientHelloInfo {
     /// server_name (SNI) host name, lower-cased, trailing dot removed.
     pub sni: Option<String>,
     /// legacy_session_id (0..=32 bytes; empty when none).
-    pub session_id: Vec<u8>,
+    pub session_id: SessionId,
     /// Non-empty SessionTicket extension contents (RFC 5077); `None` if absent or empty.
     pub ticket: Option<Vec<u8>>,
     /// pre_shared_key identities (TLS 1.3), in offered order.
     pub psk_identities: Vec<Vec<u8>>,
     /// supported_versions (TLS 1.3 and later clients), e.g. 0x0304, 0x0303.
-    pub supported_versions: Vec<u16>,
+    pub supported_versions: Versions,
     /// The client announces TLS 1.3 early data (0-RTT) after its hello.
     pub early_data: bool,
     /// Number of bytes of the stream that make up the record(s) holding the hello.
@@ -89,7 +88,7 @@ pub enum HelloParse {
 ///   so an odd extension from a real client does not cost us the connection.
 pub fn parse_client_hello(buf: &[u8], max: usize) -> HelloParse {
     match client_hello_bytes(buf, max) {
-        Ok(Some((message, consumed))) => match parse_hello_message(counted(&message)) {
+        Ok(Some((message, consumed))) => match parse_hello_message(counted(message.bytes(buf))) {
             Some(mut info) => {
                 info.consumed = consumed;
                 HelloParse::Found(info)
@@ -101,14 +100,32 @@ pub fn parse_client_hello(buf: &[u8], max: usize) -> HelloParse {
     }
 }
 
-/// Join handshake records until the first handshake message is complete.
+/// Where the complete ClientHello message is.
+pub(super) enum HelloMessage {
+    /// Within one record of the buffer (every real client): borrowed, not copied.
+    InRecord(std::ops::Range<usize>),
+    /// Spread over several records: their payloads joined.
+    Joined(Vec<u8>),
+}
+
+impl HelloMessage {
+    /// The message's bytes, `buf` being the buffer it was found in.
+    pub(super) fn bytes<'a>(&'a self, buf: &'a [u8]) -> &'a [u8] {
+        match self {
+            HelloMessage::InRecord(r) => buf.get(r.clone()).unwrap_or(&[]),
+            HelloMessage::Joined(v) => v,
+        }
+    }
+}
+
+/// Find the first handshake message, joining handshake records until it is complete.
 ///
 /// Returns the message (header included) and the stream bytes its records take,
 /// `Ok(None)` when more bytes are needed.
 pub(super) fn client_hello_bytes(
     buf: &[u8],
     max: usize,
-) -> Result<Option<(Vec<u8>, usize)>, HelloError> {
+) -> Result<Option<(HelloMessage, usize)>, HelloError> {
     match buf.first() {
         None => return Ok(None),
         Some(&CONTENT_HANDSHAKE) => {}
@@ -155,12 +172,21 @@ pub(super) fn client_hello_bytes(
         if buf.len() < record_end {
             return Ok(None);
         }
+        if joined.is_empty() {
+            if let Some(msg_len) = read_u24(available, 1) {
+                let total = HANDSHAKE_HEADER_LEN + msg_len;
+                if available.len() >= total {
+                    let message = body_start..body_start + total;
+                    return Ok(Some((HelloMessage::InRecord(message), record_end)));
+                }
+            }
+        }
         joined.extend_from_slice(counted(available));
         if let Some(msg_len) = read_u24(&joined, 1) {
             let total = HANDSHAKE_HEADER_LEN + msg_len;
             if joined.len() >= total {
                 joined.truncate(total);
-                return Ok(Some((joined, record_end)));
+                return Ok(Some((HelloMessage::Joined(joined), record_end)));
             }
             // The records still missing need at least one more header each.
             if record_end + RECORD_HEADER_LEN + (total - joined.len()) > max {
@@ -229,29 +255,58 @@ mod work {
     }
 }
 
-/// Parse one complete ClientHello handshake message (header included) with tls-parser.
-pub(super) fn parse_hello_message(message: &[u8]) -> Option<ClientHelloInfo> {
-    let (_, parsed) = parse_tls_message_handshake(message).ok()?;
-    let TlsMessage::Handshake(TlsMessageHandshake::ClientHello(hello)) = parsed else {
-        return None;
-    };
-    // tls-parser drops trailing bytes and turns an overlong extensions block into "no
-    // extensions": check that the parts it found add up to the whole message.
-    let session_id = hello.session_id.unwrap_or(&[]);
-    let ext_len = hello.ext.map_or(0, |e| 2 + e.len());
-    let body_len = 2
-        + 32
-        + 1
-        + session_id.len()
-        + 2
-        + 2 * hello.ciphers.len()
-        + 1
-        + hello.comp.len()
-        + ext_len;
-    if HANDSHAKE_HEADER_LEN + body_len != message.len() {
+/// The parts of a ClientHello body we read, borrowed from the message.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct HelloParts<'a> {
+    /// legacy_session_id.
+    pub(super) session_id: &'a [u8],
+    /// The extensions block without its length (empty when there is none).
+    pub(super) extensions: &'a [u8],
+}
+
+/// Split a complete ClientHello message (header included) into its parts (RFC 8446
+/// 4.1.2): `legacy_version(2) random(32) session_id<0..32> cipher_suites<2..2^16-2>
+/// compression_methods<1..2^8-1> [extensions<8..2^16-1>]`. Borrows, allocates
+/// nothing; `None` unless the parts add up to the message exactly (a trailing
+/// byte, an odd cipher list or an overlong extensions block is malformed).
+pub(super) fn client_hello_parts(message: &[u8]) -> Option<HelloParts<'_>> {
+    let mut r = Reader::new(message);
+    if r.u8()? != HS_CLIENT_HELLO {
         return None;
     }
-    let ext = read_extensions(hello.ext.unwrap_or(&[]), Side::Client)?;
+    let len = read_u24(r.take(3)?, 0)?;
+    let mut body = Reader::new(r.take(len)?);
+    if !r.is_empty() {
+        return None;
+    }
+    body.take(2 + 32)?; // legacy_version, random
+    let session_id = body.vec8()?;
+    let ciphers = body.vec16()?;
+    let compression = body.vec8()?;
+    if session_id.len() > MAX_SESSION_ID || ciphers.len() % 2 != 0 || compression.is_empty() {
+        return None;
+    }
+    let extensions = if body.is_empty() {
+        &[][..]
+    } else {
+        body.vec16()?
+    };
+    if !body.is_empty() {
+        return None;
+    }
+    Some(HelloParts {
+        session_id,
+        extensions,
+    })
+}
+
+/// Read one complete ClientHello handshake message (header included): the parts
+/// ([`client_hello_parts`]) and the extensions ([`walk_extensions`]), borrowed; only
+/// what the connection keeps (the normalised SNI, an offered ticket or PSK
+/// identities) is copied.
+pub(super) fn parse_hello_message(message: &[u8]) -> Option<ClientHelloInfo> {
+    let parts = client_hello_parts(message)?;
+    let ext = walk_extensions(parts.extensions, Side::Client)?;
     let sni = match ext.sni {
         None => None,
         Some(name) => Some(normalize_host_name(name)?),
@@ -262,7 +317,7 @@ pub(super) fn parse_hello_message(message: &[u8]) -> Option<ClientHelloInfo> {
     };
     Some(ClientHelloInfo {
         sni,
-        session_id: session_id.to_vec(),
+        session_id: SessionId::new(parts.session_id)?,
         ticket: ext.ticket.filter(|t| !t.is_empty()).map(<[u8]>::to_vec),
         psk_identities,
         supported_versions: ext.versions,

@@ -3,17 +3,21 @@
 //! crossbar never terminates TLS. It reads the client's first bytes to route (SNI) and
 //! to find the session the client wants to resume (session ID, ticket, PSK identities),
 //! then watches the server's plaintext reply to learn what the server actually chose.
-//! Both sides are parsed with `tls-parser`, on top of a small record/handshake
-//! reassembly layer of our own: a ClientHello with post-quantum key shares is
-//! 1.5-2 KiB and can arrive split over TCP reads and over several TLS records.
+//! Both sides are read by a bounded scan of our own that borrows from the buffer
+//! (tls-parser, which allocates a Vec per list, only for NewSessionTicket and as
+//! the reference in tests), on top of a small record/handshake reassembly layer:
+//! a ClientHello with post-quantum key shares is 1.5-2 KiB and can arrive split
+//! over TCP reads and over several TLS records.
 //!
 //! Nothing here panics on hostile input: every length is checked before use.
 
 mod client;
+mod inline;
 mod server_hello;
 mod wire;
 
 pub use client::{parse_client_hello, ClientHelloInfo, HelloError, HelloParse};
+pub use inline::{SessionId, Versions};
 pub use server_hello::{ServerHandshake, ServerWatcher};
 
 /// TLS version numbers as they appear on the wire.
@@ -302,7 +306,7 @@ mod tests {
         let first = handshake(&client, &server);
         let hello = check_hello(&first.client_flights[0]);
         assert_eq!(hello.sni.as_deref(), Some(HOST));
-        assert_eq!(hello.supported_versions, vec![version::TLS13]);
+        assert_eq!(*hello.supported_versions, [version::TLS13]);
         assert!(hello.psk_identities.is_empty());
         let seen = watch(&first.server_bytes);
         assert_eq!(first.kind, HandshakeKind::Full);

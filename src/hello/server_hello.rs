@@ -2,6 +2,7 @@
 //! chose (session ID, ticket, accepted PSK, full or resumed).
 use tls_parser::{parse_tls_message_handshake, TlsMessage, TlsMessageHandshake};
 
+use super::inline::SessionId;
 use super::version;
 use super::wire::*;
 
@@ -11,7 +12,7 @@ pub struct ServerHandshake {
     /// Negotiated version (supported_versions in the ServerHello, else its legacy_version).
     pub version: Option<u16>,
     /// The session ID in the ServerHello (TLS <= 1.2: assigned by the server).
-    pub session_id: Vec<u8>,
+    pub session_id: SessionId,
     /// A HelloRetryRequest was seen.
     pub hello_retry: bool,
     /// TLS 1.3: index of the PSK identity the server accepted (pre_shared_key extension).
@@ -80,6 +81,9 @@ impl ServerWatcher {
     }
 
     /// Feed the next bytes the server sent; returns true when watching is over.
+    ///
+    /// Complete records are read where they are, in `data`; only the incomplete
+    /// tail of a chunk is copied (into a buffer reserved once for its record).
     pub fn feed(&mut self, data: &[u8]) -> bool {
         if self.done {
             return true;
@@ -87,12 +91,37 @@ impl ServerWatcher {
         let room = self.limit.saturating_sub(self.fed);
         let data = data.get(..room.min(data.len())).unwrap_or(&[]);
         self.fed += data.len();
-        self.record.extend_from_slice(data);
-        self.process_records();
+        if self.record.is_empty() {
+            let used = self.process_records(data);
+            self.keep(data.get(used..).unwrap_or(&[]));
+        } else {
+            let mut record = std::mem::take(&mut self.record);
+            record.extend_from_slice(data);
+            let used = self.process_records(&record);
+            record.drain(..used.min(record.len()));
+            self.record = record;
+        }
         if self.fed >= self.limit {
             self.done = true;
         }
+        if self.done {
+            // Nothing more will be read: give the buffers back now.
+            self.record = Vec::new();
+            self.handshake = Vec::new();
+        }
         self.done
+    }
+
+    /// Keep the incomplete record at the end of a chunk, reserving room for all of
+    /// it (within what the limit still lets in) so it grows without reallocating.
+    fn keep(&mut self, tail: &[u8]) {
+        if self.done || tail.is_empty() {
+            return;
+        }
+        let record = read_u16(tail, 3).map_or(0, |len| RECORD_HEADER_LEN + usize::from(len));
+        let room = tail.len() + self.limit.saturating_sub(self.fed);
+        self.record.reserve_exact(record.clamp(tail.len(), room));
+        self.record.extend_from_slice(tail);
     }
 
     /// True once there is nothing more to learn.
@@ -105,11 +134,11 @@ impl ServerWatcher {
         &self.info
     }
 
-    /// Handle every complete record in `self.record`.
-    fn process_records(&mut self) {
+    /// Handle every complete record at the start of `bytes`; returns the bytes used.
+    fn process_records(&mut self, bytes: &[u8]) -> usize {
         let mut start = 0usize;
         while !self.done {
-            let rest = self.record.get(start..).unwrap_or(&[]);
+            let rest = bytes.get(start..).unwrap_or(&[]);
             let Some(&content_type) = rest.first() else {
                 break;
             };
@@ -134,11 +163,10 @@ impl ServerWatcher {
             let Some(body) = rest.get(RECORD_HEADER_LEN..RECORD_HEADER_LEN + len) else {
                 break;
             };
-            let body = body.to_vec();
             start += RECORD_HEADER_LEN + len;
-            self.on_record(content_type, &body);
+            self.on_record(content_type, body);
         }
-        self.record.drain(..start.min(self.record.len()));
+        start
     }
 
     /// One complete record.
@@ -149,9 +177,20 @@ impl ServerWatcher {
                 self.done = true;
             }
             CONTENT_CHANGE_CIPHER_SPEC => self.on_change_cipher_spec(),
+            _ if self.handshake.is_empty() => {
+                // Messages read where they are; only an incomplete one is kept.
+                let used = self.process_messages(body);
+                let tail = body.get(used..).unwrap_or(&[]);
+                if !self.done && !tail.is_empty() {
+                    self.handshake.extend_from_slice(tail);
+                }
+            }
             _ => {
-                self.handshake.extend_from_slice(body);
-                self.process_messages();
+                let mut handshake = std::mem::take(&mut self.handshake);
+                handshake.extend_from_slice(body);
+                let used = self.process_messages(&handshake);
+                handshake.drain(..used.min(handshake.len()));
+                self.handshake = handshake;
             }
         }
     }
@@ -175,11 +214,12 @@ impl ServerWatcher {
         }
     }
 
-    /// Handle every complete handshake message in `self.handshake`.
-    fn process_messages(&mut self) {
+    /// Handle every complete handshake message at the start of `bytes`; returns
+    /// the bytes used.
+    fn process_messages(&mut self, bytes: &[u8]) -> usize {
         let mut start = 0usize;
         while !self.done {
-            let rest = self.handshake.get(start..).unwrap_or(&[]);
+            let rest = bytes.get(start..).unwrap_or(&[]);
             let Some(len) = read_u24(rest, 1) else {
                 break;
             };
@@ -192,11 +232,10 @@ impl ServerWatcher {
             let Some(message) = rest.get(..total) else {
                 break;
             };
-            let message = message.to_vec();
             start += total;
-            self.on_message(&message);
+            self.on_message(message);
         }
-        self.handshake.drain(..start.min(self.handshake.len()));
+        start
     }
 
     /// One complete handshake message (header included).
@@ -270,26 +309,40 @@ impl ServerWatcher {
 /// The fields of a ServerHello the watcher needs.
 pub(super) struct ServerHelloFields {
     version: u16,
-    session_id: Vec<u8>,
+    session_id: SessionId,
     psk_selected: Option<u16>,
     retry: bool,
 }
 
-/// Parse a ServerHello message (header included) with tls-parser.
+/// Read a ServerHello message (header included), borrowing (RFC 8446 4.1.3):
+/// `legacy_version(2) random(32) session_id<0..32> cipher_suite(2)
+/// compression_method(1) [extensions<6..2^16-1>]`. As tls-parser did, bytes after
+/// the extensions are ignored and an extensions block that does not fit is none.
 pub(super) fn parse_server_hello(message: &[u8]) -> Option<ServerHelloFields> {
-    let (_, parsed) = parse_tls_message_handshake(message).ok()?;
-    let TlsMessage::Handshake(TlsMessageHandshake::ServerHello(hello)) = parsed else {
+    let mut r = Reader::new(message);
+    if r.u8()? != HS_SERVER_HELLO {
         return None;
+    }
+    let len = read_u24(r.take(3)?, 0)?;
+    let mut body = Reader::new(r.take(len)?);
+    let legacy_version = body.u16()?;
+    let random = body.take(32)?;
+    let session_id = SessionId::new(body.vec8()?)?;
+    body.take(2 + 1)?; // cipher_suite, compression_method
+    let extensions = if body.is_empty() {
+        &[][..]
+    } else {
+        body.vec16().unwrap_or(&[])
     };
-    let ext = read_extensions(hello.ext.unwrap_or(&[]), Side::Server)?;
+    let ext = walk_extensions(extensions, Side::Server)?;
     let psk_selected = match ext.psk {
         Some(p) => Some(Reader::new(p).u16()?),
         None => None,
     };
     Some(ServerHelloFields {
-        version: ext.versions.first().copied().unwrap_or(hello.version.0),
-        session_id: hello.session_id.unwrap_or(&[]).to_vec(),
+        version: ext.versions.first().copied().unwrap_or(legacy_version),
+        session_id,
         psk_selected,
-        retry: hello.random == HELLO_RETRY_RANDOM,
+        retry: random == HELLO_RETRY_RANDOM,
     })
 }

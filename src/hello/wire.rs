@@ -1,9 +1,12 @@
 //! TLS wire basics shared by both sides: record and handshake constants, a
-//! bounds-checked reader, and the extension list (tls-parser first, a manual walk
-//! where it gives up).
+//! bounds-checked reader, and a bounded walk of the extension list that borrows
+//! from the hello and allocates nothing.
+#[cfg(test)]
 use tls_parser::{
     parse_tls_client_hello_extensions, parse_tls_server_hello_extensions, TlsExtension,
 };
+
+use super::inline::Versions;
 
 /// TLS record header: content type (1), legacy version (2), length (2).
 pub(super) const RECORD_HEADER_LEN: usize = 5;
@@ -63,12 +66,15 @@ pub(super) struct Extensions<'a> {
     /// Raw pre_shared_key contents (client: identities + binders; server: u16 index).
     pub(super) psk: Option<&'a [u8]>,
     /// supported_versions (client: the offered list; server: the selected one).
-    pub(super) versions: Vec<u16>,
+    pub(super) versions: Versions,
     /// early_data is present.
     pub(super) early_data: bool,
 }
 
-/// Read the extensions we need: tls-parser first, a manual walk if it gave up early.
+/// Read the extensions we need with tls-parser, for tests that check
+/// [`walk_extensions`] against it (tls-parser allocates a Vec per list it reads:
+/// ~20 allocator calls per hello, issue #32).
+#[cfg(test)]
 pub(super) fn read_extensions(ext: &[u8], side: Side) -> Option<Extensions<'_>> {
     let parsed = match side {
         Side::Client => parse_tls_client_hello_extensions(ext),
@@ -83,6 +89,7 @@ pub(super) fn read_extensions(ext: &[u8], side: Side) -> Option<Extensions<'_>> 
 }
 
 /// Pick our fields out of tls-parser's extension list.
+#[cfg(test)]
 pub(super) fn from_tls_parser<'a>(list: &[TlsExtension<'a>]) -> Extensions<'a> {
     let mut out = Extensions::default();
     for ext in list {
@@ -95,7 +102,10 @@ pub(super) fn from_tls_parser<'a>(list: &[TlsExtension<'a>]) -> Extensions<'a> {
             }
             TlsExtension::SessionTicket(t) => out.ticket = Some(t),
             TlsExtension::PreSharedKey(p) => out.psk = Some(p),
-            TlsExtension::SupportedVersions(v) => out.versions = v.iter().map(|v| v.0).collect(),
+            TlsExtension::SupportedVersions(v) => {
+                out.versions = Versions::default();
+                v.iter().for_each(|v| out.versions.push(v.0));
+            }
             TlsExtension::EarlyData(_) => out.early_data = true,
             _ => {}
         }
@@ -103,8 +113,10 @@ pub(super) fn from_tls_parser<'a>(list: &[TlsExtension<'a>]) -> Extensions<'a> {
     out
 }
 
-/// The fallback: walk `extensions<..>` by hand and decode only the five we need.
-/// `None` if the list itself or one of those five is malformed.
+/// Walk `extensions<..>` and decode only the five we need, borrowing from `ext`.
+/// `None` if the list itself or one of those five (or ALPN) is malformed. Lenient
+/// where tls-parser is strict about extensions we don't use, so an odd extension
+/// from a real client does not cost the connection; every length is checked.
 pub(super) fn walk_extensions(ext: &[u8], side: Side) -> Option<Extensions<'_>> {
     let mut out = Extensions::default();
     let mut r = Reader::new(ext);
@@ -127,7 +139,7 @@ pub(super) fn walk_extensions(ext: &[u8], side: Side) -> Option<Extensions<'_>> 
             EXT_PRE_SHARED_KEY => out.psk = Some(data),
             EXT_EARLY_DATA => out.early_data = true,
             EXT_SUPPORTED_VERSIONS => {
-                out.versions.clear();
+                out.versions = Versions::default();
                 let mut list = match side {
                     Side::Client => Reader::new(d.vec8()?),
                     Side::Server => d,

@@ -1,0 +1,254 @@
+//! Where log lines go: a bounded queue in front of stderr, drained by a thread of
+//! its own, so a worker never waits on a slow or stalled log destination (journald
+//! behind, a full pipe). Lines are written in batches, buffered, flushed whenever the
+//! queue runs dry, and every queued line is written before a clean exit ([`Flush`]).
+//! When the queue is full a line is dropped and counted
+//! (`crossbar_log_lines_dropped_total`), never waited for.
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use prometheus::IntCounter;
+
+/// Lines queued before new ones are dropped: about a second of access-log lines at
+/// 4,000 connections per second, ~1.5 MiB at most.
+pub const QUEUE_LINES: usize = 4096;
+/// The writer thread's buffer: one write(2) for many lines.
+const WRITE_BUFFER: usize = 64 * 1024;
+
+/// Lines dropped because the log destination did not keep up (process-wide: the
+/// registry of every server registers it).
+pub fn dropped_lines() -> &'static IntCounter {
+    static DROPPED: OnceLock<IntCounter> = OnceLock::new();
+    DROPPED.get_or_init(|| {
+        IntCounter::new(
+            "crossbar_log_lines_dropped_total",
+            "Log lines dropped because the log destination (stderr) did not keep up.",
+        )
+        .expect("static metric definition") // ok: static
+    })
+}
+
+/// A `tracing_subscriber` writer: each event's line goes to the queue.
+#[derive(Clone)]
+pub struct QueuedWriter {
+    tx: SyncSender<Vec<u8>>,
+    dropped: IntCounter,
+    /// Set once [`Flush`] stopped the thread: lines are then written directly.
+    closed: Arc<AtomicBool>,
+}
+
+/// Stops the writer thread after it wrote every queued line; drop it last in main.
+pub struct Flush {
+    tx: SyncSender<Vec<u8>>,
+    closed: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A queued writer in front of stderr, and the guard that flushes it.
+pub fn stderr() -> std::io::Result<(QueuedWriter, Flush)> {
+    to(std::io::stderr(), dropped_lines().clone())
+}
+
+/// A queued writer in front of `out`, counting dropped lines in `dropped`.
+pub fn to<W: Write + Send + 'static>(
+    out: W,
+    dropped: IntCounter,
+) -> std::io::Result<(QueuedWriter, Flush)> {
+    let (tx, rx) = sync_channel(QUEUE_LINES);
+    let closed = Arc::new(AtomicBool::new(false));
+    let counter = dropped.clone();
+    let thread = std::thread::Builder::new()
+        .name("crossbar-log".into())
+        .spawn(move || drain(rx, out, &counter))?;
+    let writer = QueuedWriter {
+        tx: tx.clone(),
+        dropped,
+        closed: closed.clone(),
+    };
+    let flush = Flush {
+        tx,
+        closed,
+        thread: Some(thread),
+    };
+    Ok((writer, flush))
+}
+
+/// The writer thread: write lines as they come, flush when the queue is empty, stop
+/// at the empty line [`Flush`] sends (or when every sender is gone).
+fn drain<W: Write>(rx: Receiver<Vec<u8>>, out: W, dropped: &IntCounter) {
+    let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER, out);
+    while let Ok(line) = rx.recv() {
+        let mut next = Some(line);
+        while let Some(line) = next.take() {
+            if line.is_empty() {
+                flush(&mut out, dropped);
+                return;
+            }
+            if out.write_all(&line).is_err() {
+                // Nowhere to say it: the line is counted as dropped.
+                dropped.inc();
+            }
+            next = rx.try_recv().ok();
+        }
+        flush(&mut out, dropped);
+    }
+    flush(&mut out, dropped);
+}
+
+fn flush<W: Write>(out: &mut W, dropped: &IntCounter) {
+    if out.flush().is_err() {
+        dropped.inc();
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        // Blocking send: the thread is draining, so room comes; then wait for it.
+        if self.tx.send(Vec::new()).is_ok() {
+            if let Some(t) = self.thread.take() {
+                if t.join().is_err() {
+                    eprintln!("the log writer thread panicked");
+                }
+            }
+        }
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// One event's line, queued when the formatter is done with it.
+pub struct Line<'a> {
+    writer: &'a QueuedWriter,
+    buf: Vec<u8>,
+}
+
+impl Write for Line<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line<'_> {
+    fn drop(&mut self) {
+        let line = std::mem::take(&mut self.buf);
+        if line.is_empty() {
+            return;
+        }
+        if self.writer.closed.load(Ordering::Acquire) {
+            // After the clean stop: nothing drains the queue any more.
+            if std::io::stderr().write_all(&line).is_err() {
+                self.writer.dropped.inc();
+            }
+            return;
+        }
+        match self.writer.tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.writer.dropped.inc(),
+        }
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for QueuedWriter {
+    type Writer = Line<'a>;
+
+    fn make_writer(&'a self) -> Line<'a> {
+        Line {
+            writer: self,
+            buf: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Mutex, PoisonError};
+    use tracing_subscriber::fmt::MakeWriter;
+
+    /// A destination the test can read, or hold stalled.
+    #[derive(Clone, Default)]
+    struct Sink {
+        bytes: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let mut bytes = self.bytes.lock().unwrap_or_else(PoisonError::into_inner);
+            bytes.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn line(w: &QueuedWriter, i: usize) {
+        let mut l = w.make_writer();
+        writeln!(l, "line {i}").unwrap();
+    }
+
+    /// A line of `LONG` bytes: the writer's buffer holds few of them.
+    const LONG: usize = 1024;
+
+    fn long_line(w: &QueuedWriter) {
+        let mut l = w.make_writer();
+        l.write_all(&[b'x'; LONG - 1]).unwrap();
+        l.write_all(b"\n").unwrap();
+    }
+
+    #[test]
+    fn every_line_is_written_by_a_clean_stop() {
+        let sink = Sink::default();
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let (w, flush) = to(sink.clone(), dropped.clone()).unwrap();
+        // Fewer than the queue holds, in a burst the thread can't keep up with.
+        for i in 0..QUEUE_LINES / 2 {
+            line(&w, i);
+        }
+        drop(flush);
+        let text = String::from_utf8(sink.bytes.lock().unwrap().clone()).unwrap();
+        let want: String = (0..QUEUE_LINES / 2)
+            .map(|i| format!("line {i}\n"))
+            .collect();
+        assert_eq!(text, want);
+        assert_eq!(dropped.get(), 0);
+    }
+
+    #[test]
+    fn a_stalled_destination_drops_and_counts_instead_of_blocking() {
+        let sink = Sink::default();
+        // Hold the destination: the writer thread blocks on its first write.
+        let held = sink.bytes.lock().unwrap();
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let (w, flush) = to(sink.clone(), dropped.clone()).unwrap();
+        let extra = 200;
+        // Every call returns; the thread takes out at most what its buffer holds,
+        // the line it blocks writing and one more, the queue holds the rest.
+        for _ in 0..QUEUE_LINES + extra {
+            long_line(&w);
+        }
+        let taken = WRITE_BUFFER / LONG + 2;
+        assert!(
+            dropped.get() >= (extra - taken) as u64,
+            "dropped {}",
+            dropped.get()
+        );
+        drop(held);
+        drop(flush);
+        let written = sink
+            .bytes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+        assert_eq!(written + dropped.get(), (QUEUE_LINES + extra) as u64);
+    }
+}

@@ -1,0 +1,119 @@
+//! The access log is written off the connection path (src/log_writer.rs): every
+//! connection's line is in the log after a clean stop, and a log destination that
+//! stops reading does not stop connections.
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{free_port, within, Backend, ChildGuard};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Hang guard for a whole test (never a measure of speed).
+const WAIT: Duration = Duration::from_secs(120);
+/// Connections per test: their lines (~250 bytes each) are several times what a
+/// pipe holds (64 KiB), so a writer that waited on a full pipe would stall.
+const CONNECTIONS: usize = 1000;
+
+/// `crossbar run` with the access log on, its stderr to `stderr`.
+fn run_logging(dir: &Path, listen: SocketAddr, backend: SocketAddr, stderr: Stdio) -> ChildGuard {
+    let yaml = format!(
+        "admin: {{ enabled: false }}\n\
+         services:\n  svc:\n    listen: [\"{listen}\"]\n    mode: tcp\n    health: {{ check: none }}\n\
+         \x20   backends:\n      - {{ name: echo, address: \"{backend}\" }}\n"
+    );
+    let cfg = dir.join("crossbar.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .arg("run")
+        .arg("-c")
+        .arg(&cfg)
+        .env("RUST_LOG", "warn,crossbar::access=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn crossbar");
+    ChildGuard(child)
+}
+
+/// One echo round trip on a fresh connection; the client's address.
+async fn ping(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let mut s = TcpStream::connect(addr).await?;
+    let me = s.local_addr()?;
+    s.write_all(b"ping").await?;
+    let mut got = [0u8; 4];
+    s.read_exact(&mut got).await?;
+    assert_eq!(&got, b"ping");
+    Ok(me)
+}
+
+/// Connect until the listener answers (its first lines are not counted).
+async fn wait_serving(addr: SocketAddr) {
+    within("crossbar serving", async {
+        while ping(addr).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// `CONNECTIONS` echo round trips, one after another; their clients' addresses.
+async fn round_trips(addr: SocketAddr) -> Vec<SocketAddr> {
+    let mut clients = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        clients.push(ping(addr).await.expect("a round trip through crossbar"));
+    }
+    clients
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_is_logged_by_a_clean_stop() {
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr.log");
+    let listen = free_port();
+    let file = std::fs::File::create(&log).unwrap();
+    let mut p = run_logging(dir.path(), listen, echo.addr, Stdio::from(file));
+    wait_serving(listen).await;
+    let clients = within("round trips", round_trips(listen)).await;
+    p.signal("TERM");
+    assert_eq!(p.exited(WAIT).await, Some(0), "exit status after SIGTERM");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let logged: HashSet<&str> = text
+        .lines()
+        .filter(|l| l.contains("crossbar::access"))
+        .filter_map(|l| l.split("client=").nth(1)?.split(' ').next())
+        .collect();
+    let missing: Vec<_> = clients
+        .iter()
+        .filter(|c| !logged.contains(c.to_string().as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {CONNECTIONS} connections have no access-log line, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_log_destination_does_not_stall_connections() {
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    // A pipe nobody reads: full after a few hundred lines.
+    let mut p = run_logging(dir.path(), listen, echo.addr, Stdio::piped());
+    let unread = p.0.stderr.take();
+    wait_serving(listen).await;
+    let clients = within("round trips with the log stalled", round_trips(listen)).await;
+    assert_eq!(clients.len(), CONNECTIONS);
+    drop(unread);
+    p.signal("TERM");
+    // Its stderr is gone: the exit status is not what this test is about.
+    p.exited(WAIT).await;
+}
