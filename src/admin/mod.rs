@@ -315,6 +315,7 @@ enum Route<'a> {
     Healthz,
     Services,
     Connections,
+    Sources,
     Table(&'a str),
     Backend(&'a str, &'a str, Action),
     Reload,
@@ -329,6 +330,7 @@ impl Route<'_> {
             ["healthz"] => Route::Healthz,
             ["api", "services"] => Route::Services,
             ["api", "connections"] => Route::Connections,
+            ["api", "sources"] => Route::Sources,
             ["api", "tables", s] if !s.is_empty() => Route::Table(s),
             ["api", "backends", s, b, a] if !s.is_empty() && !b.is_empty() => {
                 Route::Backend(s, b, Action::parse(a)?)
@@ -525,6 +527,12 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
         Route::Connections => {
             return match api::connections_query(query) {
                 Ok(q) => json_text(api::connections_dump(server.clone(), q).await),
+                Err(e) => error(e.status(), e),
+            }
+        }
+        Route::Sources => {
+            return match api::sources_query(query) {
+                Ok(limit) => json_text(api::sources_dump(server.clone(), limit).await),
                 Err(e) => error(e.status(), e),
             }
         }

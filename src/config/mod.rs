@@ -13,6 +13,7 @@ mod health;
 mod indent;
 mod position;
 mod problems;
+mod per_source;
 mod proxy_accept;
 mod raw;
 mod shared_listen;
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic};
 pub(crate) use files::describe_file_type;
+pub use per_source::PerSource;
 pub use proxy_accept::{IpNet, ProxyAccept};
 
 /// Where `crossbar run`, `check` and `reload` look without `-c` (the Debian package's conffile).
@@ -341,6 +343,8 @@ pub struct ListenConfig {
     pub max_connections: usize,
     /// PROXY headers read from the tiers in front (`None`: from nobody).
     pub proxy_protocol: Option<ProxyAccept>,
+    /// Per-source admission limits (`None`: off, the default).
+    pub per_source: Option<PerSource>,
 }
 
 /// Where a backend lives: a host name (resolved at each connect) or an IP.

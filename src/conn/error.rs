@@ -13,6 +13,8 @@ use crate::proxy_protocol::FrontError;
 pub(crate) enum ConnError {
     #[error("{0}")]
     Front(FrontError),
+    #[error("{0}")]
+    Source(crate::admission::Refusal),
     #[error("client hello: {0}")]
     Hello(HelloError),
     #[error("no service for server name {0:?}")]
@@ -34,6 +36,7 @@ impl ConnError {
     pub(crate) fn reason(&self) -> String {
         match self {
             ConnError::Front(e) => format!("proxy_error:{}", e.reason()),
+            ConnError::Source(r) => format!("refused:{}", r.reason()),
             ConnError::Hello(e) => format!("hello_error:{}", e.reason()),
             ConnError::NoRoute(_) => "refused:no_route".into(),
             ConnError::Pick(e) => format!("refused:{}", e.reason()),

@@ -74,6 +74,7 @@ pub fn handle(
             shared: &shared,
             log: AccessLog::default(),
             started,
+            source: None,
         };
         let failed = match conn.serve().await {
             Ok(()) => false,
@@ -112,6 +113,8 @@ struct Conn<'a> {
     log: AccessLog,
     /// When the connection was accepted.
     started: Instant,
+    /// Its place in its source's count (`listen[].per_source`), held to the end.
+    source: Option<crate::admission::SourceSlot>,
 }
 
 impl Conn<'_> {
@@ -122,6 +125,9 @@ impl Conn<'_> {
         let mut buf = Vec::new();
         // From here on `peer` is the client (an agent behind a trusted tier).
         self.peer = self.front(&mut buf, deadline).await?;
+        if let Some(a) = &self.routes.admission {
+            self.source = a.admit(self.peer.ip()).map_err(ConnError::Source)?;
+        }
         let (svc, hello) = self.read_and_route(&mut buf, deadline).await?;
         self.log.service = Some(Arc::from(svc.name()));
         let keepalive = svc.config.keepalive;
