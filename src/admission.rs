@@ -136,7 +136,11 @@ impl SourceState {
         let spent = limits.rate.is_some() && self.tokens < 1.0;
         if full || spent {
             self.refused += 1;
-            return Err(if full { Refusal::Connections } else { Refusal::Rate });
+            return Err(if full {
+                Refusal::Connections
+            } else {
+                Refusal::Rate
+            });
         }
         if limits.rate.is_some() {
             self.tokens -= 1.0;
@@ -300,7 +304,9 @@ impl Admission {
             keep
         });
         let left = self.tracked.fetch_sub(removed, Ordering::AcqRel) - removed;
-        self.metrics.tracked.set(i64::try_from(left).unwrap_or(i64::MAX));
+        self.metrics
+            .tracked
+            .set(i64::try_from(left).unwrap_or(i64::MAX));
     }
 
     /// The `n` sources with the most open connections (then the most refused).
@@ -398,7 +404,10 @@ mod tests {
         assert_eq!(s.take(&l, now), Err(Refusal::Rate));
         assert!(!s.idle(&l, now));
         s.take(&l, now + Duration::from_millis(1100)).unwrap();
-        assert_eq!(s.take(&l, now + Duration::from_millis(1100)), Err(Refusal::Rate));
+        assert_eq!(
+            s.take(&l, now + Duration::from_millis(1100)),
+            Err(Refusal::Rate)
+        );
         s.open = 0;
         assert!(s.idle(&l, now + Duration::from_secs(5)), "refilled");
     }
@@ -417,10 +426,19 @@ mod tests {
         l.source_prefix_v4 = 24;
         let a = table(l);
         let _s = a.admit(ip("192.0.2.1")).unwrap();
-        assert_eq!(a.admit(ip("192.0.2.200")).unwrap_err(), Refusal::Connections);
-        assert_eq!(a.admit(ip("::ffff:192.0.2.9")).unwrap_err(), Refusal::Connections);
+        assert_eq!(
+            a.admit(ip("192.0.2.200")).unwrap_err(),
+            Refusal::Connections
+        );
+        assert_eq!(
+            a.admit(ip("::ffff:192.0.2.9")).unwrap_err(),
+            Refusal::Connections
+        );
         let _v6 = a.admit(ip("2001:db8::1")).unwrap();
-        assert_eq!(a.admit(ip("2001:db8::2")).unwrap_err(), Refusal::Connections);
+        assert_eq!(
+            a.admit(ip("2001:db8::2")).unwrap_err(),
+            Refusal::Connections
+        );
         assert_eq!(a.top(5)[0].source.to_string(), "192.0.2.0/24");
     }
 

@@ -30,7 +30,9 @@ fn agent(n: usize) -> IpAddr {
 
 /// `GET /api/sources` on `admin`, as JSON: the first listener's entry.
 async fn sources(admin: SocketAddr) -> Value {
-    let req = format!("GET /api/sources?limit=10000 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET /api/sources?limit=10000 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    );
     let (status, text) = common::raw_request(admin, req.as_bytes(), common::WAIT).await;
     assert_eq!(status, Some(200), "{text}");
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
@@ -146,7 +148,10 @@ async fn a_flooding_source_is_held_to_its_limits_while_agents_resume() {
     );
     assert_eq!(h["open"], 4, "{h}");
     assert_eq!(h["admitted"], 4, "{h}");
-    assert!(c_admitted <= bound, "churner admitted {c_admitted}, bound {bound}");
+    assert!(
+        c_admitted <= bound,
+        "churner admitted {c_admitted}, bound {bound}"
+    );
     assert!(c_refused > 0);
     drop(held);
     wait_until("the holder's connections released", || {
@@ -167,7 +172,9 @@ fn released(admin: &SocketAddr, source: &IpAddr) -> bool {
     let Ok(mut s) = std::net::TcpStream::connect(admin) else {
         return false;
     };
-    let req = format!("GET /api/sources?limit=10000 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET /api/sources?limit=10000 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    );
     let mut out = String::new();
     if s.write_all(req.as_bytes()).is_err() || s.read_to_string(&mut out).is_err() {
         return false;
@@ -210,17 +217,35 @@ async fn distinct_sources_cannot_evict_a_tracked_source() {
     }
     println!("{DISTINCT} distinct sources in {:?}", start.elapsed());
     let l = sources(admin.addr).await;
-    assert!(l["tracked"].as_u64().unwrap() <= SIZE as u64, "{}", l["tracked"]);
+    assert!(
+        l["tracked"].as_u64().unwrap() <= SIZE as u64,
+        "{}",
+        l["tracked"]
+    );
     let g = entry(&l, &good.to_string()).expect("the well-behaved source is still tracked");
     assert_eq!(g["open"], 2, "{g}");
-    let overflow = xb.metric("crossbar_listener_refused_total", &[("reason", "source_overflow")]);
-    assert!(overflow > 0.0, "sources beyond the table share the overflow entry");
-    let before = xb.metric("crossbar_listener_refused_total", &[("reason", "source_connections")]);
+    let overflow = xb.metric(
+        "crossbar_listener_refused_total",
+        &[("reason", "source_overflow")],
+    );
+    assert!(
+        overflow > 0.0,
+        "sources beyond the table share the overflow entry"
+    );
+    let before = xb.metric(
+        "crossbar_listener_refused_total",
+        &[("reason", "source_connections")],
+    );
     let mut third = connect_from(good, addr).await;
     let mut buf = [0u8; 16];
-    let n = within("the refusal", third.read(&mut buf)).await.unwrap_or(0);
+    let n = within("the refusal", third.read(&mut buf))
+        .await
+        .unwrap_or(0);
     assert_eq!(n, 0, "a third connection is refused");
-    let after = xb.metric("crossbar_listener_refused_total", &[("reason", "source_connections")]);
+    let after = xb.metric(
+        "crossbar_listener_refused_total",
+        &[("reason", "source_connections")],
+    );
     assert_eq!(after, before + 1.0);
     drop(kept);
     wait_until("the well-behaved source released", || {
@@ -265,8 +290,14 @@ async fn allowed_networks_are_never_limited_and_reloads_keep_counts() {
     let mut again = connect_from(src, addr).await;
     assert_eq!(common::read_name(&mut again).await, "e1", "2 allowed now");
     let mut third = connect_from(src, addr).await;
-    assert!(closed(&mut third).await, "`first` still counts after the reload");
-    assert_eq!(entry(&sources(admin.addr).await, &src.to_string()).unwrap()["open"], 2);
+    assert!(
+        closed(&mut third).await,
+        "`first` still counts after the reload"
+    );
+    assert_eq!(
+        entry(&sources(admin.addr).await, &src.to_string()).unwrap()["open"],
+        2
+    );
     drop((first, again));
     wait_until("both released", || released(&admin.addr, &src)).await;
 }
@@ -303,7 +334,9 @@ async fn behind_a_proxy_tier_the_agents_are_limited_not_the_tier() {
     }
     let mut second = connect_from(agent(0), front).await;
     let mut buf = [0u8; 8];
-    let n = within("the refusal", second.read(&mut buf)).await.unwrap_or(0);
+    let n = within("the refusal", second.read(&mut buf))
+        .await
+        .unwrap_or(0);
     assert_eq!(n, 0, "an agent's second connection is refused");
     let l = sources(admin.addr).await;
     for n in 0..20 {
@@ -312,7 +345,11 @@ async fn behind_a_proxy_tier_the_agents_are_limited_not_the_tier() {
     // The tier's address is a source only for the readiness probe the test sent
     // through it from 127.0.0.1 (its header named 127.0.0.1): never its 21 connections.
     if let Some(tier) = entry(&l, "127.0.0.1") {
-        assert_eq!((&tier["open"], &tier["admitted"]), (&0.into(), &1.into()), "{l}");
+        assert_eq!(
+            (&tier["open"], &tier["admitted"]),
+            (&0.into(), &1.into()),
+            "{l}"
+        );
     }
     assert_eq!(entry(&l, &agent(0).to_string()).unwrap()["refused"], 1);
     drop(held);

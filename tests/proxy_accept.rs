@@ -540,7 +540,12 @@ fn raise_nofile(n: u64) {
         l.rlim_max = l.rlim_max.max(want);
         // SAFETY: as above.
         let r = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
-        assert_eq!(r, 0, "raising RLIMIT_NOFILE to {n}: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            r,
+            0,
+            "raising RLIMIT_NOFILE to {n}: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -584,8 +589,12 @@ async fn slow_headers_do_not_block_others() {
     let start = std::time::Instant::now();
     let mut slow = Vec::new();
     for _ in 0..SLOW_HEADERS {
-        let mut s = within("a connect", TcpStream::connect(behind)).await.unwrap();
-        within("half a header", s.write_all(b"PROXY TCP4 1.2")).await.unwrap();
+        let mut s = within("a connect", TcpStream::connect(behind))
+            .await
+            .unwrap();
+        within("half a header", s.write_all(b"PROXY TCP4 1.2"))
+            .await
+            .unwrap();
         slow.push(s);
     }
     let opened = start.elapsed();
@@ -594,7 +603,9 @@ async fn slow_headers_do_not_block_others() {
     let mut buf = [0u8; 64];
     for s in &mut slow {
         // Closed without a byte (EOF, or a reset: either ends it).
-        let n = within("the slow header's close", s.read(&mut buf)).await.unwrap_or(0);
+        let n = within("the slow header's close", s.read(&mut buf))
+            .await
+            .unwrap_or(0);
         assert_eq!(n, 0);
     }
     let closed = start.elapsed();

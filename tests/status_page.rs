@@ -539,7 +539,8 @@ async fn status_page_in_chromium_matches_the_api() {
     assert!(caption.contains(&listen.to_string()), "{caption}");
     let sources = page["sources"].as_str().unwrap_or("");
     assert!(
-        sources.contains(&format!("sources on {listen}")) && sources.contains("per source: open 50"),
+        sources.contains(&format!("sources on {listen}"))
+            && sources.contains("per source: open 50"),
         "the per-source table: {sources:?}"
     );
 

@@ -583,7 +583,9 @@ const PAGE_SOURCES: usize = 10;
 /// connections (`/api/sources`).
 fn write_sources(o: &mut String, l: &Value) -> fmt::Result {
     let lim = &l["limits"];
-    let open = lim["max_connections"].as_u64().map_or("-".into(), |m| m.to_string());
+    let open = lim["max_connections"]
+        .as_u64()
+        .map_or("-".into(), |m| m.to_string());
     let rate = lim["rate"]
         .as_u64()
         .map_or("-".into(), |r| format!("{r}/s, burst {}", n(lim, "burst")));
@@ -608,7 +610,9 @@ fn write_sources(o: &mut String, l: &Value) -> fmt::Result {
         );
     }
     for src in list {
-        let tokens = src["tokens"].as_f64().map_or("-".into(), |t| format!("{t:.1}"));
+        let tokens = src["tokens"]
+            .as_f64()
+            .map_or("-".into(), |t| format!("{t:.1}"));
         writeln!(
             o,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -657,8 +661,14 @@ mod tests {
         });
         let mut o = String::new();
         write_sources(&mut o, &l).unwrap();
-        assert!(o.contains("open 4 &middot; new 20/s, burst 10 &middot; 2/100 tracked"), "{o}");
-        assert!(o.contains("<td>&lt;b&gt;</td><td>4</td><td>0.5</td><td>9</td><td>1996</td>"), "{o}");
+        assert!(
+            o.contains("open 4 &middot; new 20/s, burst 10 &middot; 2/100 tracked"),
+            "{o}"
+        );
+        assert!(
+            o.contains("<td>&lt;b&gt;</td><td>4</td><td>0.5</td><td>9</td><td>1996</td>"),
+            "{o}"
+        );
         assert!(o.contains("<td>overflow</td><td>1</td><td>-</td>"), "{o}");
     }
 

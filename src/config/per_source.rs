@@ -63,9 +63,9 @@ impl std::fmt::Display for PerSource {
 impl Checker<'_> {
     /// `listen[i].per_source` at `p`.
     pub(super) fn per_source(&mut self, raw: &RawPerSource, p: &str) -> Option<PerSource> {
-        let max = raw.max_connections.map(|v| {
-            self.int(Some(v), &join(p, "max_connections"), 1, 1, u32::MAX.into()) as u32
-        });
+        let max = raw
+            .max_connections
+            .map(|v| self.int(Some(v), &join(p, "max_connections"), 1, 1, u32::MAX.into()) as u32);
         let rate = raw
             .rate
             .map(|v| self.int(Some(v), &join(p, "rate"), 1, 1, 1_000_000) as u32);
@@ -122,7 +122,9 @@ impl Checker<'_> {
         let mut out: Vec<IpNet> = Vec::new();
         for (i, s) in raw.iter().enumerate() {
             match s.parse::<IpNet>() {
-                Ok(n) if out.contains(&n) => self.err(&format!("{p}[{i}]"), format!("{n} is listed twice")),
+                Ok(n) if out.contains(&n) => {
+                    self.err(&format!("{p}[{i}]"), format!("{n} is listed twice"))
+                }
                 Ok(n) => out.push(n),
                 Err(why) => self.err(&format!("{p}[{i}]"), why),
             }
