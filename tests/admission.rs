@@ -6,7 +6,7 @@
 mod common;
 
 use common::haproxy;
-use common::{backend_line, connect_from, tls, wait_until, within, Backend, Crossbar};
+use common::{backend_line, connect_from, tls, wait_until, within, Backend, Crossbar, LogBuffer};
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
@@ -254,10 +254,12 @@ async fn distinct_sources_cannot_evict_a_tracked_source() {
     .await;
 }
 
-/// The allow list is never limited nor tracked; a reload that changes the limits
+/// The allow list is never limited nor tracked; a refusal has its access-log
+/// `end=refused:source_connections`; a reload that changes the limits
 /// keeps counting the connections opened before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_networks_are_never_limited_and_reloads_keep_counts() {
+    let log = LogBuffer::install();
     let echo = Backend::echo("e1", true).await;
     let yaml = |max: u32| {
         format!(
@@ -283,6 +285,13 @@ async fn allowed_networks_are_never_limited_and_reloads_keep_counts() {
     assert_eq!(common::read_name(&mut first).await, "e1");
     let mut second = connect_from(src, addr).await;
     assert!(closed(&mut second).await, "max_connections 1");
+    let line = "client=127.0.5.1:";
+    wait_until("the refusal's access-log line", || {
+        log.lines_with(line)
+            .iter()
+            .any(|l| l.contains("end=refused:source_connections"))
+    })
+    .await;
     // The table (and `first`'s count) survives a reload that raises the limit.
     let path = xb.path.clone();
     std::fs::write(&path, yaml(2)).unwrap();
