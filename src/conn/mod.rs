@@ -113,8 +113,9 @@ struct Conn<'a> {
     log: AccessLog,
     /// When the connection was accepted.
     started: Instant,
-    /// Its place in its source's count (`listen[].per_source`), held to the end.
-    source: Option<crate::admission::SourceSlot>,
+    /// Its place in its source's count (`listen[].per_source`), held to the end;
+    /// boxed so that connections without `per_source` carry one pointer, not the slot.
+    source: Option<Box<crate::admission::SourceSlot>>,
 }
 
 impl Conn<'_> {
@@ -126,7 +127,10 @@ impl Conn<'_> {
         // From here on `peer` is the client (an agent behind a trusted tier).
         self.peer = self.front(&mut buf, deadline).await?;
         if let Some(a) = &self.routes.admission {
-            self.source = a.admit(self.peer.ip()).map_err(ConnError::Source)?;
+            self.source = a
+                .admit(self.peer.ip())
+                .map_err(ConnError::Source)?
+                .map(Box::new);
         }
         let (svc, hello) = self.read_and_route(&mut buf, deadline).await?;
         self.log.service = Some(Arc::from(svc.name()));
