@@ -309,26 +309,49 @@ impl Admission {
             .set(i64::try_from(left).unwrap_or(i64::MAX));
     }
 
-    /// The `n` sources with the most open connections (then the most refused).
+    /// The `n` sources with the most open connections (then the most refused). One
+    /// walk of the table holding `n` at most (a min-heap), so a page view of a full
+    /// table costs no copy of it.
     pub fn top(&self, n: usize) -> Vec<SourceView> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
         let limits = self.limits.load();
-        let mut all: Vec<SourceView> = self
-            .table
-            .iter()
-            .map(|e| SourceView {
+        // Smallest (open, refused) on top, so it is the one to drop.
+        let mut heap: BinaryHeap<Reverse<(u32, u64, usize)>> = BinaryHeap::with_capacity(n + 1);
+        let mut kept: Vec<Option<SourceView>> = Vec::with_capacity(n + 1);
+        let mut free: Vec<usize> = Vec::new();
+        for e in self.table.iter() {
+            let rank = (e.open, e.refused);
+            if heap.len() == n && heap.peek().is_some_and(|Reverse(m)| (m.0, m.1) >= rank) {
+                continue;
+            }
+            let view = SourceView {
                 source: *e.key(),
                 open: e.open,
                 tokens: limits.rate.map(|_| e.tokens),
                 admitted: e.admitted,
                 refused: e.refused,
-            })
-            .collect();
-        let order = |v: &SourceView| (std::cmp::Reverse(v.open), std::cmp::Reverse(v.refused));
-        if all.len() > n {
-            all.select_nth_unstable_by_key(n, order);
-            all.truncate(n);
+            };
+            let slot = match free.pop() {
+                Some(i) => {
+                    kept[i] = Some(view);
+                    i
+                }
+                None => {
+                    kept.push(Some(view));
+                    kept.len() - 1
+                }
+            };
+            heap.push(Reverse((rank.0, rank.1, slot)));
+            if heap.len() > n {
+                if let Some(Reverse((_, _, i))) = heap.pop() {
+                    kept[i] = None;
+                    free.push(i);
+                }
+            }
         }
-        all.sort_by_key(order);
+        let mut all: Vec<SourceView> = kept.into_iter().flatten().collect();
+        all.sort_by_key(|v| (Reverse(v.open), Reverse(v.refused)));
         all
     }
 }
@@ -440,6 +463,26 @@ mod tests {
             Refusal::Connections
         );
         assert_eq!(a.top(5)[0].source.to_string(), "192.0.2.0/24");
+        assert_eq!(a.top(5).len(), 2);
+        assert_eq!(a.top(1).len(), 1);
+        assert!(a.top(0).is_empty());
+    }
+
+    #[test]
+    fn top_keeps_the_busiest() {
+        let a = table(limits(Some(100), None, 1, 1000));
+        let mut held = Vec::new();
+        for i in 0..200u32 {
+            let ip = IpAddr::from([192, 0, 2, (i % 50) as u8]);
+            held.push(a.admit(ip).unwrap());
+        }
+        // 192.0.2.0..49 hold 4 each; one more for .7 and two for .9.
+        held.push(a.admit(ip("192.0.2.7")).unwrap());
+        held.extend((0..2).map(|_| a.admit(ip("192.0.2.9")).unwrap()));
+        let top = a.top(3);
+        let got: Vec<(String, u32)> = top.iter().map(|v| (v.source.to_string(), v.open)).collect();
+        assert_eq!(got[..2], [("192.0.2.9".into(), 6), ("192.0.2.7".into(), 5)]);
+        assert_eq!(got[2].1, 4);
     }
 
     /// A full table never evicts a live entry: newcomers share the overflow entry,
