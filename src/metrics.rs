@@ -393,6 +393,8 @@ impl Metrics {
 
     /// Handles for a listener (label: its address).
     pub fn listener(&self, listener: &str) -> ListenerMetrics {
+        // Exported (0) for every listener, `per_source` or not, like its counters.
+        self.sources_tracked.with_label_values(&[listener]);
         ListenerMetrics {
             accepts: self.listener_accepts.with_label_values(&[listener]),
             refused_full: self
