@@ -713,6 +713,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sources_are_a_line_per_listener_then_rows() {
+        let v = serde_json::json!({"listeners": [{
+            "listener": "127.0.0.1:8140", "tracked": 2,
+            "limits": {"max_connections": 4, "rate": null, "burst": 1, "table_size": 100},
+            "sources": [{"source": "192.0.2.7", "open": 4, "tokens": null, "admitted": 4, "refused": 99}]}]});
+        let out = sources_view(&v);
+        assert!(
+            out.starts_with(
+                "127.0.0.1:8140: max_connections 4, rate -, burst 1; 2 of 100 sources tracked\n"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("192.0.2.7"), "{out}");
+        assert!(
+            out.lines()
+                .nth(2)
+                .is_some_and(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == ["192.0.2.7", "4", "-", "4", "99"]),
+            "{out}"
+        );
+        assert_eq!(
+            sources_view(&serde_json::json!({"listeners": []})),
+            "no listener has per_source limits\n"
+        );
+    }
+
+    #[test]
     fn urls() {
         assert_eq!(
             target("http://127.0.0.1:9140").unwrap(),
