@@ -1,4 +1,4 @@
-//! `crossbar status | table | backend | connections | reload`: clients of the admin API.
+//! `crossbar status | table | backend | connections | sources | reload`: clients of the admin API.
 //!
 //! One HTTP/1.1 request per command over hyper's client connection (no pooling:
 //! a command is one request). Output is a compact aligned table, or the server's
@@ -176,6 +176,11 @@ pub enum Command {
         /// At most this many (server default 100).
         limit: Option<usize>,
     },
+    /// The sources with the most open connections, per listener with `per_source`.
+    Sources {
+        /// At most this many per listener (server default 20).
+        limit: Option<usize>,
+    },
     /// Reload the configuration file.
     Reload,
 }
@@ -325,6 +330,10 @@ impl Command {
                 ]);
                 (Method::GET, format!("/api/connections{q}"))
             }
+            Command::Sources { limit } => {
+                let q = query(&[limit.map(|n| format!("limit={n}"))]);
+                (Method::GET, format!("/api/sources{q}"))
+            }
             Command::Reload => (Method::POST, "/api/reload".into()),
         }
     }
@@ -373,6 +382,7 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
             out
         }
         Command::Connections { .. } => connections_view(&v),
+        Command::Sources { .. } => sources_view(&v),
         Command::Backend {
             service, backend, ..
         } => format!(
@@ -711,9 +721,71 @@ fn connections_view(v: &Value) -> String {
     out
 }
 
+/// `crossbar sources`: per listener with `per_source`, a line with its limits, then
+/// one row per source (the most open connections first).
+fn sources_view(v: &Value) -> String {
+    let listeners = v["listeners"].as_array().cloned().unwrap_or_default();
+    if listeners.is_empty() {
+        return "no listener has per_source limits\n".into();
+    }
+    let mut out = String::new();
+    for l in &listeners {
+        let lim = &l["limits"];
+        out.push_str(&format!(
+            "{}: max_connections {}, rate {}, burst {}; {} of {} sources tracked\n",
+            text(&l["listener"]),
+            text(&lim["max_connections"]),
+            text(&lim["rate"]),
+            text(&lim["burst"]),
+            text(&l["tracked"]),
+            text(&lim["table_size"]),
+        ));
+        let mut rows = vec![["SOURCE", "OPEN", "TOKENS", "ADMITTED", "REFUSED"]
+            .map(String::from)
+            .to_vec()];
+        for s in l["sources"].as_array().into_iter().flatten() {
+            rows.push(
+                ["source", "open", "tokens", "admitted", "refused"]
+                    .iter()
+                    .map(|k| text(&s[*k]))
+                    .collect(),
+            );
+        }
+        out.push_str(&columns(&rows));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sources_are_a_line_per_listener_then_rows() {
+        let v = serde_json::json!({"listeners": [{
+            "listener": "127.0.0.1:8140", "tracked": 2,
+            "limits": {"max_connections": 4, "rate": null, "burst": 1, "table_size": 100},
+            "sources": [{"source": "192.0.2.7", "open": 4, "tokens": null, "admitted": 4, "refused": 99}]}]});
+        let out = sources_view(&v);
+        assert!(
+            out.starts_with(
+                "127.0.0.1:8140: max_connections 4, rate -, burst 1; 2 of 100 sources tracked\n"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("192.0.2.7"), "{out}");
+        assert!(
+            out.lines()
+                .nth(2)
+                .is_some_and(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == ["192.0.2.7", "4", "-", "4", "99"]),
+            "{out}"
+        );
+        assert_eq!(
+            sources_view(&serde_json::json!({"listeners": []})),
+            "no listener has per_source limits\n"
+        );
+    }
 
     #[test]
     fn urls() {

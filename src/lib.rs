@@ -4,6 +4,7 @@
 //!
 //! - [`listener`]: bind per-service addresses, accept, enforce connection limits.
 //! - [`proxy_protocol`]: from a trusted tier, its PROXY header names the client.
+//! - `admission`: per-source limits on that client, before anything is read from it.
 //! - [`conn`]: one connection's life as named steps, calling the modules below.
 //! - [`hello`]: read the client's ClientHello (bounded in bytes and time).
 //! - [`route`]: listener + SNI -> service.
@@ -65,6 +66,7 @@ pub mod testbed;
 
 // Inside the crate only.
 mod access_log;
+mod admission;
 mod budget;
 mod conn;
 mod connections;

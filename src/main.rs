@@ -25,7 +25,8 @@ Examples:
   crossbar table show puppet --limit 20
   crossbar table show puppet --client 10.1.2.3     # where this agent's source entry points
   crossbar table delete puppet --key 3f2a0c9e51d7b864 -c /etc/crossbar/crossbar.yaml
-  crossbar connections puppet                      # open connections, the oldest first";
+  crossbar connections puppet                      # open connections, the oldest first
+  crossbar sources                                 # per_source: the busiest client sources";
 
 /// Layer-4 TLS-passthrough load balancer for Puppet masters.
 #[derive(Parser)]
@@ -142,6 +143,15 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         client: Option<std::net::IpAddr>,
         /// Connections to show (1..=10000; the server's default is 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// The client sources with the most open connections on each listener with
+    /// `per_source` limits: open, tokens left, admitted, refused (admin API client).
+    Sources {
+        /// Sources to show per listener (1..=10000; the server's default is 20).
         #[arg(long)]
         limit: Option<usize>,
         #[command(flatten)]
@@ -419,6 +429,9 @@ fn main() -> ExitCode {
                 limit,
             },
         ),
+        Command::Sources { limit, admin } => {
+            client(admin, url_from_env, ClientCommand::Sources { limit })
+        }
         Command::Backend {
             action,
             target,

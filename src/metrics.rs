@@ -52,6 +52,7 @@ pub struct Metrics {
     connection_duration: HistogramVec,
     listener_accepts: IntCounterVec,
     listener_refused: IntCounterVec,
+    sources_tracked: IntGaugeVec,
     routing_refused: IntCounterVec,
     queue_timeouts: IntCounterVec,
     resets: IntCounterVec,
@@ -229,6 +230,12 @@ impl Metrics {
                 "Connections a listener refused, by reason.",
                 &["listener", "reason"],
             ),
+            sources_tracked: gauge_vec(
+                &r,
+                "crossbar_listener_sources_tracked",
+                "Client sources a listener's per_source table tracks (updated each second).",
+                &["listener"],
+            ),
             routing_refused: counter_vec(
                 &r,
                 "crossbar_route_refused_total",
@@ -404,6 +411,8 @@ impl Metrics {
 
     /// Handles for a listener (label: its address).
     pub fn listener(&self, listener: &str) -> ListenerMetrics {
+        // Exported (0) for every listener, `per_source` or not, like its counters.
+        self.sources_tracked.with_label_values(&[listener]);
         ListenerMetrics {
             accepts: self.listener_accepts.with_label_values(&[listener]),
             refused_full: self
@@ -423,6 +432,19 @@ impl Metrics {
             .inc();
     }
 
+    /// Handles for a listener's per-source admission (`listen[].per_source`).
+    pub fn source_metrics(&self, listener: &str) -> SourceMetrics {
+        let refused = |reason: &str| self.listener_refused.with_label_values(&[listener, reason]);
+        SourceMetrics {
+            refused: [
+                refused("source_connections"),
+                refused("source_rate"),
+                refused("source_overflow"),
+            ],
+            tracked: self.sources_tracked.with_label_values(&[listener]),
+        }
+    }
+
     /// Count a configuration reload.
     pub fn reload(&self, ok: bool) {
         self.config_reloads
@@ -433,6 +455,27 @@ impl Metrics {
     /// Publish the set of stick tables read at scrape time.
     pub fn set_tables(&self, tables: Vec<(String, Arc<StickTable>)>) {
         *self.tables.tables.lock().unwrap_or_else(|e| e.into_inner()) = tables;
+    }
+}
+
+/// A listener's per-source admission counters, taken once per table.
+#[derive(Debug, Clone)]
+pub struct SourceMetrics {
+    /// `crossbar_listener_refused_total` for each [`crate::admission::Refusal`].
+    refused: [IntCounter; 3],
+    /// `crossbar_listener_sources_tracked`.
+    pub tracked: IntGauge,
+}
+
+impl SourceMetrics {
+    /// The refusal counter for `r`.
+    pub fn refused(&self, r: crate::admission::Refusal) -> &IntCounter {
+        use crate::admission::Refusal;
+        &self.refused[match r {
+            Refusal::Connections => 0,
+            Refusal::Rate => 1,
+            Refusal::Overflow => 2,
+        }]
     }
 }
 

@@ -537,7 +537,9 @@ impl Server {
         for g in groups {
             let svcs = g.services.iter().map(|&i| services[i].clone()).collect();
             let proxy = g.config.proxy_protocol.clone();
-            let routes = Arc::new(ListenerRoutes::build(svcs, proxy));
+            let mut routes = ListenerRoutes::build(svcs, proxy);
+            routes.admission = self.admission(st, &g, &fresh);
+            let routes = Arc::new(routes);
             if let Some(mut h) = st.listeners.remove(&g.key) {
                 h.routes.store(routes);
                 h.update(g.config);
@@ -548,6 +550,36 @@ impl Server {
             }
         }
         listeners
+    }
+
+    /// A listener's per-source table under the new config: the running one kept
+    /// (open connections stay counted), a new one, or none.
+    fn admission(
+        &self,
+        st: &State,
+        g: &ListenGroup,
+        fresh: &HashMap<ListenKey, tokio::net::TcpListener>,
+    ) -> Option<Arc<crate::admission::Admission>> {
+        let running = st.listeners.get(&g.key);
+        let old = running.and_then(|h| h.routes.load().admission.clone());
+        let local = running
+            .map(|h| h.local)
+            .or_else(|| fresh.get(&g.key).and_then(|s| s.local_addr().ok()))
+            .unwrap_or(g.config.addr);
+        let metrics = || self.shared.metrics.source_metrics(&local.to_string());
+        crate::admission::Admission::carry(old, g.config.per_source.as_ref(), metrics)
+    }
+
+    /// Every listener's per-source table, by its bound address.
+    pub(crate) fn sources(&self) -> Vec<(SocketAddr, Arc<crate::admission::Admission>)> {
+        let mut out: Vec<_> = self
+            .lock()
+            .listeners
+            .values()
+            .filter_map(|h| Some((h.local, h.routes.load().admission.clone()?)))
+            .collect();
+        out.sort_by_key(|(a, _)| *a);
+        out
     }
 
     /// Start accepting on a freshly bound socket.

@@ -133,6 +133,8 @@ pub struct ListenerRoutes {
     pub keepalive: Option<Keepalive>,
     /// Whose PROXY headers are read (`listen[].proxy_protocol`).
     pub proxy: Option<ProxyAccept>,
+    /// Per-source limits and their table (`listen[].per_source`), kept across reloads.
+    pub admission: Option<Arc<crate::admission::Admission>>,
 }
 
 /// State every connection task can reach.
@@ -236,6 +238,7 @@ impl ListenerRoutes {
                 hello_timeout,
                 max_hello,
                 proxy,
+                admission: None,
             };
         }
         let non_tls = svcs
@@ -254,6 +257,7 @@ impl ListenerRoutes {
             non_tls,
             keepalive,
             proxy,
+            admission: None,
         }
     }
 }

@@ -522,23 +522,102 @@ async fn migration_mode_serves_trusted_sources_with_or_without_a_header() {
     );
 }
 
-/// Hostile headers leave other connections alone: while 200 trusted connections
-/// hold half a header, an agent's TLS connection through HAProxy is served.
+/// Slow PROXY headers held open at once.
+const SLOW_HEADERS: usize = 10_000;
+
+/// Raise the soft (and if need be the hard) RLIMIT_NOFILE to `n` (root may).
+#[allow(unsafe_code)]
+fn raise_nofile(n: u64) {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+    let want = n as libc::rlim_t;
+    if l.rlim_cur < want {
+        l.rlim_cur = want;
+        l.rlim_max = l.rlim_max.max(want);
+        // SAFETY: as above.
+        let r = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
+        assert_eq!(
+            r,
+            0,
+            "raising RLIMIT_NOFILE to {n}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// A blocking `GET path` on the admin endpoint: the status and the body.
+fn admin_get(admin: SocketAddr, path: &str) -> Option<(Option<u16>, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(admin).ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    Some((common::status_of(head), body.to_string()))
+}
+
+/// Hostile headers leave other connections alone: while 10,000 trusted connections
+/// hold half a header, an agent's TLS connection through HAProxy is served; then
+/// every slow one is closed at the header's deadline, each counted as
+/// `proxy_timeout`. crossbar runs as its own process: 10,000 connections take
+/// 10,000 descriptors on each side, more than one process may hold here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_do_not_block_others() {
+    raise_nofile(SLOW_HEADERS as u64 + 2_000);
     let ca = TestCa::new("proxy CA").unwrap();
     let bs = tls_backends(&ca, 1).await;
-    let lb = Crossbar::start(&two_listeners("", &backends_yaml(&bs), true)).await;
-    let behind = lb.local_addrs("svc")[0];
+    let (behind, admin) = (common::process::free_port(), common::process::free_port());
+    let yaml = format!(
+        "admin: {{ listen: \"{admin}\" }}\nservices:\n  svc:\n    listen:\n      - {{ address: \"{behind}\", max_connections: 20000, backlog: 4096, \
+         proxy_protocol: {{ accept_from: [\"127.0.0.1/32\"] }} }}\n    health: {{ check: none }}\n    \
+         timeouts: {{ client_hello: 5s }}\n    backends:\n{}",
+        backends_yaml(&bs)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("crossbar.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let _lb = common::process::crossbar_run(&config, None, Stdio::null());
+    wait_until("crossbar ready", || {
+        admin_get(admin, "/healthz").is_some_and(|(s, _)| s == Some(200))
+    })
+    .await;
+    let start = std::time::Instant::now();
     let mut slow = Vec::new();
-    for _ in 0..200 {
-        let mut s = TcpStream::connect(behind).await.unwrap();
-        s.write_all(b"PROXY TCP4 1.2").await.unwrap();
+    for _ in 0..SLOW_HEADERS {
+        let mut s = within("a connect", TcpStream::connect(behind))
+            .await
+            .unwrap();
+        within("half a header", s.write_all(b"PROXY TCP4 1.2"))
+            .await
+            .unwrap();
         slow.push(s);
     }
+    let opened = start.elapsed();
     let (_h, front) = haproxy(behind, "send-proxy-v2").await;
     assert_eq!(who_answers(agent(3), front, &ca).await, "m0");
+    let mut buf = [0u8; 64];
+    for s in &mut slow {
+        // Closed without a byte (EOF, or a reset: either ends it).
+        let n = within("the slow header's close", s.read(&mut buf))
+            .await
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+    let closed = start.elapsed();
     drop(slow);
+    let (_, metrics) = admin_get(admin, "/metrics").expect("/metrics");
+    let timeouts = common::metric_value(
+        &metrics,
+        "crossbar_listener_refused_total",
+        &[("reason", "proxy_timeout")],
+    );
+    println!("{SLOW_HEADERS} slow headers opened in {opened:?}, all closed after {closed:?}");
+    assert_eq!(timeouts, SLOW_HEADERS as f64);
 }
 
 /// TLS session stickiness behind HAProxy, many agents behind one NAT address: each

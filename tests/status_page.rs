@@ -322,6 +322,7 @@ return {
   colours: [...t.querySelectorAll('tr[class]:not(.tot) td:nth-child(3)')]
       .map(c => getComputedStyle(c).backgroundColor),
   width: document.documentElement.scrollWidth,
+  sources: document.querySelector('table[data-sources] caption')?.innerText ?? '',
 };
 "#;
 
@@ -404,7 +405,8 @@ async fn status_page_in_chromium_matches_the_api() {
     let config = dir.join("crossbar.yaml");
     let yaml = format!(
         "admin: {{ listen: \"127.0.0.1:0\" }}\n\
-         services:\n  web:\n    mode: tcp\n    listen: [\"127.0.0.1:0\"]\n\
+         services:\n  web:\n    mode: tcp\n\
+         \x20   listen: [{{ address: \"127.0.0.1:0\", per_source: {{ max_connections: 50 }} }}]\n\
          \x20   balance: roundrobin\n    failback: manual\n    retries: 0\n\
          \x20   health: {{ check: tcp, interval: 100ms, timeout: 1s, rise: 1, fall: 1 }}\n\
          \x20   backends:\n\
@@ -536,6 +538,12 @@ async fn status_page_in_chromium_matches_the_api() {
     assert!(caption.starts_with("web"), "{caption}");
     assert!(caption.contains("balance roundrobin"), "{caption}");
     assert!(caption.contains(&listen.to_string()), "{caption}");
+    let sources = page["sources"].as_str().unwrap_or("");
+    assert!(
+        sources.contains(&format!("sources on {listen}"))
+            && sources.contains("per source: open 50"),
+        "the per-source table: {sources:?}"
+    );
 
     // Every backend row against the API, in config order.
     let rows: Vec<Vec<String>> = serde_json::from_value(page["rows"].clone()).expect("rows");

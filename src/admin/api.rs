@@ -885,6 +885,63 @@ pub async fn connections_dump(
     dump(move || connections(&server, &q)).await
 }
 
+/// Sources `GET /api/sources` lists per listener without `?limit=`.
+pub const DEFAULT_SOURCES_LIMIT: usize = 20;
+
+/// Parse `GET /api/sources`'s query: `limit=N` (sources per listener).
+pub fn sources_query(query: Option<&str>) -> Result<usize, ApiError> {
+    let mut limit = DEFAULT_SOURCES_LIMIT;
+    for (_, v) in params(query, &["limit"])? {
+        limit = limit_param(v, MAX_TABLE_LIMIT)?;
+    }
+    Ok(limit)
+}
+
+/// `GET /api/sources`: for each listener with `per_source`, its limits, how many
+/// sources it tracks and the `limit` sources with the most open connections.
+pub fn sources(server: &Server, limit: usize) -> Value {
+    let listeners: Vec<Value> = server
+        .sources()
+        .into_iter()
+        .map(|(local, a)| {
+            let l = a.limits();
+            let top: Vec<Value> = a
+                .top(limit)
+                .into_iter()
+                .map(|v| {
+                    json!({
+                        "source": v.source.to_string(),
+                        "open": v.open,
+                        "tokens": v.tokens.map(|t| (t * 10.0).floor() / 10.0),
+                        "admitted": v.admitted,
+                        "refused": v.refused,
+                    })
+                })
+                .collect();
+            json!({
+                "listener": local.to_string(),
+                "limits": {
+                    "max_connections": l.max_connections,
+                    "rate": l.rate,
+                    "burst": l.burst,
+                    "source_prefix_v4": l.source_prefix_v4,
+                    "source_prefix_v6": l.source_prefix_v6,
+                    "allow": l.allow.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                    "table_size": l.table_size,
+                },
+                "tracked": a.tracked(),
+                "sources": top,
+            })
+        })
+        .collect();
+    json!({ "listeners": listeners })
+}
+
+/// [`sources`] as JSON text, built on the blocking pool like table dumps.
+pub async fn sources_dump(server: Arc<Server>, limit: usize) -> Result<String, ApiError> {
+    dump(move || Ok(sources(&server, limit))).await
+}
+
 /// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.
 pub async fn reload(server: &Arc<Server>) -> Result<Value, ApiError> {
     let warnings = server.reload_file().await.map_err(ApiError::ReloadFailed)?;

@@ -318,6 +318,7 @@ enum Route<'a> {
     Healthz,
     Services,
     Connections,
+    Sources,
     Table(&'a str),
     Backend(&'a str, &'a str, Action),
     Weight(&'a str, &'a str),
@@ -333,6 +334,7 @@ impl Route<'_> {
             ["healthz"] => Route::Healthz,
             ["api", "services"] => Route::Services,
             ["api", "connections"] => Route::Connections,
+            ["api", "sources"] => Route::Sources,
             ["api", "tables", s] if !s.is_empty() => Route::Table(s),
             ["api", "backends", s, b, "weight"] if !s.is_empty() && !b.is_empty() => {
                 Route::Weight(s, b)
@@ -532,6 +534,12 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
         Route::Connections => {
             return match api::connections_query(query) {
                 Ok(q) => json_text(api::connections_dump(server.clone(), q).await),
+                Err(e) => error(e.status(), e),
+            }
+        }
+        Route::Sources => {
+            return match api::sources_query(query) {
+                Ok(limit) => json_text(api::sources_dump(server.clone(), limit).await),
                 Err(e) => error(e.status(), e),
             }
         }

@@ -46,7 +46,8 @@ pub fn response(server: &Server, query: Option<&str>) -> Response<Full<Bytes>> {
         Ok(r) => r,
         Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
     };
-    let data = super::api::services(server);
+    let mut data = super::api::services(server);
+    data["sources"] = super::api::sources(server, PAGE_SOURCES)["listeners"].take();
     let html = render(&data, refresh, &cli_flags(server));
     let mut r = Response::new(Full::new(Bytes::from(html)));
     let h = r.headers_mut();
@@ -205,6 +206,9 @@ fn write_page(o: &mut String, data: &Value, refresh: u64, cli: &str) -> fmt::Res
     let empty = Vec::new();
     for svc in data["services"].as_array().unwrap_or(&empty) {
         write_service(o, svc, cli)?;
+    }
+    for l in data["sources"].as_array().unwrap_or(&empty) {
+        write_sources(o, l)?;
     }
     write_footer(o)?;
     o.push_str("</body></html>\n");
@@ -656,6 +660,57 @@ fn write_total(o: &mut String, backends: &[Value]) -> fmt::Result {
     )
 }
 
+/// Top sources by open connections the page shows per listener with `per_source`.
+const PAGE_SOURCES: usize = 10;
+
+/// A listener's per-source table: its limits, then its top sources by open
+/// connections (`/api/sources`).
+fn write_sources(o: &mut String, l: &Value) -> fmt::Result {
+    let lim = &l["limits"];
+    let open = lim["max_connections"]
+        .as_u64()
+        .map_or("-".into(), |m| m.to_string());
+    let rate = lim["rate"]
+        .as_u64()
+        .map_or("-".into(), |r| format!("{r}/s, burst {}", n(lim, "burst")));
+    write!(
+        o,
+        "<table data-sources=\"{}\"><caption><b>sources on {}</b> &middot; per source: open {} \
+         &middot; new {} &middot; {}/{} tracked</caption>\n<tr><th>Source</th>\
+         <th title=\"open connections\">Open</th><th title=\"new connections it may open now\">Tokens</th>\
+         <th>Admitted</th><th>Refused</th></tr>\n",
+        Esc(s(l, "listener")),
+        Esc(s(l, "listener")),
+        Esc(&open),
+        Esc(&rate),
+        n(l, "tracked"),
+        n(lim, "table_size"),
+    )?;
+    let list = l["sources"].as_array().map_or(&[][..], Vec::as_slice);
+    if list.is_empty() {
+        o.push_str(
+            "<tr><td colspan=\"5\">no source tracked now (a source leaves the table once it \
+             has no open connection and a full bucket)</td></tr>\n",
+        );
+    }
+    for src in list {
+        let tokens = src["tokens"]
+            .as_f64()
+            .map_or("-".into(), |t| format!("{t:.1}"));
+        writeln!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            Esc(s(src, "source")),
+            n(src, "open"),
+            Esc(&tokens),
+            n(src, "admitted"),
+            n(src, "refused"),
+        )?;
+    }
+    o.push_str("</table>\n");
+    Ok(())
+}
+
 fn write_footer(o: &mut String) -> fmt::Result {
     o.push_str(
         "<footer>States: <span class=\"lg up\">UP</span>takes traffic \
@@ -676,6 +731,30 @@ fn write_footer(o: &mut String) -> fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sources_are_listed_with_their_limits() {
+        let l = serde_json::json!({
+            "listener": "127.0.0.1:8140",
+            "limits": { "max_connections": 4, "rate": 20, "burst": 10, "table_size": 100 },
+            "tracked": 2,
+            "sources": [
+                { "source": "<b>", "open": 4, "tokens": 0.5, "admitted": 9, "refused": 1996 },
+                { "source": "overflow", "open": 1, "tokens": null, "admitted": 1, "refused": 0 },
+            ],
+        });
+        let mut o = String::new();
+        write_sources(&mut o, &l).unwrap();
+        assert!(
+            o.contains("open 4 &middot; new 20/s, burst 10 &middot; 2/100 tracked"),
+            "{o}"
+        );
+        assert!(
+            o.contains("<td>&lt;b&gt;</td><td>4</td><td>0.5</td><td>9</td><td>1996</td>"),
+            "{o}"
+        );
+        assert!(o.contains("<td>overflow</td><td>1</td><td>-</td>"), "{o}");
+    }
 
     #[test]
     fn escapes_everything_outside() {

@@ -12,6 +12,7 @@ mod error;
 mod files;
 mod health;
 mod indent;
+mod per_source;
 mod position;
 mod problems;
 mod proxy_accept;
@@ -28,6 +29,7 @@ use std::time::Duration;
 pub use discover::{DiscoverConfig, DiscoverQuery};
 pub use error::{ConfigError, Diagnostic};
 pub(crate) use files::describe_file_type;
+pub use per_source::PerSource;
 pub use proxy_accept::{IpNet, ProxyAccept};
 
 /// Where `crossbar run`, `check` and `reload` look without `-c` (the Debian package's conffile).
@@ -343,6 +345,8 @@ pub struct ListenConfig {
     pub max_connections: usize,
     /// PROXY headers read from the tiers in front (`None`: from nobody).
     pub proxy_protocol: Option<ProxyAccept>,
+    /// Per-source admission limits (`None`: off, the default).
+    pub per_source: Option<PerSource>,
 }
 
 /// Where a backend lives: a host name (resolved at each connect) or an IP.

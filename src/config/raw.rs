@@ -314,6 +314,20 @@ pub(super) struct RawListenLong {
     pub freebind: Option<bool>,
     pub max_connections: Option<u64>,
     pub proxy_protocol: Option<RawProxyAccept>,
+    pub per_source: Option<RawPerSource>,
+}
+
+/// `listen[].per_source:` (per-source admission limits).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPerSource {
+    pub max_connections: Option<u64>,
+    pub rate: Option<u64>,
+    pub burst: Option<u64>,
+    pub source_prefix_v4: Option<u64>,
+    pub source_prefix_v6: Option<u64>,
+    pub allow: Option<Vec<String>>,
+    pub table_size: Option<u64>,
 }
 
 /// `listen[].proxy_protocol:` (receiving PROXY headers from the tiers in front).

@@ -96,13 +96,15 @@ impl Checker<'_> {
                 lc.freebind,
                 lc.max_connections,
                 &lc.proxy_protocol,
+                &lc.per_source,
             ) != (
                 first.backlog,
                 first.freebind,
                 first.max_connections,
                 &first.proxy_protocol,
+                &first.per_source,
             ) {
-                let msg = format!("{addr} is shared with {others}: its backlog, freebind, max_connections and proxy_protocol must be the same everywhere");
+                let msg = format!("{addr} is shared with {others}: its backlog, freebind, max_connections, proxy_protocol and per_source must be the same everywhere");
                 self.err(&format!("{p}.listen[{l}]"), msg);
             }
         }

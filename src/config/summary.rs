@@ -98,6 +98,9 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
         if let Some(p) = &l.proxy_protocol {
             writeln!(f, "            {p}")?;
         }
+        if let Some(p) = &l.per_source {
+            writeln!(f, "            {p}")?;
+        }
     }
     if !s.server_names.is_empty() || s.default {
         let mut names = s.server_names.join(", ");

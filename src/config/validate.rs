@@ -585,6 +585,7 @@ impl Checker<'_> {
                 freebind: false,
                 max_connections: d.max_connections,
                 proxy_protocol: None,
+                per_source: None,
             };
             if let RawListen::Long(l) = item {
                 lc.backlog = self.int(
@@ -605,6 +606,9 @@ impl Checker<'_> {
                 lc.freebind = l.freebind.unwrap_or(false);
                 if let Some(pp) = &l.proxy_protocol {
                     lc.proxy_protocol = self.proxy_accept(pp, &join(&ip, "proxy_protocol"));
+                }
+                if let Some(ps) = &l.per_source {
+                    lc.per_source = self.per_source(ps, &join(&ip, "per_source"));
                 }
             }
             // Port 0 asks the kernel for a free port: each is a listener of its own.

@@ -14,6 +14,8 @@ use crate::proxy_protocol::FrontError;
 pub(crate) enum ConnError {
     #[error("{0}")]
     Front(FrontError),
+    #[error("{0}")]
+    Source(crate::admission::Refusal),
     #[error("client hello: {0}")]
     Hello(HelloError),
     #[error("no service for server name {0:?}")]
@@ -38,6 +40,7 @@ impl ConnError {
         let with = |prefix, word| End { prefix, word };
         match self {
             ConnError::Front(e) => with("proxy_error:", e.reason()),
+            ConnError::Source(r) => with("refused:", r.reason()),
             ConnError::Hello(e) => with("hello_error:", e.reason()),
             ConnError::NoRoute(_) => with("refused:", "no_route"),
             ConnError::Pick(e) => with("refused:", e.reason()),

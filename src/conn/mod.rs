@@ -75,6 +75,7 @@ pub fn handle(
             log: AccessLog::default(),
             sni: None,
             started,
+            source: None,
         };
         let failed = match conn.serve().await {
             Ok(()) => false,
@@ -117,6 +118,9 @@ struct Conn<'a> {
     sni: Option<String>,
     /// When the connection was accepted.
     started: Instant,
+    /// Its place in its source's count (`listen[].per_source`), held to the end;
+    /// boxed so that connections without `per_source` carry one pointer, not the slot.
+    source: Option<Box<crate::admission::SourceSlot>>,
 }
 
 impl Conn<'_> {
@@ -127,6 +131,12 @@ impl Conn<'_> {
         let mut buf = Vec::new();
         // From here on `peer` is the client (an agent behind a trusted tier).
         self.peer = self.front(&mut buf, deadline).await?;
+        if let Some(a) = &self.routes.admission {
+            self.source = a
+                .admit(self.peer.ip())
+                .map_err(ConnError::Source)?
+                .map(Box::new);
+        }
         let (svc, hello) = self.read_and_route(&mut buf, deadline).await?;
         self.log.service = Some(svc.clone());
         let keepalive = svc.config.keepalive;
