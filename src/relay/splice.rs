@@ -2,8 +2,9 @@
 //! never enter user space.
 //!
 //! A pipe is needed only while bytes are in flight: each direction takes one from a
-//! per-thread pool when its source is readable, moves what is there, drains the pipe
-//! completely into the destination, and gives it back. Idle connections (most Puppet
+//! per-thread pool when its source is readable, reads into the pipe and drains it
+//! into the destination at the same time, and gives it back once it is empty and the
+//! source has nothing more. Idle connections (most Puppet
 //! keep-alives) therefore hold no pipe and no kernel pipe pages; a slow reader holds
 //! at most one pipe's capacity (256 KiB, see `PIPE_SIZE`) per direction, which is
 //! the backpressure bound.
@@ -32,6 +33,19 @@ use super::meter::Meter;
 /// more CPU but pins 4x the memory per bulk transfer in flight. If the kernel
 /// refuses (pipe-max-size, a user's pipe page quota), the pipe keeps its size.
 const PIPE_SIZE: usize = 256 * 1024;
+/// `PIPE_SIZE`, or `CROSSBAR_PIPE_SIZE` (bytes) when set, read once: for
+/// bench/bulk.sh to measure other sizes with one binary. The kernel rounds it up to a
+/// power-of-two number of pages and caps it at fs.pipe-max-size.
+fn pipe_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
+        std::env::var("CROSSBAR_PIPE_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(PIPE_SIZE)
+    })
+}
 /// Empty pipes kept per worker thread for reuse; beyond that they are closed.
 const POOL_PER_THREAD: usize = 64;
 /// Descriptors a connection's pipes hold at most: one pipe (2 fds) per direction.
@@ -58,7 +72,7 @@ impl Pipe {
         }
         // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
         let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let want = libc::c_int::try_from(PIPE_SIZE).unwrap_or(libc::c_int::MAX);
+        let want = libc::c_int::try_from(pipe_size()).unwrap_or(libc::c_int::MAX);
         // SAFETY: fcntl on a pipe fd we own; F_SETPIPE_SZ returns the new capacity.
         let set = unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, want) };
         // SAFETY: as above; F_GETPIPE_SZ only reads the capacity.
@@ -141,6 +155,11 @@ pub(super) fn supported() -> bool {
 
 /// Move bytes `src` -> `dst` with splice until `src` reaches EOF (the caller then
 /// half-closes `dst`). Errors say which side failed.
+///
+/// Filling and draining the pipe overlap: while the pipe holds bytes the destination
+/// has not taken yet, the source is read into the rest of the pipe, so a stream is
+/// not limited to one pipe's worth per round trip. The pipe is given back once it is
+/// empty and the source has nothing more to read, so an idle direction holds none.
 pub(super) async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) -> Result<(), Side> {
     loop {
         src.readable().await.map_err(Side::Read)?;
@@ -158,29 +177,95 @@ pub(super) async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) ->
             }
             Err(e) => return Err(Side::Local(e)),
         };
-        let (pr, pw, size) = match &lent.pipe {
-            Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
-            None => return Err(Side::Local(io::Error::other("pipe pool"))),
-        };
-        let n = match src.try_io(Interest::READABLE, || splice(src.as_raw_fd(), pw, size)) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(Side::Read(e)),
-        };
-        lent.in_pipe = n;
-        meter.touch();
-        while lent.in_pipe > 0 {
-            dst.writable().await.map_err(Side::Write)?;
+        if let Flow::SourceEnded = run_lent(&mut lent, src, dst, meter).await? {
+            return Ok(());
+        }
+    }
+}
+
+/// How a spell with one pipe ended.
+enum Flow {
+    /// The source reached EOF and everything read was delivered.
+    SourceEnded,
+    /// The pipe is empty and the source has nothing to read now.
+    Drained,
+}
+
+/// Splice through `lent` until it is empty and the source would block (or ended):
+/// each turn reads what fits into the pipe and writes what the destination takes,
+/// and waits only when neither side can move.
+async fn run_lent(
+    lent: &mut Lent,
+    src: &TcpStream,
+    dst: &TcpStream,
+    meter: &Meter<'_>,
+) -> Result<Flow, Side> {
+    let (pr, pw, size) = match &lent.pipe {
+        Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
+        None => return Err(Side::Local(io::Error::other("pipe pool"))),
+    };
+    let mut src_open = true;
+    let mut read_error = None;
+    loop {
+        // A bulk stream on loopback is always ready on both sides: give the other
+        // tasks of this worker (and the relay's own timers) their turn.
+        tokio::task::consume_budget().await;
+        // Fill: whatever room the pipe has, while the source has bytes.
+        let mut src_blocked = !src_open;
+        if src_open && lent.in_pipe < size {
+            match src.try_io(Interest::READABLE, || {
+                splice(src.as_raw_fd(), pw, size - lent.in_pipe)
+            }) {
+                Ok(0) => src_open = false,
+                Ok(n) => {
+                    lent.in_pipe += n;
+                    meter.touch();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => src_blocked = true,
+                // What the source sent before failing is delivered first, as when
+                // fill and drain took turns (an abort passes on after its bytes).
+                Err(e) => {
+                    src_open = false;
+                    read_error = Some(e);
+                }
+            }
+        }
+        // Drain: as much as the destination takes now.
+        let mut dst_blocked = lent.in_pipe == 0;
+        if lent.in_pipe > 0 {
             match dst.try_io(Interest::WRITABLE, || {
                 splice(pr, dst.as_raw_fd(), lent.in_pipe)
             }) {
-                Ok(m) => lent.in_pipe -= m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Ok(m) => {
+                    lent.in_pipe -= m;
+                    meter.count(m);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst_blocked = true,
                 Err(e) => return Err(Side::Write(e)),
             }
         }
-        meter.count(n);
+        if lent.in_pipe == 0 {
+            if let Some(e) = read_error {
+                return Err(Side::Read(e));
+            }
+            if !src_open {
+                return Ok(Flow::SourceEnded);
+            }
+            if src_blocked {
+                return Ok(Flow::Drained);
+            }
+            continue;
+        }
+        let pipe_full = lent.in_pipe >= size;
+        match (src_blocked || pipe_full || !src_open, dst_blocked) {
+            // Neither side can move: wait for the one that can unblock us.
+            (true, true) if src_open && !pipe_full => tokio::select! {
+                r = src.readable() => r.map_err(Side::Read)?,
+                r = dst.writable() => r.map_err(Side::Write)?,
+            },
+            (true, true) => dst.writable().await.map_err(Side::Write)?,
+            _ => {}
+        }
     }
 }
 
