@@ -2,9 +2,8 @@
 //! never enter user space.
 //!
 //! A pipe is needed only while bytes are in flight: each direction takes one from a
-//! per-thread pool when its source is readable, reads into the pipe and drains it
-//! into the destination at the same time, and gives it back once it is empty and the
-//! source has nothing more. Idle connections (most Puppet
+//! per-thread pool when its source is readable, moves what is there, drains the pipe
+//! completely into the destination, and gives it back. Idle connections (most Puppet
 //! keep-alives) therefore hold no pipe and no kernel pipe pages; a slow reader holds
 //! at most one pipe's capacity (256 KiB, see `PIPE_SIZE`) per direction, which is
 //! the backpressure bound.
@@ -156,10 +155,10 @@ pub(super) fn supported() -> bool {
 /// Move bytes `src` -> `dst` with splice until `src` reaches EOF (the caller then
 /// half-closes `dst`). Errors say which side failed.
 ///
-/// Filling and draining the pipe overlap: while the pipe holds bytes the destination
-/// has not taken yet, the source is read into the rest of the pipe, so a stream is
-/// not limited to one pipe's worth per round trip. The pipe is given back once it is
-/// empty and the source has nothing more to read, so an idle direction holds none.
+/// Filling and draining take turns. Overlapping them (reading into the pipe's free
+/// room while the destination drains it) was measured and brought nothing on this
+/// 2-core loopback: 1.02x the bytes of one stream for 1.10x the CPU per GB
+/// (docs/performance.md, "Scale curves and bulk").
 pub(super) async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) -> Result<(), Side> {
     loop {
         src.readable().await.map_err(Side::Read)?;
@@ -177,95 +176,29 @@ pub(super) async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) ->
             }
             Err(e) => return Err(Side::Local(e)),
         };
-        if let Flow::SourceEnded = run_lent(&mut lent, src, dst, meter).await? {
-            return Ok(());
-        }
-    }
-}
-
-/// How a spell with one pipe ended.
-enum Flow {
-    /// The source reached EOF and everything read was delivered.
-    SourceEnded,
-    /// The pipe is empty and the source has nothing to read now.
-    Drained,
-}
-
-/// Splice through `lent` until it is empty and the source would block (or ended):
-/// each turn reads what fits into the pipe and writes what the destination takes,
-/// and waits only when neither side can move.
-async fn run_lent(
-    lent: &mut Lent,
-    src: &TcpStream,
-    dst: &TcpStream,
-    meter: &Meter<'_>,
-) -> Result<Flow, Side> {
-    let (pr, pw, size) = match &lent.pipe {
-        Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
-        None => return Err(Side::Local(io::Error::other("pipe pool"))),
-    };
-    let mut src_open = true;
-    let mut read_error = None;
-    loop {
-        // A bulk stream on loopback is always ready on both sides: give the other
-        // tasks of this worker (and the relay's own timers) their turn.
-        tokio::task::consume_budget().await;
-        // Fill: whatever room the pipe has, while the source has bytes.
-        let mut src_blocked = !src_open;
-        if src_open && lent.in_pipe < size {
-            match src.try_io(Interest::READABLE, || {
-                splice(src.as_raw_fd(), pw, size - lent.in_pipe)
-            }) {
-                Ok(0) => src_open = false,
-                Ok(n) => {
-                    lent.in_pipe += n;
-                    meter.touch();
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => src_blocked = true,
-                // What the source sent before failing is delivered first, as when
-                // fill and drain took turns (an abort passes on after its bytes).
-                Err(e) => {
-                    src_open = false;
-                    read_error = Some(e);
-                }
-            }
-        }
-        // Drain: as much as the destination takes now.
-        let mut dst_blocked = lent.in_pipe == 0;
-        if lent.in_pipe > 0 {
+        let (pr, pw, size) = match &lent.pipe {
+            Some(p) => (p.r.as_raw_fd(), p.w.as_raw_fd(), p.size),
+            None => return Err(Side::Local(io::Error::other("pipe pool"))),
+        };
+        let n = match src.try_io(Interest::READABLE, || splice(src.as_raw_fd(), pw, size)) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(Side::Read(e)),
+        };
+        lent.in_pipe = n;
+        meter.touch();
+        while lent.in_pipe > 0 {
+            dst.writable().await.map_err(Side::Write)?;
             match dst.try_io(Interest::WRITABLE, || {
                 splice(pr, dst.as_raw_fd(), lent.in_pipe)
             }) {
-                Ok(m) => {
-                    lent.in_pipe -= m;
-                    meter.count(m);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst_blocked = true,
+                Ok(m) => lent.in_pipe -= m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(Side::Write(e)),
             }
         }
-        if lent.in_pipe == 0 {
-            if let Some(e) = read_error {
-                return Err(Side::Read(e));
-            }
-            if !src_open {
-                return Ok(Flow::SourceEnded);
-            }
-            if src_blocked {
-                return Ok(Flow::Drained);
-            }
-            continue;
-        }
-        let pipe_full = lent.in_pipe >= size;
-        match (src_blocked || pipe_full || !src_open, dst_blocked) {
-            // Neither side can move: wait for the one that can unblock us.
-            (true, true) if src_open && !pipe_full => tokio::select! {
-                r = src.readable() => r.map_err(Side::Read)?,
-                r = dst.writable() => r.map_err(Side::Write)?,
-            },
-            (true, true) => dst.writable().await.map_err(Side::Write)?,
-            _ => {}
-        }
+        meter.count(n);
     }
 }
 
