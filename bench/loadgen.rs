@@ -12,6 +12,8 @@
 //! - `latency`: 64-byte ping-pong over one connection to an echo server.
 //! - `idle`: open N connections, ping each once, hold them until SIGTERM.
 //! - `freeport`: print a free loopback port (for generated configs).
+//! - `probe` and `stick`: bench/scale.sh's reload pause and stick-table figures
+//!   (`scale.rs`).
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
@@ -32,6 +34,8 @@ use tokio_rustls::TlsConnector;
 
 #[path = "report.rs"]
 mod report;
+#[path = "scale.rs"]
+mod scale;
 
 /// Size of one write in `throughput` and of the sink's read buffer: large enough that
 /// syscall overhead does not dominate, small enough to stay in L2.
@@ -87,6 +91,10 @@ enum Cmd {
     },
     /// Print a free TCP port on 127.0.0.1 (racy by nature; fine on a quiet loopback).
     Freeport,
+    /// New connections back to back for SECONDS; the longest is a reload's pause.
+    Probe(scale::ProbeArgs),
+    /// A stick table of N entries: memory, lookups/s, state-file save and load time.
+    Stick(scale::StickArgs),
     /// Turn compare.sh's results (JSON lines) into a markdown table and a JSON summary.
     Report(report::ReportArgs),
 }
@@ -190,6 +198,8 @@ fn main() -> Result<()> {
             wait,
         } => runtime()?.block_on(idle(addr, count, seconds, wait)),
         Cmd::Report(a) => report::run(a),
+        Cmd::Probe(a) => runtime()?.block_on(scale::probe(a)),
+        Cmd::Stick(a) => scale::stick(a),
         Cmd::Freeport => {
             let l = StdListener::bind("127.0.0.1:0")?;
             println!("{}", l.local_addr()?.port());

@@ -32,6 +32,19 @@ use super::meter::Meter;
 /// more CPU but pins 4x the memory per bulk transfer in flight. If the kernel
 /// refuses (pipe-max-size, a user's pipe page quota), the pipe keeps its size.
 const PIPE_SIZE: usize = 256 * 1024;
+/// `PIPE_SIZE`, or `CROSSBAR_PIPE_SIZE` (bytes) when set, read once: for
+/// bench/bulk.sh to measure other sizes with one binary. The kernel rounds it up to a
+/// power-of-two number of pages and caps it at fs.pipe-max-size.
+fn pipe_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
+        std::env::var("CROSSBAR_PIPE_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(PIPE_SIZE)
+    })
+}
 /// Empty pipes kept per worker thread for reuse; beyond that they are closed.
 const POOL_PER_THREAD: usize = 64;
 /// Descriptors a connection's pipes hold at most: one pipe (2 fds) per direction.
@@ -58,7 +71,7 @@ impl Pipe {
         }
         // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
         let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let want = libc::c_int::try_from(PIPE_SIZE).unwrap_or(libc::c_int::MAX);
+        let want = libc::c_int::try_from(pipe_size()).unwrap_or(libc::c_int::MAX);
         // SAFETY: fcntl on a pipe fd we own; F_SETPIPE_SZ returns the new capacity.
         let set = unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, want) };
         // SAFETY: as above; F_GETPIPE_SZ only reads the capacity.
@@ -141,6 +154,11 @@ pub(super) fn supported() -> bool {
 
 /// Move bytes `src` -> `dst` with splice until `src` reaches EOF (the caller then
 /// half-closes `dst`). Errors say which side failed.
+///
+/// Filling and draining take turns. Overlapping them (reading into the pipe's free
+/// room while the destination drains it) was measured and brought nothing on this
+/// 2-core loopback: 1.02x the bytes of one stream for 1.10x the CPU per GB
+/// (docs/performance.md, "Scale curves and bulk").
 pub(super) async fn pump(src: &TcpStream, dst: &TcpStream, meter: &Meter<'_>) -> Result<(), Side> {
     loop {
         src.readable().await.map_err(Side::Read)?;
