@@ -621,8 +621,8 @@ async fn slow_headers_do_not_block_others() {
 }
 
 /// TLS session stickiness behind HAProxy, many agents behind one NAT address: each
-/// agent's resumptions (TLS 1.2 and 1.3 tickets) return to the backend holding its
-/// session, whichever backend that is.
+/// agent's resumptions return to the backend holding its session, whichever backend
+/// that is, in all three TLS modes (TLS 1.2 session IDs, TLS 1.2 tickets, TLS 1.3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_stickiness_behind_haproxy_from_one_nat_address() {
     let ca = TestCa::new("proxy CA").unwrap();
@@ -632,10 +632,14 @@ async fn session_stickiness_behind_haproxy_from_one_nat_address() {
     let behind = lb.local_addrs("svc")[0];
     let (_h, front) = haproxy(behind, "send-proxy-v2").await;
     let nat = agent(77);
-    for versions in [Versions::Tls12, Versions::Tls13] {
+    for (versions, tickets) in [
+        (Versions::Tls12, false),
+        (Versions::Tls12, true),
+        (Versions::Tls13, true),
+    ] {
         // Four agents (each its own session cache) behind one address.
         let agents: Vec<_> = (0..4)
-            .map(|_| testbed::client_config(&ca, versions, true).unwrap())
+            .map(|_| testbed::client_config(&ca, versions, tickets).unwrap())
             .collect();
         let mut holders = Vec::new();
         for cfg in &agents {
@@ -651,7 +655,7 @@ async fn session_stickiness_behind_haproxy_from_one_nat_address() {
         let spread: std::collections::HashSet<&String> = holders.iter().collect();
         assert!(
             spread.len() > 1,
-            "{versions:?}: round robin spread {holders:?}"
+            "{versions:?} tickets {tickets}: round robin spread {holders:?}"
         );
         for round in 0..3 {
             for (cfg, holder) in agents.iter().zip(&holders) {
@@ -662,8 +666,14 @@ async fn session_stickiness_behind_haproxy_from_one_nat_address() {
                 )
                 .await
                 .unwrap();
-                assert!(r.resumed, "{versions:?} round {round}: resumed");
-                assert_eq!(&r.backend, holder, "{versions:?} round {round}");
+                assert!(
+                    r.resumed,
+                    "{versions:?} tickets {tickets} round {round}: resumed"
+                );
+                assert_eq!(
+                    &r.backend, holder,
+                    "{versions:?} tickets {tickets} round {round}"
+                );
             }
         }
     }

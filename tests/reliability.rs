@@ -146,9 +146,13 @@ async fn hostile_upgrade_socket_peers_are_refused() {
     let (cfg, listen) = tcp_config(dir.path(), echo.addr);
     let sock = dir.path().join("run").join("upgrade.sock");
     let mut old = crossbar_run(&cfg, Some(&sock), Stdio::inherit());
-    wait_until("the upgrade socket exists", || sock.exists()).await;
-    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&sock), 0o600, "socket mode");
+    let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode() & 0o777);
+    // The socket is bound, then given its mode (in a 0700 directory meanwhile):
+    // wait for both; a mode that never comes fails here.
+    wait_until("the upgrade socket exists with mode 0600", || {
+        mode(&sock) == 0o600
+    })
+    .await;
     assert_eq!(mode(sock.parent().unwrap()), 0o700, "directory mode");
     assert!(echo_once(listen).await, "serving");
 
