@@ -596,23 +596,9 @@ async fn dns_failures_keep_the_last_good_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_place_source_clients_alike() {
     let ca = TestCa::new("discovery CA").expect("CA");
-    let port = free_port().port();
     let ips = ["127.0.0.31", "127.0.0.32", "127.0.0.33", "127.0.0.34"];
-    let mut live = Vec::new();
-    for ip in ips {
-        let bind: SocketAddr = format!("{ip}:{port}").parse().expect("address");
-        live.push(
-            TlsBackend::start(&ca, ip, &[SNI], BackendTls::default(), bind)
-                .await
-                .expect("compiler on the shared port"),
-        );
-    }
-    let records = |n: usize| -> String {
-        ips[..n]
-            .iter()
-            .map(|ip| a("pool", ip.parse().expect("ip")))
-            .collect()
-    };
+    let (port, _live) = compilers_on_one_port(&ca, &ips).await;
+    let records = |n: usize| pool_records(&ips[..n]);
     let mut dns = Dns::start(&records(4)).await;
     let discover = format!("host: pool.test, port: {port}");
     let yaml = service_yaml(&dns, &discover, "    balance: source\n");
@@ -639,6 +625,28 @@ async fn two_nodes_place_source_clients_alike() {
         }
     }
     drop(dns);
+}
+
+/// A TLS compiler on each of `ips`, all on one free port (as A records give them).
+async fn compilers_on_one_port(ca: &TestCa, ips: &[&str]) -> (u16, Vec<TlsBackend>) {
+    let port = free_port().port();
+    let mut live = Vec::new();
+    for ip in ips {
+        let bind: SocketAddr = format!("{ip}:{port}").parse().expect("address");
+        live.push(
+            TlsBackend::start(ca, ip, &[SNI], BackendTls::default(), bind)
+                .await
+                .expect("compiler on the shared port"),
+        );
+    }
+    (port, live)
+}
+
+/// An A record of `pool.test` for each of `ips`.
+fn pool_records(ips: &[&str]) -> String {
+    ips.iter()
+        .map(|ip| a("pool", ip.parse().expect("ip")))
+        .collect()
 }
 
 /// The compiler (its name) each of 40 clients, from their own source addresses, reaches.
@@ -724,23 +732,9 @@ async fn check_resolve_says_what_names_resolve_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_time_weights_survive_a_dns_change_but_not_a_reload() {
     let ca = TestCa::new("discovery CA").expect("CA");
-    let port = free_port().port();
     let ips = ["127.0.0.41", "127.0.0.42", "127.0.0.43"];
-    let mut live = Vec::new();
-    for ip in ips {
-        let bind: SocketAddr = format!("{ip}:{port}").parse().expect("address");
-        live.push(
-            TlsBackend::start(&ca, ip, &[SNI], BackendTls::default(), bind)
-                .await
-                .expect("compiler on the shared port"),
-        );
-    }
-    let records = |n: usize| -> String {
-        ips[..n]
-            .iter()
-            .map(|ip| a("pool", ip.parse().expect("ip")))
-            .collect()
-    };
+    let (port, _live) = compilers_on_one_port(&ca, &ips).await;
+    let records = |n: usize| pool_records(&ips[..n]);
     let mut dns = Dns::start(&records(3)).await;
     let yaml = service_yaml(&dns, &format!("host: pool.test, port: {port}"), "");
     let cb = Crossbar::start(&yaml).await;

@@ -9,12 +9,12 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::ending::{read_all, seen, Seen};
 use common::*;
 use crossbar::testbed::{self, BackendTls, TestCa};
 use rstest::rstest;
@@ -49,17 +49,6 @@ enum BackendEnd {
     Fin,
 }
 
-/// How an exchange ended, as one peer saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
-    /// A clean EOF (TLS: a close_notify) and no error on writes.
-    Eof,
-    /// A connection reset, on a read or a write.
-    Reset,
-    /// Another error (TLS: EOF without close_notify is `UnexpectedEof`).
-    Error(ErrorKind),
-}
-
 /// What one peer received and how its stream ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Observed {
@@ -74,35 +63,6 @@ impl Observed {
             received: data.len(),
             sha: hex(&sha(data)),
             end,
-        }
-    }
-}
-
-fn is_reset(kind: ErrorKind) -> bool {
-    matches!(kind, ErrorKind::ConnectionReset | ErrorKind::BrokenPipe)
-}
-
-/// Combine a read's ending and a write's result into what the peer saw: a reset
-/// reported once per socket may reach either (the other then sees EOF or EPIPE).
-fn seen(read: Result<(), ErrorKind>, write: Result<(), ErrorKind>) -> Seen {
-    match (read, write) {
-        (Err(k), _) if is_reset(k) => Seen::Reset,
-        (_, Err(k)) if is_reset(k) => Seen::Reset,
-        (Err(k), _) => Seen::Error(k),
-        (Ok(()), Err(k)) => Seen::Error(k),
-        (Ok(()), Ok(())) => Seen::Eof,
-    }
-}
-
-/// Read until EOF or error, keeping the bytes.
-async fn read_all<S: AsyncRead + Unpin>(s: &mut S) -> (Vec<u8>, Result<(), ErrorKind>) {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match s.read(&mut buf).await {
-            Ok(0) => return (out, Ok(())),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) => return (out, Err(e.kind())),
         }
     }
 }

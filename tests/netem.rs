@@ -31,11 +31,12 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use common::ending::{read_all, seen, Seen};
 use common::netns::{self, Faults, Host, Lab, LabProcess, BACKEND_IPS, LAB_WAIT};
 use common::{hex, payload, within};
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -126,14 +127,6 @@ impl Path {
     fn index(self) -> u32 {
         self as u32
     }
-}
-
-/// How an exchange ended, as one peer saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
-    Eof,
-    Reset,
-    Error(ErrorKind),
 }
 
 /// What one peer received and how its stream ended.
@@ -1071,34 +1064,6 @@ fn ending_observed(data: &[u8], end: Seen) -> Observed {
         received: data.len(),
         sha: hex(&Sha256::digest(data.get(8..).unwrap_or_default())),
         end,
-    }
-}
-
-fn is_reset(kind: ErrorKind) -> bool {
-    matches!(kind, ErrorKind::ConnectionReset | ErrorKind::BrokenPipe)
-}
-
-/// A read's and a write's endings as the peer saw them (a reset reported once per
-/// socket may reach either).
-fn seen(read: Result<(), ErrorKind>, write: Result<(), ErrorKind>) -> Seen {
-    match (read, write) {
-        (Err(k), _) if is_reset(k) => Seen::Reset,
-        (_, Err(k)) if is_reset(k) => Seen::Reset,
-        (Err(k), _) => Seen::Error(k),
-        (Ok(()), Err(k)) => Seen::Error(k),
-        (Ok(()), Ok(())) => Seen::Eof,
-    }
-}
-
-async fn read_all<S: AsyncRead + Unpin>(s: &mut S) -> (Vec<u8>, Result<(), ErrorKind>) {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match s.read(&mut buf).await {
-            Ok(0) => return (out, Ok(())),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) => return (out, Err(e.kind())),
-        }
     }
 }
 

@@ -589,6 +589,16 @@ pub fn force_query(query: Option<&str>) -> Result<bool, ApiError> {
 /// backends at once must not both pass the last-backend check.
 static BACKEND_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// `backend` of `svc`, or the API's 404 naming both.
+fn backend_of<'a>(svc: &'a Service, backend: &str) -> Result<&'a Arc<Backend>, ApiError> {
+    svc.pool
+        .get(backend)
+        .ok_or_else(|| ApiError::UnknownBackend {
+            service: svc.name().to_string(),
+            backend: backend.to_string(),
+        })
+}
+
 /// `POST /api/backends/{service}/{backend}/{action}`: set the operator state.
 /// Draining or disabling the last available backend of the service is refused
 /// ([`ApiError::LastBackend`]) unless `force`; enabling never is.
@@ -600,13 +610,7 @@ pub fn set_backend(
     force: bool,
 ) -> Result<Value, ApiError> {
     let svc = service(server, name)?;
-    let b = svc
-        .pool
-        .get(backend)
-        .ok_or_else(|| ApiError::UnknownBackend {
-            service: name.to_string(),
-            backend: backend.to_string(),
-        })?;
+    let b = backend_of(&svc, backend)?;
     let _one_at_a_time = BACKEND_CHANGES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -764,13 +768,7 @@ pub fn set_weight(
     force: bool,
 ) -> Result<Value, ApiError> {
     let svc = service(server, name)?;
-    let b = svc
-        .pool
-        .get(backend)
-        .ok_or_else(|| ApiError::UnknownBackend {
-            service: name.to_string(),
-            backend: backend.to_string(),
-        })?;
+    let b = backend_of(&svc, backend)?;
     let weight = ask.resolve(b.config.weight)?;
     let _one_at_a_time = BACKEND_CHANGES
         .lock()

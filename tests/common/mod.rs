@@ -6,6 +6,7 @@
 //! bounded by [`WAIT`], a guard against hangs, never a performance threshold.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod ending;
 pub mod haproxy;
 pub mod hello;
 pub mod java;
