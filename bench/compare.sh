@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: direct connection vs crossbar vs HAProxy (mode tcp), and
-# optionally vs a baseline crossbar binary (before/after a change, in one run), all
-# on loopback, same backends, same clients, interleaved rounds, medians.
+# Side-by-side benchmark: direct connection vs crossbar vs HAProxy (mode tcp) vs
+# nginx's stream module (ssl_preread, round robin; Debian's default `worker_processes
+# auto`), and optionally vs a baseline crossbar binary (before/after a change, in one
+# run), all on loopback, same backends, same clients, interleaved rounds, medians.
 #
-#   bench/compare.sh            # full run (3 rounds of 5 s per figure), < 10 minutes
-#   bench/compare.sh --quick    # 1 round of 2 s, 2,000 idle connections, < 2 minutes
-#   bench/compare.sh --baseline /tmp/crossbar-before --no-haproxy   # before vs after
-#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy --baseline BIN
+#   bench/compare.sh            # full run (3 rounds of 5 s per figure), < 12 minutes
+#   bench/compare.sh --quick    # 1 round of 2 s, 2,000 idle connections, < 3 minutes
+#   bench/compare.sh --baseline /tmp/crossbar-before --no-haproxy --no-nginx   # before vs after
+#   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy --no-nginx
+#            --baseline BIN
 #
 # Writes bench/results/latest.json and prints a markdown table (docs/performance.md
 # explains every figure). Every process started here is killed by PID on exit.
 set -euo pipefail
 
-ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1 BASELINE=
+ROUNDS=3 SECS=5 IDLE_N=10000 CONC=16 LAT_N=20000 USE_HAPROXY=1 USE_NGINX=1 BASELINE=
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) ROUNDS=1 SECS=2 IDLE_N=2000 LAT_N=5000 ;;
@@ -21,6 +23,7 @@ while [ $# -gt 0 ]; do
         --idle) IDLE_N=$2; shift ;;
         --concurrency) CONC=$2; shift ;;
         --no-haproxy) USE_HAPROXY=0 ;;
+        --no-nginx) USE_NGINX=0 ;;
         --baseline) BASELINE=$(realpath "$2"); shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
@@ -32,6 +35,8 @@ cd "$(dirname "$0")/.."
 source bench/haproxy-tls.sh
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
+# shellcheck source=bench/nginx-stream.sh
+source bench/nginx-stream.sh
 bench_workdir crossbar-bench
 
 # ---------------------------------------------------------------- build, tools
@@ -46,10 +51,16 @@ if [ "$USE_HAPROXY" = 1 ] && ! command -v haproxy >/dev/null; then
         USE_HAPROXY=0
     fi
 fi
+if [ "$USE_NGINX" = 1 ] && ! nginx_ensure "$WORK/apt-nginx.log"; then
+    log "WARNING: could not install nginx's stream module (see $WORK/apt-nginx.log): running without it"
+    USE_NGINX=0
+fi
 TARGETS="direct crossbar"
 [ -n "$BASELINE" ] && TARGETS="$TARGETS baseline"
 [ "$USE_HAPROXY" = 1 ] && TARGETS="$TARGETS haproxy"
+[ "$USE_NGINX" = 1 ] && TARGETS="$TARGETS nginx"
 HAPROXY_VERSION=$([ "$USE_HAPROXY" = 1 ] && haproxy -v | head -1 | awk '{print $3}' || echo none)
+NGINX_VERSION=$([ "$USE_NGINX" = 1 ] && nginx_version || echo none)
 
 # File descriptors: each idle connection costs the proxy two (client + backend).
 # HAProxy refuses to start unless 2 x maxconn + 2 x maxpipes (+ its listeners) fit
@@ -86,6 +97,7 @@ for svc in sink echo t12sid t12tk t13; do
     PORT[crossbar_$svc]=$("$LG" freeport)
     PORT[baseline_$svc]=$("$LG" freeport)
     PORT[haproxy_$svc]=$("$LG" freeport)
+    PORT[nginx_$svc]=$("$LG" freeport)
 done
 ADMIN_PORT=$("$LG" freeport)
 
@@ -133,6 +145,20 @@ crossbar_yaml baseline "{ enabled: false }" >"$WORK/baseline.yaml"
     done
 } >"$WORK/haproxy.cfg"
 
+# nginx: Debian's `worker_processes auto` (one per core); each worker may take every
+# connection (a proxied one counts twice).
+mkdir -p "$WORK/nginx"
+{
+    nginx_head "$WORK/nginx" auto $((2 * MAXCONN + 100)) "$NOFILE"
+    nginx_tcp_server sink "${PORT[nginx_sink]}" "$SINK"
+    nginx_tcp_server echo "${PORT[nginx_echo]}" "$ECHO"
+    for set in t12sid t12tk t13; do
+        # shellcheck disable=SC2086
+        nginx_tls_server "$set" "${PORT[nginx_$set]}" ${SET_ADDRS[$set]}
+    done
+    nginx_tail
+} >"$WORK/nginx/nginx.conf"
+
 declare -A PID_OF
 log "starting crossbar"
 "$XB" check -c "$WORK/crossbar.yaml" >"$WORK/crossbar.check" || {
@@ -152,6 +178,13 @@ if [ "$USE_HAPROXY" = 1 ]; then
     start haproxy haproxy -db -f "$WORK/haproxy.cfg"
     PID_OF[haproxy]=$LAST_PID
 fi
+if [ "$USE_NGINX" = 1 ]; then
+    log "starting nginx $NGINX_VERSION"
+    nginx_cmd "$WORK/nginx"
+    "${NGINX_CMD[@]}" -t -q
+    start nginx "${NGINX_CMD[@]}"
+    PID_OF[nginx]=$LAST_PID
+fi
 for t in $TARGETS; do
     [ "$t" = direct ] && continue
     for svc in sink echo t12sid t12tk t13; do wait_port "${PORT[${t}_$svc]}"; done
@@ -168,6 +201,18 @@ addr() {
 }
 
 # ---------------------------------------------------------------- measurements
+# proxy_ticks / proxy_rss_kib PID: CPU ticks / RSS of PID and its children (nginx's
+# master and workers; crossbar and HAProxy are one process each).
+proxy_ticks() {
+    local p sum=0
+    for p in $(tree_pids "$1"); do sum=$((sum + $(cpu_ticks "$p" 2>/dev/null || echo 0))); done
+    echo "$sum"
+}
+proxy_rss_kib() {
+    local p sum=0
+    for p in $(tree_pids "$1"); do sum=$((sum + $(rss_kib "$p" 2>/dev/null || echo 0))); done
+    echo "$sum"
+}
 RESULTS=$WORK/results.jsonl
 : >"$RESULTS"
 # measure ROUND TARGET METRIC CMD...: run CMD, record its JSON line with the proxy's
@@ -176,12 +221,12 @@ measure() {
     local round=$1 target=$2 metric=$3 pid c0 c1 out cpu=null
     shift 3
     pid=${PID_OF[$target]:-}
-    [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+    [ -n "$pid" ] && c0=$(proxy_ticks "$pid")
     if ! out=$("$@" 2>>"$WORK/loadgen.err" | tail -1) || [ -z "$out" ]; then
         out="{\"kind\":\"failed\",\"error\":\"loadgen exited non-zero, see $WORK/loadgen.err\"}"
     fi
     if [ -n "$pid" ]; then
-        c1=$(cpu_ticks "$pid")
+        c1=$(proxy_ticks "$pid")
         cpu=$(awk -v a="$c0" -v b="$c1" -v t="$TCK" 'BEGIN {printf "%.3f", (b - a) / t}')
     fi
     echo "{\"round\":$round,\"target\":\"$target\",\"metric\":\"$metric\",\"cpu_s\":$cpu,\"result\":$out}" >>"$RESULTS"
@@ -219,12 +264,12 @@ done
 for t in $TARGETS; do
     [ "$t" = direct ] && continue
     pid=${PID_OF[$t]}
-    r0=$(rss_kib "$pid")
+    r0=$(proxy_rss_kib "$pid")
     start "idle_$t" "$LG" idle --addr "$(addr "$t" echo)" --count "$IDLE_N" --seconds 120 --no-stdin
     idle_pid=$LAST_PID
     if wait_for "$WORK/idle_$t.out" HELD; then
         sleep 1
-        r1=$(rss_kib "$pid")
+        r1=$(proxy_rss_kib "$pid")
         held=$(head -1 "$WORK/idle_$t.out")
         echo "{\"round\":1,\"target\":\"$t\",\"metric\":\"idle\",\"cpu_s\":null,\"rss_before_kib\":$r0,\"rss_after_kib\":$r1,\"result\":$held}" >>"$RESULTS"
         log "$t idle: RSS $r0 -> $r1 KiB, $held"
@@ -238,5 +283,5 @@ curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/crossbar.metrics" 2>/dev/
 
 mkdir -p bench/results
 "$LG" report --input "$RESULTS" --json-out bench/results/latest.json \
-    --haproxy-version "$HAPROXY_VERSION" --rounds "$ROUNDS" --seconds "$SECS" \
+    --haproxy-version "$HAPROXY_VERSION" --nginx-version "$NGINX_VERSION" --rounds "$ROUNDS" --seconds "$SECS" \
     --metrics "$WORK/crossbar.metrics"

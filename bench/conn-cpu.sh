@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# Proxy CPU per new TLS connection, crossbar against HAProxy, in paired runs.
+# Proxy CPU per new connection: crossbar against HAProxy and nginx's stream module,
+# in interleaved rounds.
 #
-# Three TLS 1.3 rustls backends; one crossbar `mode: tls` service with `stick: {}` and
-# the equivalent HAProxy `listen` section (the one bench/compare.sh uses). Each round
-# runs `loadgen connections --mode full` (16 workers, each from its own 127.0.x.y)
-# against crossbar, then against HAProxy, and prints both proxies' CPU per connection
-# (utime + stime from /proc/PID/stat) and their ratio; the last line is the median
-# ratio. Loopback only, bounded by --rounds x --seconds.
+# Three TLS 1.3 rustls backends; one crossbar `mode: tls` service with `stick: {}`,
+# the equivalent HAProxy `listen` section (the one bench/compare.sh uses) and an nginx
+# stream server reading the ClientHello (`ssl_preread on`, the upstream chosen by a
+# map on `$ssl_preread_server_name`). Each round runs `loadgen connections --mode
+# full` (16 workers, each from its own 127.0.x.y) against each proxy in turn (the
+# order rotates every round) and prints their CPU per connection (utime + stime from
+# /proc/PID/stat, nginx's master and workers summed) and crossbar's ratio to each;
+# the last lines are the median ratios with the spread of the rounds. Loopback only,
+# bounded by --rounds x --seconds x figures x proxies.
 #
-#   bench/conn-cpu.sh [--rounds N] [--seconds S] [--mode full|resumed]
-#                     [--strace] [--perf] [--count] [--workers N] [--pin]
-#                     [--base BIN]
+#   bench/conn-cpu.sh [--rounds N] [--seconds S] [--mode full|resumed] [--tcp]
+#                     [--no-nginx] [--strace] [--perf] [--count] [--workers N]
+#                     [--pin] [--base BIN]
 #
+# --tcp:    also, in every round, plain TCP connections (`loadgen connections --mode
+#           tcp`: connect, 64 bytes echoed, close) through a `mode: tcp` service, a
+#           plain HAProxy `listen` and an nginx stream server without preread, all
+#           round robin over three echo backends.
+# --no-nginx: crossbar and HAProxy only. Without it nginx (Debian: nginx-light and
+#           libnginx-mod-stream) is installed if missing and run with its own config
+#           in the work dir.
 # --count:  count, per connection, each proxy's allocator calls (uprobes on libc's
 #           malloc, calloc and realloc: `perf probe -x LIBC malloc` etc. first),
 #           system calls and context switches during round 1 (perf stat; the
 #           uprobes slow that round, so its CPU figures are not comparable).
-# --pin:    equal threads (issue #32): crossbar `workers: 1` and HAProxy `nbthread 1`,
-#           each proxy pinned to core 0 with taskset, the load generator and the
-#           backends to core 1. Without it each proxy takes the whole machine.
+# --pin:    equal threads (issue #32): crossbar `workers: 1`, HAProxy `nbthread 1`,
+#           nginx `worker_processes 1`, each proxy pinned to core 0 with taskset, the
+#           load generator and the backends to core 1. Without it each proxy takes
+#           the whole machine (nginx `worker_processes auto`).
 # --base:   also measure the crossbar binary BIN (e.g. main's build) with the same
 #           config, in the same interleaved rounds: before and after side by side.
 #
@@ -29,13 +41,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/haproxy-tls.sh
 source bench/haproxy-tls.sh
+# shellcheck source=bench/nginx-stream.sh
+source bench/nginx-stream.sh
 
-ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 COUNT=0 WORKERS= PIN=0 BASE=
+ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 COUNT=0 WORKERS="" PIN=0 BASE="" TCP=0 NGINX=1
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift ;;
         --seconds) SECS=$2; shift ;;
         --mode) MODE=$2; shift ;;
+        --tcp) TCP=1 ;;
+        --no-nginx) NGINX=0 ;;
         --strace) STRACE=1 ;;
         --perf) PERF=1 ;;
         --count) COUNT=1 ;;
@@ -59,6 +75,10 @@ cleanup() {
     echo "work dir: $W" >&2
 }
 trap cleanup EXIT
+if [ "$NGINX" = 1 ] && ! nginx_ensure "$W/apt.log"; then
+    echo "nginx's stream module could not be installed (see $W/apt.log); --no-nginx to run without" >&2
+    exit 1
+fi
 
 # With --pin: proxies on core 0, everything else on core 1.
 PROXY_CPU=() LOAD_CPU=()
@@ -67,112 +87,172 @@ if [ "$PIN" = 1 ]; then PROXY_CPU=(taskset -c 0) LOAD_CPU=(taskset -c 1); fi
 "${LOAD_CPU[@]}" "$LG" backends --kind tls --count 3 --tls13 --tickets --ca-out "$W/ca.pem" \
     --name-prefix b- --no-stdin >"$W/backends.out" 2>"$W/backends.err" &
 PIDS+=($!)
-for _ in $(seq 100); do grep -q READY "$W/backends.out" 2>/dev/null && break; sleep 0.1; done
+"${LOAD_CPU[@]}" "$LG" backends --kind echo --count 3 --no-stdin >"$W/echo.out" 2>"$W/echo.err" &
+PIDS+=($!)
+for f in backends echo; do
+    for _ in $(seq 100); do grep -q READY "$W/$f.out" 2>/dev/null && break; sleep 0.1; done
+done
 mapfile -t ADDRS < <(grep -v READY "$W/backends.out")
-P_XB=$("$LG" freeport) P_HA=$("$LG" freeport) P_ADMIN=$("$LG" freeport)
-P_BASE=$("$LG" freeport) P_BASE_ADMIN=$("$LG" freeport)
+mapfile -t ECHOS < <(grep -v READY "$W/echo.out")
+declare -A PORT
+for t in crossbar haproxy nginx base; do
+    PORT[${t}_tls]=$("$LG" freeport) PORT[${t}_tcp]=$("$LG" freeport)
+done
+P_ADMIN=$("$LG" freeport) P_BASE_ADMIN=$("$LG" freeport)
 
-{
+crossbar_yaml() { # crossbar_yaml TARGET ADMIN_PORT
     [ -n "$WORKERS" ] && echo "workers: $WORKERS"
-    echo "admin: { listen: \"127.0.0.1:$P_ADMIN\" }"
+    echo "admin: { listen: \"127.0.0.1:$2\" }"
     echo "defaults: { health: { check: none } }"
     echo "services:"
     echo "  t13:"
-    echo "    listen: [\"127.0.0.1:$P_XB\"]"
+    echo "    listen: [\"127.0.0.1:${PORT[${1}_tls]}\"]"
     echo "    mode: tls"
     echo "    stick: {}"
     echo "    backends:"
     for i in "${!ADDRS[@]}"; do echo "      - { name: b$i, address: \"${ADDRS[$i]}\" }"; done
-} >"$W/crossbar.yaml"
-sed -e "s/127.0.0.1:$P_XB/127.0.0.1:$P_BASE/" -e "s/127.0.0.1:$P_ADMIN/127.0.0.1:$P_BASE_ADMIN/" \
-    "$W/crossbar.yaml" >"$W/crossbar-base.yaml"
+    echo "  tcp:"
+    echo "    listen: [\"127.0.0.1:${PORT[${1}_tcp]}\"]"
+    echo "    mode: tcp"
+    echo "    backends:"
+    for i in "${!ECHOS[@]}"; do echo "      - { name: e$i, address: \"${ECHOS[$i]}\" }"; done
+}
+crossbar_yaml crossbar "$P_ADMIN" >"$W/crossbar.yaml"
+crossbar_yaml base "$P_BASE_ADMIN" >"$W/crossbar-base.yaml"
 {
     haproxy_head 2000 256
-    haproxy_tls_listen t13 "$P_HA" 2000 "${ADDRS[@]}"
+    haproxy_tls_listen t13 "${PORT[haproxy_tls]}" 2000 "${ADDRS[@]}"
+    echo "listen tcp"
+    echo "    bind 127.0.0.1:${PORT[haproxy_tcp]}"
+    echo "    maxconn 2000"
+    echo "    balance roundrobin"
+    for i in "${!ECHOS[@]}"; do echo "    server tcp-$i ${ECHOS[$i]}"; done
 } >"$W/haproxy.cfg"
 if [ "$PIN" = 1 ]; then sed -i '/^global$/a\    nbthread 1' "$W/haproxy.cfg"; fi
+mkdir -p "$W/nginx"
+{
+    nginx_head "$W/nginx" "$([ "$PIN" = 1 ] && echo 1 || echo auto)" 4096 8192
+    nginx_tls_server t13 "${PORT[nginx_tls]}" "${ADDRS[@]}"
+    nginx_tcp_server tcp "${PORT[nginx_tcp]}" "${ECHOS[@]}"
+    nginx_tail
+} >"$W/nginx/nginx.conf"
 
 "$XB" check -c "$W/crossbar.yaml" >/dev/null
 RUST_LOG=warn "${PROXY_CPU[@]}" "$XB" run -c "$W/crossbar.yaml" >"$W/crossbar.log" 2>&1 &
 XB_PID=$!
-PIDS+=($XB_PID)
+PIDS+=("$XB_PID")
 "${PROXY_CPU[@]}" haproxy -db -f "$W/haproxy.cfg" >"$W/haproxy.log" 2>&1 &
 HA_PID=$!
-PIDS+=($HA_PID)
-PROXIES=(crossbar:$P_XB:$XB_PID haproxy:$P_HA:$HA_PID)
+PIDS+=("$HA_PID")
+PROXIES=("crossbar:$XB_PID" "haproxy:$HA_PID")
+if [ "$NGINX" = 1 ]; then
+    nginx_cmd "$W/nginx"
+    "${NGINX_CMD[@]}" -t -q
+    "${PROXY_CPU[@]}" "${NGINX_CMD[@]}" >"$W/nginx.log" 2>&1 &
+    NG_PID=$!
+    PIDS+=("$NG_PID")
+    PROXIES+=("nginx:$NG_PID")
+fi
 if [ -n "$BASE" ]; then
     RUST_LOG=warn "${PROXY_CPU[@]}" "$BASE" run -c "$W/crossbar-base.yaml" >"$W/crossbar-base.log" 2>&1 &
     BASE_PID=$!
-    PIDS+=($BASE_PID)
-    PROXIES=(base:$P_BASE:$BASE_PID "${PROXIES[@]}")
+    PIDS+=("$BASE_PID")
+    PROXIES=("base:$BASE_PID" "${PROXIES[@]}")
 fi
 sleep 1.5
+for t in "${PROXIES[@]}"; do
+    kill -0 "${t#*:}" 2>/dev/null || { echo "${t%%:*} did not start (logs in $W)" >&2; exit 1; }
+done
 
-load() { # load PORT SECONDS -> JSON line
-    "${LOAD_CPU[@]}" "$LG" connections --addr "127.0.0.1:$1" --ca "$W/ca.pem" --mode "$MODE" \
-        --seconds "$2" --concurrency 16 --distinct-sources
+FIGURES=(tls)
+[ "$TCP" = 1 ] && FIGURES+=(tcp)
+load() { # load FIGURE PORT SECONDS -> JSON line
+    if [ "$1" = tcp ]; then
+        "${LOAD_CPU[@]}" "$LG" connections --addr "127.0.0.1:$2" --mode tcp \
+            --seconds "$3" --concurrency 16 --distinct-sources
+    else
+        "${LOAD_CPU[@]}" "$LG" connections --addr "127.0.0.1:$2" --ca "$W/ca.pem" --mode "$MODE" \
+            --seconds "$3" --concurrency 16 --distinct-sources
+    fi
 }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-conns() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["conns"])'; }
+# ticks PID: utime + stime of PID and of its children (nginx's workers).
+ticks() {
+    local p sum=0
+    for p in $(tree_pids "$1"); do
+        sum=$((sum + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$sum"
+}
+# pid_list PID: PID and its children, comma separated (for perf -p).
+pid_list() { tree_pids "$1" | paste -sd,; }
+field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 TCK=$(getconf CLK_TCK)
 
-load "$P_XB" 1 >/dev/null # warm up all
-load "$P_HA" 1 >/dev/null
-[ -n "$BASE" ] && load "$P_BASE" 1 >/dev/null
-RATIOS=() BASE_RATIOS=()
-for r in $(seq "$ROUNDS"); do
-    declare -A US
-    for t in "${PROXIES[@]}"; do
-        IFS=: read -r name port pid <<<"$t"
-        tracer=
-        if [ "$r" = 1 ] && [ "$STRACE" = 1 ]; then
-            strace -c -f -p "$pid" -o "$W/$name.strace" &
-            tracer=$!
-            sleep 0.5
-        fi
-        if [ "$r" = 1 ] && [ "$PERF" = 1 ]; then
-            perf record -q -F 2000 -g -p "$pid" -o "$W/$name.perf.data" -- sleep 3 \
-                >/dev/null 2>&1 &
-            tracer=$!
-        fi
-        if [ "$r" = 1 ] && [ "$COUNT" = 1 ]; then
-            perf stat -x, -o "$W/$name.counts" -p "$pid" \
-                -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc \
-                -e raw_syscalls:sys_enter,context-switches &
-            tracer=$!
-            sleep 0.5
-        fi
-        c0=$(ticks "$pid")
-        n=$(load "$port" "$SECS" | conns)
-        c1=$(ticks "$pid")
-        if [ -n "$tracer" ]; then
-            [ "$STRACE" = 1 ] || [ "$COUNT" = 1 ] && kill -INT "$tracer" 2>/dev/null
-            wait "$tracer" 2>/dev/null || true
-        fi
-        US[$name]=$(awk -v a="$c0" -v b="$c1" -v t="$TCK" -v n="$n" \
-            'BEGIN {printf "%.1f", (b - a) / t / n * 1e6}')
-        echo "round $r $name: $n connections, ${US[$name]} us CPU per connection"
-        if [ "$r" = 1 ] && [ "$COUNT" = 1 ]; then
-            awk -F, -v n="$n" -v who="$name" '$3 ~ /probe_libc/ {a += $1}
-                $3 == "raw_syscalls:sys_enter" {s = $1} $3 == "context-switches" {c = $1}
-                END {printf "counts %s: %.2f allocator calls, %.2f syscalls, %.2f context switches per connection\n",
-                    who, a / n, s / n, c / n}' "$W/$name.counts"
-        fi
-    done
-    ratio=$(awk -v a="${US[crossbar]}" -v b="${US[haproxy]}" 'BEGIN {printf "%.3f", a / b}')
-    RATIOS+=("$ratio")
-    echo "round $r crossbar/haproxy: $ratio"
-    if [ -n "$BASE" ]; then
-        ratio=$(awk -v a="${US[base]}" -v b="${US[haproxy]}" 'BEGIN {printf "%.3f", a / b}')
-        BASE_RATIOS+=("$ratio")
-        echo "round $r base/haproxy: $ratio"
-    fi
+for fig in "${FIGURES[@]}"; do # warm up all
+    for t in "${PROXIES[@]}"; do load "$fig" "${PORT[${t%%:*}_$fig]}" 1 >/dev/null; done
 done
-if [ -n "$BASE" ]; then
-    printf '%s\n' "${BASE_RATIOS[@]}" | sort -n |
-        awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-            printf "median base/haproxy CPU per connection over %d rounds: %.3f\n", NR, m}'
-fi
-printf '%s\n' "${RATIOS[@]}" | sort -n |
-    awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-        printf "median crossbar/haproxy CPU per connection over %d rounds: %.3f\n", NR, m}'
+declare -A RATIOS # "FIGURE OTHER" -> space-separated ratios of crossbar (or base) to OTHER
+for r in $(seq "$ROUNDS"); do
+    # Rotate the proxy order each round so no proxy always runs first or last.
+    shift_by=$(((r - 1) % ${#PROXIES[@]}))
+    order=("${PROXIES[@]:$shift_by}" "${PROXIES[@]:0:$shift_by}")
+    for fig in "${FIGURES[@]}"; do
+        declare -A US=()
+        for t in "${order[@]}"; do
+            IFS=: read -r name pid <<<"$t"
+            port=${PORT[${name}_$fig]}
+            tracer=
+            if [ "$r" = 1 ] && [ "$STRACE" = 1 ]; then
+                mapfile -t tp < <(tree_pids "$pid")
+                strace -c -f "${tp[@]/#/-p}" -o "$W/$name.$fig.strace" &
+                tracer=$!
+                sleep 0.5
+            fi
+            if [ "$r" = 1 ] && [ "$PERF" = 1 ]; then
+                perf record -q -F 2000 -g -p "$(pid_list "$pid")" -o "$W/$name.$fig.perf.data" -- sleep 3 \
+                    >/dev/null 2>&1 &
+                tracer=$!
+            fi
+            if [ "$r" = 1 ] && [ "$COUNT" = 1 ]; then
+                perf stat -x, -o "$W/$name.$fig.counts" -p "$(pid_list "$pid")" \
+                    -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc \
+                    -e raw_syscalls:sys_enter,context-switches &
+                tracer=$!
+                sleep 0.5
+            fi
+            c0=$(ticks "$pid")
+            out=$(load "$fig" "$port" "$SECS")
+            c1=$(ticks "$pid")
+            n=$(field conns <<<"$out") errs=$(field errors <<<"$out")
+            if [ -n "$tracer" ]; then
+                [ "$STRACE" = 1 ] || [ "$COUNT" = 1 ] && kill -INT "$tracer" 2>/dev/null
+                wait "$tracer" 2>/dev/null || true
+            fi
+            US[$name]=$(awk -v a="$c0" -v b="$c1" -v t="$TCK" -v n="$n" \
+                'BEGIN {printf "%.1f", (b - a) / t / n * 1e6}')
+            echo "round $r $fig $name: $n connections ($errs errors), ${US[$name]} us CPU per connection"
+            if [ "$r" = 1 ] && [ "$COUNT" = 1 ]; then
+                awk -F, -v n="$n" -v who="$name $fig" '$3 ~ /probe_libc/ {a += $1}
+                    $3 == "raw_syscalls:sys_enter" {s = $1} $3 == "context-switches" {c = $1}
+                    END {printf "counts %s: %.2f allocator calls, %.2f syscalls, %.2f context switches per connection\n",
+                        who, a / n, s / n, c / n}' "$W/$name.$fig.counts"
+            fi
+        done
+        for pair in crossbar/haproxy crossbar/nginx base/haproxy base/nginx; do
+            a=${pair%/*} b=${pair#*/}
+            if [ -z "${US[$a]:-}" ] || [ -z "${US[$b]:-}" ]; then continue; fi
+            ratio=$(awk -v a="${US[$a]}" -v b="${US[$b]}" 'BEGIN {printf "%.3f", a / b}')
+            RATIOS[$fig $pair]="${RATIOS[$fig $pair]:-} $ratio"
+            echo "round $r $fig $pair: $ratio"
+        done
+    done
+done
+for fig in "${FIGURES[@]}"; do
+    for pair in base/haproxy base/nginx crossbar/haproxy crossbar/nginx; do
+        [ -n "${RATIOS[$fig $pair]:-}" ] || continue
+        # shellcheck disable=SC2086
+        printf '%s\n' ${RATIOS[$fig $pair]} | sort -n |
+            awk -v what="$fig $pair" '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+                printf "median %s CPU per connection over %d rounds: %.3f (rounds %.3f-%.3f)\n", what, NR, m, v[1], v[NR]}'
+    done
+done

@@ -8,7 +8,8 @@
 //!   plain `echo` / `sink` TCP servers; prints their addresses, then `READY`.
 //! - `throughput`: S parallel streams pushing bytes into a sink, Gbit/s.
 //! - `connections`: rustls clients doing handshake + one tiny GET; conn/s, latency,
-//!   resumption ratio (rustls's own `handshake_kind`), same-backend ratio.
+//!   resumption ratio (rustls's own `handshake_kind`), same-backend ratio. With
+//!   `--mode tcp`, plain connections instead (connect, 64 bytes echoed, close).
 //! - `latency`: 64-byte ping-pong over one connection to an echo server.
 //! - `idle`: open N connections, ping each once, hold them until SIGTERM.
 //! - `freeport`: print a free loopback port (for generated configs).
@@ -68,7 +69,8 @@ enum Cmd {
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
     },
-    /// New TLS connections (handshake + GET) for SECONDS; conn/s and latency.
+    /// New TLS connections (handshake + GET) for SECONDS; conn/s and latency
+    /// (`--mode tcp`: plain connections to an echo service).
     Connections(ConnArgs),
     /// 64-byte ping-pong over one persistent connection to an echo backend.
     Latency {
@@ -152,6 +154,8 @@ enum ConnMode {
     /// Each worker is one agent with its own session cache: a first (unmeasured)
     /// full handshake, then every connection offers to resume.
     Resumed,
+    /// No TLS: connect, 64 bytes echoed (an echo service behind the proxy), close.
+    Tcp,
 }
 
 #[derive(Args)]
@@ -160,8 +164,9 @@ struct ConnArgs {
     addr: SocketAddr,
     #[arg(long, default_value = "puppet")]
     sni: String,
+    /// CA of the TLS backends (required unless `--mode tcp`).
     #[arg(long)]
-    ca: PathBuf,
+    ca: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = ConnMode::Full)]
     mode: ConnMode,
     #[arg(long, conflicts_with = "tls13")]
@@ -497,8 +502,11 @@ async fn open_pinged(addr: SocketAddr) -> Result<TcpStream> {
 
 fn client_config(a: &ConnArgs) -> Result<ClientConfig> {
     let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(&a.ca)
-        .with_context(|| format!("reading {}", a.ca.display()))?
+    let ca =
+        a.ca.as_ref()
+            .ok_or_else(|| anyhow!("--ca is needed for TLS"))?;
+    for cert in
+        CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))?
     {
         roots.add(cert?)?;
     }
@@ -520,7 +528,7 @@ fn client_config(a: &ConnArgs) -> Result<ClientConfig> {
 fn resumption(a: &ConnArgs) -> rustls::client::Resumption {
     use rustls::client::{Resumption, Tls12Resumption};
     match (a.mode, a.no_tickets) {
-        (ConnMode::Full, _) => Resumption::disabled(),
+        (ConnMode::Full | ConnMode::Tcp, _) => Resumption::disabled(),
         (ConnMode::Resumed, true) => {
             Resumption::in_memory_sessions(64).tls12_resumption(Tls12Resumption::SessionIdOnly)
         }
@@ -532,7 +540,33 @@ fn resumption(a: &ConnArgs) -> rustls::client::Resumption {
 struct Outcome {
     handshake: Duration,
     resumed: bool,
-    backend: String,
+    /// The backend that answered (TLS backends name themselves; echo ones don't).
+    backend: Option<String>,
+}
+
+/// Connect (from `source` if set), send PING bytes, read them back, close: a plain
+/// TCP connection through the proxy to an echo backend. `handshake` is the connect.
+async fn one_tcp(addr: SocketAddr, source: Option<IpAddr>) -> Result<Outcome> {
+    let t = Instant::now();
+    let sock = TcpSocket::new_v4()?;
+    if let Some(ip) = source {
+        sock.bind(SocketAddr::new(ip, 0))?;
+    }
+    let mut tcp = sock.connect(addr).await.context("connect")?;
+    let handshake = t.elapsed();
+    tcp.set_nodelay(true)?;
+    let ping = [0xa5_u8; PING];
+    tcp.write_all(&ping).await.context("ping")?;
+    let mut pong = [0u8; PING];
+    tcp.read_exact(&mut pong).await.context("echo")?;
+    if pong != ping {
+        bail!("the echo differs from the ping");
+    }
+    Ok(Outcome {
+        handshake,
+        resumed: false,
+        backend: None,
+    })
 }
 
 /// Connect (from `source` if set), handshake, GET /, read the answer to EOF.
@@ -576,7 +610,7 @@ async fn one_conn(
     Ok(Outcome {
         handshake,
         resumed,
-        backend,
+        backend: Some(backend),
     })
 }
 
@@ -597,17 +631,23 @@ fn source_of(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, (i / 250) as u8, (i % 250 + 2) as u8)
 }
 
-async fn worker(a: Arc<ConnArgs>, cfg: Arc<ClientConfig>, i: usize, deadline: Instant) -> Tally {
+async fn worker(
+    a: Arc<ConnArgs>,
+    cfg: Option<Arc<ClientConfig>>,
+    i: usize,
+    deadline: Instant,
+) -> Tally {
     let mut t = Tally::default();
     // One agent = one session cache: give each worker its own config in resumed mode.
-    let cfg = if a.mode == ConnMode::Resumed {
-        let mut own = (*cfg).clone();
-        own.resumption = resumption(&a);
-        Arc::new(own)
-    } else {
-        cfg
+    let cfg = match cfg {
+        Some(cfg) if a.mode == ConnMode::Resumed => {
+            let mut own = (*cfg).clone();
+            own.resumption = resumption(&a);
+            Some(Arc::new(own))
+        }
+        cfg => cfg,
     };
-    let connector = TlsConnector::from(cfg);
+    let connector = cfg.map(TlsConnector::from);
     let source = a.distinct_sources.then(|| IpAddr::V4(source_of(i)));
     let Ok(name) = ServerName::try_from(a.sni.clone()) else {
         t.errors += 1;
@@ -615,13 +655,14 @@ async fn worker(a: Arc<ConnArgs>, cfg: Arc<ClientConfig>, i: usize, deadline: In
         return t;
     };
     let mut previous: Option<String> = None;
-    let mut primed = a.mode == ConnMode::Full;
+    let mut primed = a.mode != ConnMode::Resumed;
     while Instant::now() < deadline {
-        let r = tokio::time::timeout(
-            CONN_TIMEOUT,
-            one_conn(a.addr, source, name.clone(), &connector),
-        )
-        .await
+        let r = match &connector {
+            Some(c) => {
+                tokio::time::timeout(CONN_TIMEOUT, one_conn(a.addr, source, name.clone(), c)).await
+            }
+            None => tokio::time::timeout(CONN_TIMEOUT, one_tcp(a.addr, source)).await,
+        }
         .unwrap_or_else(|_| Err(anyhow!("connection timed out")));
         match r {
             Err(e) => {
@@ -630,18 +671,20 @@ async fn worker(a: Arc<ConnArgs>, cfg: Arc<ClientConfig>, i: usize, deadline: In
             }
             Ok(o) if !primed => {
                 primed = true;
-                previous = Some(o.backend);
+                previous = o.backend;
             }
             Ok(o) => {
                 t.conns += 1;
                 t.resumed += u64::from(o.resumed);
-                if let Some(p) = &previous {
-                    t.compared += 1;
-                    t.same_backend += u64::from(*p == o.backend);
-                }
                 t.handshake_ms.push(o.handshake.as_secs_f64() * 1e3);
-                *t.per_backend.entry(o.backend.clone()).or_default() += 1;
-                previous = Some(o.backend);
+                if let Some(b) = o.backend {
+                    if let Some(p) = &previous {
+                        t.compared += 1;
+                        t.same_backend += u64::from(*p == b);
+                    }
+                    *t.per_backend.entry(b.clone()).or_default() += 1;
+                    previous = Some(b);
+                }
             }
         }
     }
@@ -652,7 +695,10 @@ async fn connections(a: ConnArgs) -> Result<()> {
     if a.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }
-    let cfg = Arc::new(client_config(&a)?);
+    let cfg = match a.mode {
+        ConnMode::Tcp => None,
+        ConnMode::Full | ConnMode::Resumed => Some(Arc::new(client_config(&a)?)),
+    };
     let a = Arc::new(a);
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(a.seconds);
@@ -681,6 +727,7 @@ async fn connections(a: ConnArgs) -> Result<()> {
     let mode = match a.mode {
         ConnMode::Full => "full",
         ConnMode::Resumed => "resumed",
+        ConnMode::Tcp => "tcp",
     };
     println!(
         "{}",

@@ -21,6 +21,8 @@ pub struct ReportArgs {
     json_out: PathBuf,
     #[arg(long, default_value = "none")]
     haproxy_version: String,
+    #[arg(long, default_value = "none")]
+    nginx_version: String,
     #[arg(long, default_value_t = 0)]
     rounds: u32,
     #[arg(long, default_value_t = 0.0)]
@@ -30,8 +32,9 @@ pub struct ReportArgs {
     metrics: Option<PathBuf>,
 }
 
-/// `baseline` is another crossbar binary (compare.sh `--baseline`: before a change).
-const TARGETS: [&str; 4] = ["direct", "crossbar", "baseline", "haproxy"];
+/// `baseline` is another crossbar binary (compare.sh `--baseline`: before a change);
+/// `nginx` is nginx's stream module.
+const TARGETS: [&str; 5] = ["direct", "crossbar", "baseline", "haproxy", "nginx"];
 
 /// All lines of one (target, metric).
 #[derive(Default)]
@@ -244,6 +247,7 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let out = json!({
         "rounds": a.rounds, "seconds_per_run": a.seconds,
         "haproxy_version": a.haproxy_version,
+        "nginx_version": a.nginx_version,
         "host": host_facts(),
         "figures": summary,
         "crossbar_error_metrics": a.metrics.as_ref().map(|p| error_metrics(p)),
@@ -273,25 +277,33 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 
 fn print_table(rows: &[Row], a: &ReportArgs) {
     println!(
-        "\n{} round(s) of {} s per figure; medians over rounds; HAProxy {}\n",
-        a.rounds, a.seconds, a.haproxy_version
+        "\n{} round(s) of {} s per figure; medians over rounds; HAProxy {}; nginx {}\n",
+        a.rounds, a.seconds, a.haproxy_version, a.nginx_version
     );
     println!(
-        "| figure | direct | crossbar | baseline | HAProxy | crossbar/HAProxy \
-         | crossbar/direct | crossbar/baseline |"
+        "| figure | direct | crossbar | baseline | HAProxy | nginx | crossbar/HAProxy \
+         | crossbar/nginx | crossbar/direct | crossbar/baseline |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let v = |t: &str| r.values.get(t).copied();
-        let (d, c, b, h) = (v("direct"), v("crossbar"), v("baseline"), v("haproxy"));
+        let (d, c, b, h, n) = (
+            v("direct"),
+            v("crossbar"),
+            v("baseline"),
+            v("haproxy"),
+            v("nginx"),
+        );
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.label,
             fmt(d),
             fmt(c),
             fmt(b),
             fmt(h),
+            fmt(n),
             ratio(c, h),
+            ratio(c, n),
             ratio(c, d),
             ratio(c, b)
         );
