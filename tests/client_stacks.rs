@@ -682,35 +682,13 @@ async fn every_client_stack_resumes_on_its_backend_through_crossbar() {
             "ruby Net::HTTP",
             all.clone(),
             &[],
-            Box::new(|b: &Bed, s: &[String]| {
-                let (out, err) = run(
-                    "ruby",
-                    Command::new("ruby")
-                        .arg(src("stacks/client.rb"))
-                        .arg(&b.ca_pem)
-                        .arg(b.port())
-                        .args(s),
-                )?;
-                check_errors(&out, &err)?;
-                Ok((results(&out), version(&out)))
-            }),
+            Box::new(|b: &Bed, s: &[String]| script_client(b, s, "ruby", "stacks/client.rb")),
         ),
         (
             "python ssl",
             all.clone(),
             &[],
-            Box::new(|b: &Bed, s: &[String]| {
-                let (out, err) = run(
-                    "python3",
-                    Command::new("python3")
-                        .arg(src("stacks/client.py"))
-                        .arg(&b.ca_pem)
-                        .arg(b.port())
-                        .args(s),
-                )?;
-                check_errors(&out, &err)?;
-                Ok((results(&out), version(&out)))
-            }),
+            Box::new(|b: &Bed, s: &[String]| script_client(b, s, "python3", "stacks/client.py")),
         ),
         (
             "JDK 17",
@@ -856,6 +834,26 @@ fn check_errors(out: &str, err: &str) -> Result<()> {
 
 /// curl: one run per service, three URLs (curl keeps the session between them);
 /// `Connection: close` makes each URL a new connection.
+/// A client script of tests/stacks/ run by `interpreter` (Ruby's Net::HTTP, Python's
+/// ssl): arguments the CA file, the port and the SNIs; results on stdout.
+fn script_client(
+    b: &Bed,
+    snis: &[String],
+    interpreter: &str,
+    script: &str,
+) -> Result<(BTreeMap<String, Vec<Conn>>, String)> {
+    let (out, err) = run(
+        interpreter,
+        Command::new(interpreter)
+            .arg(src(script))
+            .arg(&b.ca_pem)
+            .arg(b.port())
+            .args(snis),
+    )?;
+    check_errors(&out, &err)?;
+    Ok((results(&out), version(&out)))
+}
+
 fn curl(b: &Bed, snis: &[String]) -> Result<(BTreeMap<String, Vec<Conn>>, String)> {
     let mut m = BTreeMap::new();
     for sni in snis {
