@@ -36,7 +36,8 @@
 #
 # --strace: count system calls of each proxy during round 1 (strace -c -f; slows it,
 #           so that round's CPU figures are not comparable); tables in the work dir.
-# --perf:   perf record -g each proxy for 3 s of round 1; perf.data in the work dir.
+# --perf:   perf record -g each proxy for 3 s of round 1; perf.data in the work dir,
+#           and bench/cpu-split.sh prints where each proxy's CPU went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/haproxy-tls.sh
@@ -191,6 +192,7 @@ TCK=$(getconf CLK_TCK)
 for fig in "${FIGURES[@]}"; do # warm up all
     for t in "${PROXIES[@]}"; do load "$fig" "${PORT[${t%%:*}_$fig]}" 1 >/dev/null; done
 done
+PERF_US=() # PROXY.FIGURE=us of round 1, for bench/cpu-split.sh
 declare -A RATIOS # "FIGURE OTHER" -> space-separated ratios of crossbar (or base) to OTHER
 for r in $(seq "$ROUNDS"); do
     # Rotate the proxy order each round so no proxy always runs first or last.
@@ -231,6 +233,7 @@ for r in $(seq "$ROUNDS"); do
             US[$name]=$(awk -v a="$c0" -v b="$c1" -v t="$TCK" -v n="$n" \
                 'BEGIN {printf "%.1f", (b - a) / t / n * 1e6}')
             echo "round $r $fig $name: $n connections ($errs errors), ${US[$name]} us CPU per connection"
+            [ "$r" = 1 ] && PERF_US+=("$name.$fig=${US[$name]}")
             if [ "$r" = 1 ] && [ "$COUNT" = 1 ]; then
                 awk -F, -v n="$n" -v who="$name $fig" '$3 ~ /probe_libc/ {a += $1}
                     $3 == "raw_syscalls:sys_enter" {s = $1} $3 == "context-switches" {c = $1}
@@ -256,3 +259,5 @@ for fig in "${FIGURES[@]}"; do
                 printf "median %s CPU per connection over %d rounds: %.3f (rounds %.3f-%.3f)\n", what, NR, m, v[1], v[NR]}'
     done
 done
+# Where the CPU of the profiled round went (perf slows that round: shares, not totals).
+if [ "$PERF" = 1 ]; then bench/cpu-split.sh "$W" "${PERF_US[@]}"; fi
