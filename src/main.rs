@@ -698,25 +698,11 @@ timeouts.shutdown, a second one exits at once.
 systemctl(1), journalctl(1)
 "#;
 
-/// The runtime `run` (and the one-shot commands) run on. `workers: 1`, or no
-/// `workers` on a one-core machine, gets a current-thread runtime: every task on the
-/// thread that started it, no work-stealing machinery, which bench/conn-cpu.sh
-/// measured cheaper per connection (docs/performance.md, "Runtime"). Otherwise
-/// tokio's work-stealing runtime with `workers` threads (default: one per core).
-/// Either way blocking work (state files, config loads) goes to tokio's blocking
-/// pool and the log to its own thread.
 fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime> {
-    let one_core = || std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
-    let mut b = match workers {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        None if one_core() => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        b.worker_threads(n);
+    }
     b.enable_all().build().context("starting the runtime")
 }
 
