@@ -14,7 +14,7 @@
 #
 #   bench/conn-cpu.sh [--rounds N] [--seconds S] [--mode full|resumed] [--tcp]
 #                     [--no-nginx] [--strace] [--perf] [--count] [--workers N]
-#                     [--pin] [--base BIN]
+#                     [--pin] [--base BIN] [--base-workers N] [--crossbar-env K=V]
 #
 # --tcp:    also, in every round, plain TCP connections (`loadgen connections --mode
 #           tcp`: connect, 64 bytes echoed, close) through a `mode: tcp` service, a
@@ -32,7 +32,12 @@
 #           load generator and the backends to core 1. Without it each proxy takes
 #           the whole machine (nginx `worker_processes auto`).
 # --base:   also measure the crossbar binary BIN (e.g. main's build) with the same
-#           config, in the same interleaved rounds: before and after side by side.
+#           config, in the same interleaved rounds: before and after side by side
+#           (ratios crossbar/base too).
+# --base-workers N: the base binary's `workers` (default: the same as crossbar's).
+# --crossbar-env K=V: environment for the crossbar under test only (a runtime
+#           prototype's switch, say); repeatable.
+# At the end: CPU seconds of each crossbar thread (how the work spread over them).
 #
 # --strace: count system calls of each proxy during round 1 (strace -c -f; slows it,
 #           so that round's CPU figures are not comparable); tables in the work dir.
@@ -46,6 +51,7 @@ source bench/haproxy-tls.sh
 source bench/nginx-stream.sh
 
 ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 COUNT=0 WORKERS="" PIN=0 BASE="" TCP=0 NGINX=1
+BASE_WORKERS="" XB_ENV=()
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) ROUNDS=$2; shift ;;
@@ -59,6 +65,8 @@ while [ $# -gt 0 ]; do
         --workers) WORKERS=$2; shift ;;
         --pin) PIN=1 WORKERS=1 ;;
         --base) BASE=$2; shift ;;
+        --base-workers) BASE_WORKERS=$2; shift ;;
+        --crossbar-env) XB_ENV+=("$2"); shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -102,7 +110,9 @@ done
 P_ADMIN=$("$LG" freeport) P_BASE_ADMIN=$("$LG" freeport)
 
 crossbar_yaml() { # crossbar_yaml TARGET ADMIN_PORT
-    [ -n "$WORKERS" ] && echo "workers: $WORKERS"
+    local w=$WORKERS
+    [ "$1" = base ] && [ -n "$BASE_WORKERS" ] && w=$BASE_WORKERS
+    [ -n "$w" ] && echo "workers: $w"
     echo "admin: { listen: \"127.0.0.1:$2\" }"
     echo "defaults: { health: { check: none } }"
     echo "services:"
@@ -139,7 +149,7 @@ mkdir -p "$W/nginx"
 } >"$W/nginx/nginx.conf"
 
 "$XB" check -c "$W/crossbar.yaml" >/dev/null
-RUST_LOG=warn "${PROXY_CPU[@]}" "$XB" run -c "$W/crossbar.yaml" >"$W/crossbar.log" 2>&1 &
+env RUST_LOG=warn "${XB_ENV[@]}" "${PROXY_CPU[@]}" "$XB" run -c "$W/crossbar.yaml" >"$W/crossbar.log" 2>&1 &
 XB_PID=$!
 PIDS+=("$XB_PID")
 "${PROXY_CPU[@]}" haproxy -db -f "$W/haproxy.cfg" >"$W/haproxy.log" 2>&1 &
@@ -241,7 +251,7 @@ for r in $(seq "$ROUNDS"); do
                         who, a / n, s / n, c / n}' "$W/$name.$fig.counts"
             fi
         done
-        for pair in crossbar/haproxy crossbar/nginx base/haproxy base/nginx; do
+        for pair in crossbar/haproxy crossbar/nginx base/haproxy base/nginx crossbar/base; do
             a=${pair%/*} b=${pair#*/}
             if [ -z "${US[$a]:-}" ] || [ -z "${US[$b]:-}" ]; then continue; fi
             ratio=$(awk -v a="${US[$a]}" -v b="${US[$b]}" 'BEGIN {printf "%.3f", a / b}')
@@ -251,13 +261,20 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 for fig in "${FIGURES[@]}"; do
-    for pair in base/haproxy base/nginx crossbar/haproxy crossbar/nginx; do
+    for pair in base/haproxy base/nginx crossbar/haproxy crossbar/nginx crossbar/base; do
         [ -n "${RATIOS[$fig $pair]:-}" ] || continue
         # shellcheck disable=SC2086
         printf '%s\n' ${RATIOS[$fig $pair]} | sort -n |
             awk -v what="$fig $pair" '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
                 printf "median %s CPU per connection over %d rounds: %.3f (rounds %.3f-%.3f)\n", what, NR, m, v[1], v[NR]}'
     done
+done
+for t in "${PROXIES[@]}"; do
+    case ${t%%:*} in crossbar | base) ;; *) continue ;; esac
+    for task in /proc/"${t#*:}"/task/*; do
+        awk -v tck="$TCK" -v comm="$(cat "$task/comm")" '{printf "%s=%.1f ", comm, ($14 + $15) / tck}' "$task/stat"
+    done | sed "s/^/threads ${t%%:*} (CPU s): /"
+    echo
 done
 # Where the CPU of the profiled round went (perf slows that round: shares, not totals).
 if [ "$PERF" = 1 ]; then bench/cpu-split.sh "$W" "${PERF_US[@]}"; fi

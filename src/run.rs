@@ -130,7 +130,8 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     let admin_stop = CancellationToken::new();
     let admin_task =
         admin_setup.map(|(_, listener, token)| spawn_admin(listener, token, &server, &admin_stop));
-    tracing::info!(config = %source.display(), "crossbar {} running", env!("CARGO_PKG_VERSION"));
+    let (runtime, workers) = runtime_shape();
+    tracing::info!(config = %source.display(), runtime, workers, "crossbar {} running", env!("CARGO_PKG_VERSION"));
     crate::system::sd_notify("READY=1");
     signals.serve(&server, &mut handed_over, &admin_stop).await;
     crate::system::sd_notify("STOPPING=1");
@@ -149,6 +150,17 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The runtime this runs on, for the start line: its kind and its worker threads
+/// (`crossbar run` uses the work-stealing one with `workers` threads; library
+/// callers and tests may run it on a current-thread runtime).
+fn runtime_shape() -> (&'static str, usize) {
+    let rt = tokio::runtime::Handle::current();
+    match rt.runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => ("current-thread", 1),
+        _ => ("work-stealing", rt.metrics().num_workers()),
+    }
 }
 
 /// The signals `crossbar run` answers: SIGHUP reloads, SIGTERM and SIGINT stop.

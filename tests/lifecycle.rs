@@ -1,6 +1,6 @@
 //! The process's life with real `crossbar run` processes: a hitless binary upgrade
 //! under continuous load, SIGTERM draining, a broken SIGHUP reload, and stick tables
-//! that survive a restart.
+//! that survive a restart; with `workers: 1`, a reload, an upgrade and a drain.
 mod common;
 
 use std::net::SocketAddr;
@@ -566,4 +566,58 @@ async fn an_upgrade_hands_over_the_admin_socket() {
     assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {err}");
     assert!(err.contains("address in use"), "{err}");
     terminate(new).await;
+}
+
+/// `workers: 1` runs the connections on one worker of the work-stealing runtime
+/// (the start line says so: a current-thread runtime was measured no cheaper,
+/// docs/performance.md "Runtime") and loses nothing: a SIGHUP reload and a binary
+/// upgrade under continuous load, then a SIGTERM drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_reloads_upgrades_and_drains_losing_nothing() {
+    let (_echo, dir, listen, cfg) = echo_service("").await;
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("workers: 1\n{yaml}")).unwrap();
+    let sock = dir.path().join("upgrade.sock");
+    let log = dir.path().join("first.log");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_crossbar"));
+    cmd.arg("run").arg("-c").arg(&cfg);
+    cmd.arg("--upgrade-socket").arg(&sock);
+    cmd.env("RUST_LOG", "crossbar=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut old = ChildGuard(cmd.spawn().unwrap());
+    // The start line comes after the listeners accept, through the log thread.
+    wait_for_log(&log, " running").await;
+    let started = std::fs::read_to_string(&log).unwrap();
+    let running = started.lines().find(|l| l.contains(" running"));
+    assert!(
+        running.is_some_and(|l| l.contains("runtime=\"work-stealing\"") && l.contains("workers=1")),
+        "the start line names the runtime: {started}"
+    );
+
+    let load = load(listen, 4);
+    old.signal("HUP");
+    wait_for_log(&log, "reload complete").await;
+    let new = upgrade(&cfg, &sock).await;
+    assert_eq!(
+        old.exited(WAIT).await,
+        Some(0),
+        "old process drained and exited"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (ok, failed) = load.finish().await;
+    assert!(failed.is_empty(), "failed connections: {failed:?}");
+    assert!(ok > 20, "load ran ({ok})");
+    terminate(new).await;
+}
+
+/// Wait until the file `log` contains `what`.
+async fn wait_for_log(log: &Path, what: &str) {
+    let (log, what) = (log.to_path_buf(), what.to_string());
+    wait_until_async(&format!("{what:?} in the log"), || {
+        let (log, what) = (log.clone(), what.clone());
+        async move { std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&what)) }
+    })
+    .await;
 }
