@@ -439,9 +439,12 @@ impl Server {
         check_kept_listeners(&groups, &running)?;
         let warnings = match applying {
             Applying::Start | Applying::Discovery => Vec::new(),
-            Applying::Reload => crate::health::gate::judge(&old, &config)
-                .await
-                .map_err(ServerError::HealthGate)?,
+            Applying::Reload => {
+                let mut w = start_only_changes(&self.config(), &config);
+                let gate = crate::health::gate::judge(&old, &config).await;
+                w.extend(gate.map_err(ServerError::HealthGate)?);
+                w
+            }
         };
         let tables = prepare_tables(&config, old).await?;
         let fresh = self.bind_new(&groups, &running)?;
@@ -907,4 +910,35 @@ async fn prepare_tables(
     })
     .await
     .map_err(|e| ServerError::Tables(e.to_string()))
+}
+
+/// What a reload from `old` to `new` changes that only a start reads: `workers`
+/// (the runtime is built once) and the admin endpoint's address and token file
+/// (bound and read once). The reload applies the rest; these say so.
+fn start_only_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut changed = Vec::new();
+    if old.workers != new.workers {
+        let n = |w: Option<usize>| w.map_or("one per core".to_string(), |n| n.to_string());
+        changed.push(format!(
+            "`workers` changed from {} to {}: the runtime keeps its threads until a restart or upgrade",
+            n(old.workers),
+            n(new.workers)
+        ));
+    }
+    let listen = |c: &Config| c.admin.as_ref().map(|a| a.listen);
+    let token = |c: &Config| c.admin.as_ref().and_then(|a| a.token_file.clone());
+    if listen(old) != listen(new) {
+        let at = |l: Option<SocketAddr>| l.map_or("off".to_string(), |a| a.to_string());
+        changed.push(format!(
+            "`admin` changed from {} to {}: the admin endpoint stays as it is until a restart or upgrade",
+            at(listen(old)),
+            at(listen(new))
+        ));
+    } else if token(old) != token(new) {
+        changed.push(
+            "`admin.token_file` changed: the token read at start stays in force until a restart or upgrade"
+                .to_string(),
+        );
+    }
+    changed
 }
