@@ -424,6 +424,13 @@ impl Metrics {
         }
     }
 
+    /// A listen address the config no longer has: its gauge goes (a stale count
+    /// would read as sources still tracked); its counters stay, like a backend's
+    /// totals in Prometheus, until the process ends.
+    pub fn forget_listener(&self, listener: &str) {
+        let _ = self.sources_tracked.remove_label_values(&[listener]); // ok: absent is fine
+    }
+
     /// Count a connection a listener ended at its front for a PROXY header reason
     /// (`reason="proxy_<reason>"`, see [`crate::proxy_protocol::FrontError::reason`]).
     pub fn proxy_refused(&self, listener: &str, reason: &str) {

@@ -617,6 +617,7 @@ impl Server {
         for h in listeners.into_values() {
             tracing::info!(listen = %h.local, "listener removed");
             h.stop.cancel();
+            self.shared.metrics.forget_listener(&h.local.to_string());
         }
         for o in old {
             o.tasks.cancel();

@@ -324,6 +324,17 @@ async fn allowed_networks_are_never_limited_and_reloads_keep_counts() {
     );
     drop((first, again));
     wait_until("both released", || released(&admin.addr, &src)).await;
+
+    // A reload that moves the listener elsewhere drops the old address's gauge.
+    let gauge = format!("crossbar_listener_sources_tracked{{listener=\"{addr}\"}}");
+    assert!(
+        xb.server.metrics().encode().contains(&gauge),
+        "{gauge} before"
+    );
+    std::fs::write(&path, yaml(2).replace("127.0.0.1:0", "127.0.0.3:0")).unwrap();
+    xb.server.reload_file().await.unwrap();
+    let text = xb.server.metrics().encode();
+    assert!(!text.contains(&gauge), "{gauge} after the reload:\n{text}");
 }
 
 /// Behind a PROXY tier (HAProxy `send-proxy-v2`), the limit applies to each agent's
