@@ -579,6 +579,9 @@ fn status_table(v: &Value) -> String {
                 None => String::new(),
             }
         ); // ok: writing to a String
+        if let Some(line) = discovery_line(&svc["discovery"], unix_now()) {
+            let _ = writeln!(out, "  {line}"); // ok: writing to a String
+        }
         let mut rows = vec![
             ["BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP"]
                 .map(String::from)
@@ -604,6 +607,53 @@ fn status_table(v: &Value) -> String {
         }
     }
     out
+}
+
+/// Now in Unix seconds (0 if the clock is before 1970).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A service's backends from DNS (`/api/services`' `discovery`, `now` in Unix
+/// seconds): `backends from DNS: srv _x8140._tcp.example, 3 backends, resolved 12s
+/// ago, next lookup 30s after the last`, then `; STALE: ...` while lookups fail.
+/// `None` for a service with listed backends.
+fn discovery_line(d: &Value, now: u64) -> Option<String> {
+    d.as_object()?;
+    let ago = |k: &str| match d[k].as_u64() {
+        Some(t) => format!("{}s ago", now.saturating_sub(t)),
+        None => "never".to_string(),
+    };
+    let mut line = format!(
+        "backends from DNS: {} {}, {} backend{}",
+        text(&d["kind"]),
+        text(&d["name"]),
+        d["backends"].as_u64().unwrap_or(0),
+        if d["backends"].as_u64() == Some(1) {
+            ""
+        } else {
+            "s"
+        }
+    );
+    if let Some(n) = d["dropped"].as_u64().filter(|n| *n > 0) {
+        let _ = write!(line, " ({n} more records left out: max_backends)"); // ok: String
+    }
+    let _ = write!(line, ", resolved {}", ago("last_resolved")); // ok: String
+    if let Some(ms) = d["next_in_ms"].as_u64() {
+        let _ = write!(line, ", next lookup {}s after the last", ms.div_ceil(1000));
+        // ok: String
+    }
+    if d["stale"].as_bool() == Some(true) {
+        let _ = write!(
+            line,
+            "; STALE: the last lookup ({}) failed ({}): the last good set serves on",
+            ago("last_attempt"),
+            text(&d["error"])
+        ); // ok: String
+    }
+    Some(line)
 }
 
 /// The weight, and the file's when one was set at run time: `10 (file 20)`.
@@ -759,6 +809,32 @@ fn sources_view(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discovery_says_where_the_backends_come_from_and_when_it_went_stale() {
+        let fresh = serde_json::json!({"kind": "srv", "name": "_x8140._tcp.example",
+            "last_resolved": 990, "last_attempt": 990, "stale": false, "error": null,
+            "backends": 3, "dropped": 2, "next_in_ms": 30000});
+        assert_eq!(
+            discovery_line(&fresh, 1000).as_deref(),
+            Some(
+                "backends from DNS: srv _x8140._tcp.example, 3 backends (2 more records left out: \
+                 max_backends), resolved 10s ago, next lookup 30s after the last"
+            )
+        );
+        let stale = serde_json::json!({"kind": "host", "name": "pool.example",
+            "last_resolved": 900, "last_attempt": 995, "stale": true,
+            "error": "timed out", "backends": 1, "dropped": 0, "next_in_ms": 5000});
+        assert_eq!(
+            discovery_line(&stale, 1000).as_deref(),
+            Some(
+                "backends from DNS: host pool.example, 1 backend, resolved 100s ago, next lookup \
+                 5s after the last; STALE: the last lookup (5s ago) failed (timed out): the last \
+                 good set serves on"
+            )
+        );
+        assert_eq!(discovery_line(&Value::Null, 1000), None);
+    }
 
     #[test]
     fn sources_are_a_line_per_listener_then_rows() {

@@ -554,6 +554,25 @@ async fn dns_failures_keep_the_last_good_set() {
                 page.contains("STALE:") && page.contains("pool.test"),
                 "{page}"
             );
+            // And `crossbar status`, the operator's terminal view.
+            let url = format!("http://{}", admin.addr);
+            let out = tokio::task::spawn_blocking(move || {
+                Command::new(env!("CARGO_BIN_EXE_crossbar"))
+                    .args(["status", "--admin", &url])
+                    .output()
+                    .expect("run crossbar status")
+            })
+            .await
+            .expect("status");
+            let shown = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success()
+                    && shown.contains("backends from DNS: host pool.test, 2 backends, resolved ")
+                    && shown.contains("; STALE: the last lookup (")
+                    && shown.contains("the last good set serves on"),
+                "{shown}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             cb.reload(&yaml).await;
             assert_eq!(pool(&cb, "svc"), want, "a reload keeps the discovered set");
         }
