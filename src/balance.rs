@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 
 use crate::config::{BackendConfig, Balance};
 use crate::metrics::BackendMetrics;
+use crate::shard::{self, Padded};
 
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
 /// reservation race (two tasks taking the last slot) can't spin.
@@ -411,8 +412,10 @@ pub struct Pool {
     pub backends: Vec<Arc<Backend>>,
     algo: Balance,
     slow_start: Duration,
-    /// Smooth weighted round robin: current weight per backend (nginx's algorithm).
-    rr: Mutex<Vec<i64>>,
+    /// Smooth weighted round robin: current weight per backend (nginx's algorithm),
+    /// one copy per thread shard ([`crate::shard`]), so picks on different cores
+    /// never wait for one lock or bounce one cache line.
+    rr: Box<[Padded<Mutex<Vec<i64>>>]>,
     /// Rotates leastconn tie-breaking so equal backends share the load.
     tie: AtomicUsize,
     waiters: Arc<Waiters>,
@@ -476,7 +479,9 @@ impl Pool {
             })
             .collect();
         Pool {
-            rr: Mutex::new(vec![0; backends.len()]),
+            rr: (0..shard::count())
+                .map(|_| Padded(Mutex::new(vec![0; backends.len()])))
+                .collect(),
             backends,
             algo: params.algo,
             slow_start: params.slow_start,
@@ -553,8 +558,15 @@ impl Pool {
     /// Smooth weighted round robin: each pick adds every candidate's weight to its
     /// current value, takes the largest and subtracts the total from it. Spreads
     /// weights evenly (5,1,1 -> a a b a c a a), not in bursts.
+    ///
+    /// Each thread shard runs its own sequence: every shard gives each backend its
+    /// exact share per cycle (the sum of the weights), so the sum of the shards does
+    /// too, and a shard's lock is only ever taken by its own thread(s). The price:
+    /// with T busy threads the first T picks may all land on the heaviest backend
+    /// (each shard starts its cycle there), which evens out within one cycle.
     fn pick_round_robin(&self, open: &[usize]) -> usize {
-        let mut cw = self.rr.lock().unwrap_or_else(|e| e.into_inner());
+        let shard = &self.rr[shard::of_thread(self.rr.len())];
+        let mut cw = shard.lock().unwrap_or_else(|e| e.into_inner());
         let mut total = 0i64;
         let mut best = open[0];
         for &i in open {
@@ -886,6 +898,41 @@ mod tests {
             !got.windows(3).any(|w| w.iter().all(|x| x == "a")),
             "{got:?}"
         );
+    }
+
+    /// Picks from several threads (each on its thread's round-robin shard) still
+    /// give every backend exactly its share per cycle, before and after the weights
+    /// change at run time: each shard ends a whole number of cycles where it began.
+    #[test]
+    fn round_robin_from_many_threads_keeps_exact_shares_across_weight_changes() {
+        let p = pool(
+            Balance::RoundRobin,
+            &[
+                backend("a", 12, false, None),
+                backend("b", 4, false, None),
+                backend("c", 2, false, None),
+            ],
+        );
+        let picks = |p: &Pool, per_thread: usize| {
+            let counts: [AtomicUsize; 3] = Default::default();
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for _ in 0..per_thread {
+                            let lease = p.try_pick(ip(1), &[]).expect("a free backend");
+                            counts[lease.backend().index].fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            });
+            counts.map(|c| c.into_inner())
+        };
+        // 4 threads x 50 cycles of 18 picks.
+        assert_eq!(picks(&p, 18 * 50), [2400, 800, 400]);
+        p.backends[0].set_weight(1);
+        p.backends[2].set_weight(3);
+        // 4 threads x 100 cycles of 8 picks at 1:4:3.
+        assert_eq!(picks(&p, 8 * 100), [400, 1600, 1200]);
     }
 
     #[tokio::test]
