@@ -16,6 +16,7 @@ use nix::unistd::geteuid;
 use siphasher::sip::SipHasher13;
 
 use super::entry::*;
+use super::table::queue_of;
 use super::{KeyKind, StickTable};
 
 /// First bytes of a saved table.
@@ -200,16 +201,19 @@ impl StickTable {
     /// Replaces the contents with a decoded file's (see `load`).
     pub(super) fn install(&self, file: StateFile, configured: &[&str]) -> usize {
         let live = self.usable_entries(&file, configured);
-        let mut queue = self.lock_queue();
+        let mut queues = self.lock_queues();
         self.remove_where(|_| true);
-        queue.records = VecDeque::new();
+        for queue in &mut queues {
+            queue.records = VecDeque::new();
+        }
         self.hash_key[0].store(file.hash_key.0, Relaxed);
         self.hash_key[1].store(file.hash_key.1, Relaxed);
         let now = self.now();
-        let limit = self.queue_limit();
+        let limit = self.queue_share();
         let mut loaded = 0;
         // Oldest first, so the queue front holds the least recently used.
         for (saved, backend) in live.into_iter().rev() {
+            let queue = &mut queues[queue_of(saved.hash, self.queues.len())];
             let gen = queue.next_gen();
             let (learned, last_used) = (
                 now.saturating_sub(saved.age),
