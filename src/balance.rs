@@ -594,7 +594,10 @@ impl Pool {
             let _rebuilding = self.rr_rebuild.lock().unwrap_or_else(|e| e.into_inner());
             schedule = self.rr.load();
             if !self.schedule_fits(&schedule, backup) {
-                let weights = self.backends.iter().map(|b| self.schedule_weight(b, backup));
+                let weights = self
+                    .backends
+                    .iter()
+                    .map(|b| self.schedule_weight(b, backup));
                 self.rr.store(Arc::new(Schedule::build(weights.collect())));
                 schedule = self.rr.load();
             }
@@ -832,7 +835,7 @@ impl Schedule {
             let mut best = None;
             for (i, &w) in reduced.iter().enumerate().filter(|(_, &w)| w > 0) {
                 current[i] += w;
-                if best.is_none_or(|b: usize| current[i] > current[b]) {
+                if best.map_or(true, |b: usize| current[i] > current[b]) {
                     best = Some(i);
                 }
             }
@@ -1059,7 +1062,11 @@ mod tests {
         // Everyone else still gets the full cycle.
         let mut counts = [0usize; 3];
         for _ in 0..7 * 30 {
-            counts[p.try_pick(ip(1), &[]).expect("a free backend").backend().index] += 1;
+            counts[p
+                .try_pick(ip(1), &[])
+                .expect("a free backend")
+                .backend()
+                .index] += 1;
         }
         assert_eq!(counts, [120, 60, 30]);
     }

@@ -306,7 +306,7 @@ fn sort_by_idle(keys: &mut Vec<u64>) {
         for &k in keys.iter() {
             starts[digit(k)] += 1;
         }
-        if starts.iter().any(|&n| n == keys.len()) {
+        if starts.contains(&keys.len()) {
             continue; // every key has the same digit here: already in order
         }
         let mut next = 0;

@@ -412,12 +412,16 @@ impl StickTable {
     }
 
     pub(super) fn lock_queue_at(&self, q: usize) -> MutexGuard<'_, Fifo> {
-        self.queues[q].lock().unwrap_or_else(PoisonError::into_inner)
+        self.queues[q]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every queue, locked in order (the only order two queue locks are waited for).
     pub(super) fn lock_queues(&self) -> Vec<MutexGuard<'_, Fifo>> {
-        (0..self.queues.len()).map(|q| self.lock_queue_at(q)).collect()
+        (0..self.queues.len())
+            .map(|q| self.lock_queue_at(q))
+            .collect()
     }
 
     /// Most records the queues may hold together before `learn` compacts them.
@@ -1069,7 +1073,10 @@ mod tests {
                 capacity < 4 * SIZE,
                 "map capacity {capacity} after {next} keys"
             );
-            assert!(t.lock_queues().iter().all(|q| q.records.capacity() <= t.queue_share()));
+            assert!(t
+                .lock_queues()
+                .iter()
+                .all(|q| q.records.capacity() <= t.queue_share()));
         }
     }
 
