@@ -4,7 +4,7 @@
 //! A `CancellationToken` would do, but every connection's wait on it takes the token's
 //! one mutex to check the flag on each poll (each time the relay's task wakes: every
 //! chunk relayed) and its `Notify`'s one mutex to register and deregister. Here the
-//! flag is an atomic, and waiters register on one of [`shard::count`] `Notify`s, the
+//! flag is an atomic, and waiters register on one of `shard::count` `Notify`s, the
 //! one of the thread that starts waiting; a waiter re-registers only when its task's
 //! waker changes, so relaying a chunk touches no shared lock at all.
 use std::future::{poll_fn, Future};
@@ -30,7 +30,7 @@ impl Default for HardStop {
 }
 
 impl HardStop {
-    /// Not stopped, one waiter list per shard ([`shard::count`]).
+    /// Not stopped, one waiter list per shard (`shard::count`).
     pub fn new() -> HardStop {
         HardStop {
             stopped: AtomicBool::new(false),

@@ -23,7 +23,7 @@ pub(super) const MIN_QUEUE_SLACK: usize = 64;
 /// queue's CLOCK order is exact within it, so the fewer entries a queue holds the
 /// further its eviction may stray from the table's least recently used.
 pub(super) const MIN_QUEUE_ENTRIES: usize = 4096;
-/// Queues per thread shard ([`crate::shard::count`]) at most: with four times as many
+/// Queues per thread shard (`crate::shard::count`) at most: with four times as many
 /// queues as cores, two cores learning at once meet on one queue 1 time in 4 x cores.
 pub(super) const QUEUES_PER_SHARD: usize = 4;
 /// First capacity of the queue; it then doubles, capped at its compaction limit.
