@@ -144,6 +144,27 @@ fn bench_stick(c: &mut Criterion) {
             start.elapsed()
         })
     });
+    // Two threads learning new keys into the full 1M table (each insert evicts one
+    // entry): with one eviction queue they take turns on its lock; with a queue per
+    // 4,096 entries (at most 4 per CPU) they rarely meet. Time per key learned.
+    g.bench_function("learn_new_2_threads_1M", |b| {
+        b.iter_custom(|iters| {
+            let per_thread = iters.div_ceil(THREADS as u64);
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..THREADS {
+                    let (t, fresh) = (big.clone(), fresh.clone());
+                    s.spawn(move || {
+                        for _ in 0..per_thread {
+                            let k = fresh.fetch_add(1, Ordering::Relaxed);
+                            t.learn(t.key(KeyKind::SessionId, &raw(k)), BACKENDS[0]);
+                        }
+                    });
+                }
+            });
+            start.elapsed()
+        })
+    });
     g.finish();
 }
 

@@ -20,6 +20,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
@@ -29,6 +30,17 @@ use crate::metrics::BackendMetrics;
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
 /// reservation race (two tasks taking the last slot) can't spin.
 const MAX_PICK_RACES: usize = 8;
+
+/// Longest round-robin cycle built: weights (reduced by their greatest common
+/// divisor) summing to more are scaled down to it. 16 slow-start steps x weights up
+/// to 256 stay exact up to 4 backends at the largest coprime weights, and for any
+/// realistic pool (12:4:2 is a cycle of 9); 64k entries cost 512 KiB and ~1 ms to
+/// build per dozen backends, once per weight change.
+const MAX_SCHEDULE: u64 = 1 << 16;
+
+/// Steps of a slow-start ramp as round robin sees it (the schedule is rebuilt at
+/// each): the weight goes 1/16, 2/16 ... of the way up.
+const RAMP_STEPS: u64 = 16;
 
 /// Largest weight, configured (1..=256) or set at run time (0..=256): weights are
 /// relative, 256 levels are plenty (HAProxy's range).
@@ -303,21 +315,34 @@ impl Backend {
     fn effective_weight(&self, slow_start: Duration) -> u64 {
         // At least 1: a pick racing a change to 0 still needs a number.
         let w = u64::from(self.weight().max(1)) * 16;
-        if slow_start.is_zero() {
-            return w;
+        match self.ramp(slow_start) {
+            Some((elapsed, total)) => (w * elapsed / total).max(1),
+            None => w,
+        }
+    }
+
+    /// The weight round robin's schedule is built for: [`Backend::effective_weight`]
+    /// with the ramp in [`RAMP_STEPS`] steps, so a ramp rebuilds the schedule at most
+    /// that many times.
+    fn scheduled_weight(&self, slow_start: Duration) -> u64 {
+        let w = u64::from(self.weight().max(1));
+        match self.ramp(slow_start) {
+            Some((elapsed, total)) => w * (RAMP_STEPS * elapsed / total).max(1),
+            None => w * RAMP_STEPS,
+        }
+    }
+
+    /// `(elapsed, total)` milliseconds of a slow-start ramp under way (`elapsed <
+    /// total`, `total` > 0); `None` when not ramping.
+    fn ramp(&self, slow_start: Duration) -> Option<(u64, u64)> {
+        let total = slow_start.as_millis() as u64;
+        let up = self.state.up_since_ms.load(Ordering::Acquire);
+        if total == 0 || up == 0 {
+            return None; // no ramp, or available since start
         }
         let since = self.state.epoch.elapsed().as_millis() as u64;
-        let up = self.state.up_since_ms.load(Ordering::Acquire);
-        if up == 0 {
-            return w; // available since start: no ramp
-        }
         let elapsed = since.saturating_sub(up - 1);
-        let total = slow_start.as_millis() as u64;
-        if elapsed >= total {
-            w
-        } else {
-            (w * elapsed / total.max(1)).max(1)
-        }
+        (elapsed < total).then_some((elapsed, total))
     }
 
     /// Reserve a connection slot if below `max_connections`.
@@ -411,8 +436,11 @@ pub struct Pool {
     pub backends: Vec<Arc<Backend>>,
     algo: Balance,
     slow_start: Duration,
-    /// Smooth weighted round robin: current weight per backend (nginx's algorithm).
-    rr: Mutex<Vec<i64>>,
+    /// Smooth weighted round robin, precomputed for the weights in force: picks
+    /// read it and advance its cursor, never lock ([`Schedule`]).
+    rr: ArcSwap<Schedule>,
+    /// Held while the schedule is rebuilt after the weights changed.
+    rr_rebuild: Mutex<()>,
     /// Rotates leastconn tie-breaking so equal backends share the load.
     tie: AtomicUsize,
     waiters: Arc<Waiters>,
@@ -476,7 +504,8 @@ impl Pool {
             })
             .collect();
         Pool {
-            rr: Mutex::new(vec![0; backends.len()]),
+            rr: ArcSwap::from_pointee(Schedule::default()),
+            rr_rebuild: Mutex::new(()),
             backends,
             algo: params.algo,
             slow_start: params.slow_start,
@@ -550,23 +579,56 @@ impl Pool {
         Pick::Backend(chosen)
     }
 
-    /// Smooth weighted round robin: each pick adds every candidate's weight to its
-    /// current value, takes the largest and subtracts the total from it. Spreads
-    /// weights evenly (5,1,1 -> a a b a c a a), not in bursts.
+    /// Smooth weighted round robin (nginx's: each step adds every backend's weight
+    /// to its current value, takes the largest and subtracts the total from it;
+    /// 5,1,1 -> a a b a c a a), precomputed as one cycle ([`Schedule`]) for the
+    /// weights of the candidates' tier and walked with an atomic cursor: a pick
+    /// is a load and a fetch-add, the only lock a rebuild after the weights changed
+    /// (run time, slow-start steps, a backend up or down), which picks meanwhile
+    /// wait for. Backends of the schedule not open to this pick (full, or already
+    /// tried) are stepped over, so the others keep their proportions.
     fn pick_round_robin(&self, open: &[usize]) -> usize {
-        let mut cw = self.rr.lock().unwrap_or_else(|e| e.into_inner());
-        let mut total = 0i64;
-        let mut best = open[0];
-        for &i in open {
-            let w = self.backends[i].effective_weight(self.slow_start) as i64;
-            cw[i] += w;
-            total += w;
-            if cw[i] > cw[best] {
-                best = i;
+        let backup = self.backends[open[0]].config.backup;
+        let mut schedule = self.rr.load();
+        if !self.schedule_fits(&schedule, backup) {
+            let _rebuilding = self.rr_rebuild.lock().unwrap_or_else(|e| e.into_inner());
+            schedule = self.rr.load();
+            if !self.schedule_fits(&schedule, backup) {
+                let weights = self
+                    .backends
+                    .iter()
+                    .map(|b| self.schedule_weight(b, backup));
+                self.rr.store(Arc::new(Schedule::build(weights.collect())));
+                schedule = self.rr.load();
             }
         }
-        cw[best] -= total;
-        best
+        for _ in 0..schedule.order.len() {
+            let at = schedule.cursor.fetch_add(1, Ordering::Relaxed) % schedule.order.len();
+            let i = schedule.order[at];
+            if open.contains(&i) {
+                return i;
+            }
+        }
+        open[0] // the schedule lost a race with a change: it is rebuilt next pick
+    }
+
+    /// A backend's weight in the schedule of the tier `backup`: 0 if it is not a
+    /// candidate of that tier.
+    fn schedule_weight(&self, b: &Backend, backup: bool) -> u64 {
+        if b.config.backup == backup && b.takes_new() {
+            b.scheduled_weight(self.slow_start)
+        } else {
+            0
+        }
+    }
+
+    fn schedule_fits(&self, s: &Schedule, backup: bool) -> bool {
+        s.weights.len() == self.backends.len()
+            && self
+                .backends
+                .iter()
+                .zip(&s.weights)
+                .all(|(b, &w)| self.schedule_weight(b, backup) == w)
     }
 
     /// Fewest active connections per unit of weight; ties rotate.
@@ -741,6 +803,63 @@ fn carried_state(previous: Option<&Pool>, c: &BackendConfig) -> Arc<BackendState
     Arc::new(state)
 }
 
+/// One cycle of smooth weighted round robin for fixed weights, and where the pool
+/// is in it.
+#[derive(Debug, Default)]
+struct Schedule {
+    /// The weight of each backend (by index) it was built for; 0 = not in it.
+    weights: Vec<u64>,
+    /// Backend indices in pick order: each backend as often as its weight (divided
+    /// by the weights' greatest common divisor), spread evenly.
+    order: Vec<usize>,
+    /// Picks made from it (wrapping around `order`).
+    cursor: AtomicUsize,
+}
+
+impl Schedule {
+    fn build(weights: Vec<u64>) -> Schedule {
+        let gcd = weights.iter().fold(0, |g, &w| gcd(g, w)).max(1);
+        let mut reduced: Vec<u64> = weights.iter().map(|&w| w / gcd).collect();
+        let sum: u64 = reduced.iter().sum();
+        if sum > MAX_SCHEDULE {
+            // Proportions to within 1 / MAX_SCHEDULE; every backend keeps a place.
+            for w in reduced.iter_mut().filter(|w| **w > 0) {
+                *w = (*w * MAX_SCHEDULE / sum).max(1);
+            }
+        }
+        let reduced: Vec<i64> = reduced.into_iter().map(|w| w as i64).collect();
+        let total: i64 = reduced.iter().sum();
+        let mut current = vec![0i64; reduced.len()];
+        let mut order = Vec::with_capacity(total as usize);
+        for _ in 0..total {
+            let mut best = None;
+            for (i, &w) in reduced.iter().enumerate().filter(|(_, &w)| w > 0) {
+                current[i] += w;
+                if best.map_or(true, |b: usize| current[i] > current[b]) {
+                    best = Some(i);
+                }
+            }
+            if let Some(b) = best {
+                current[b] -= total;
+                order.push(b);
+            }
+        }
+        Schedule {
+            weights,
+            order,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// A place in a pool's queue, given back on drop.
 struct QueueSlot<'a> {
     pool: &'a Pool,
@@ -886,6 +1005,70 @@ mod tests {
             !got.windows(3).any(|w| w.iter().all(|x| x == "a")),
             "{got:?}"
         );
+    }
+
+    /// Picks from several threads at once give every backend exactly its share
+    /// per cycle, before and after the weights change at run time (the first pick
+    /// after the change rebuilds the schedule, the others wait for it).
+    #[test]
+    fn round_robin_from_many_threads_keeps_exact_shares_across_weight_changes() {
+        let p = pool(
+            Balance::RoundRobin,
+            &[
+                backend("a", 12, false, None),
+                backend("b", 4, false, None),
+                backend("c", 2, false, None),
+            ],
+        );
+        let picks = |p: &Pool, per_thread: usize| {
+            let counts: [AtomicUsize; 3] = Default::default();
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for _ in 0..per_thread {
+                            let lease = p.try_pick(ip(1), &[]).expect("a free backend");
+                            counts[lease.backend().index].fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            });
+            counts.map(|c| c.into_inner())
+        };
+        // 4 threads x 50 cycles of 18 picks.
+        assert_eq!(picks(&p, 18 * 50), [2400, 800, 400]);
+        p.backends[0].set_weight(1);
+        p.backends[2].set_weight(3);
+        // 4 threads x 100 cycles of 8 picks at 1:4:3.
+        assert_eq!(picks(&p, 8 * 100), [400, 1600, 1200]);
+    }
+
+    /// A connection that already tried a backend is given the others in their
+    /// proportions; the schedule stepping over the tried one.
+    #[test]
+    fn round_robin_steps_over_a_tried_backend_keeping_proportions() {
+        let p = pool(
+            Balance::RoundRobin,
+            &[
+                backend("a", 4, false, None),
+                backend("b", 2, false, None),
+                backend("c", 1, false, None),
+            ],
+        );
+        let mut counts = [0usize; 3];
+        for _ in 0..7 * 30 {
+            counts[p.try_pick(ip(1), &[0]).expect("b or c").backend().index] += 1;
+        }
+        assert_eq!(counts, [0, 140, 70]);
+        // Everyone else still gets the full cycle.
+        let mut counts = [0usize; 3];
+        for _ in 0..7 * 30 {
+            counts[p
+                .try_pick(ip(1), &[])
+                .expect("a free backend")
+                .backend()
+                .index] += 1;
+        }
+        assert_eq!(counts, [120, 60, 30]);
     }
 
     #[tokio::test]

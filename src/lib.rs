@@ -75,6 +75,7 @@ mod listener;
 mod live;
 mod route;
 mod service;
+mod shard;
 mod system;
 mod ticket_keys;
 mod upgrade;

@@ -208,7 +208,7 @@ impl Server {
             }),
             shared: Arc::new(Shared {
                 metrics,
-                hard_stop: CancellationToken::new(),
+                hard_stop: crate::relay::HardStop::new(),
                 log_limiter: LogLimiter::new(),
                 confirm_budget: crate::budget::Budget::new(config.confirm_budget),
             }),
@@ -743,7 +743,7 @@ impl Server {
             of = open_before,
             "shutdown grace period over; closing remaining connections"
         );
-        self.shared.hard_stop.cancel();
+        self.shared.hard_stop.stop();
         if tokio::time::timeout(HARD_STOP_GRACE, self.tracker.wait())
             .await
             .is_err()

@@ -142,7 +142,7 @@ pub struct Shared {
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Fires when established connections must be cut (end of shutdown grace).
-    pub hard_stop: CancellationToken,
+    pub hard_stop: crate::relay::HardStop,
     /// Limits repetitive error log lines.
     pub log_limiter: LogLimiter,
     /// Extra backend handshakes placement confirmation may still spend.

@@ -30,7 +30,7 @@ pub(super) async fn relay_watched(
     server: &mut TcpStream,
     (svc, backend, open): (&Service, &Backend, &OpenConn),
     (hello, ip, pending): (Option<&ClientHelloInfo>, IpAddr, &[u8]),
-    hard_stop: &tokio_util::sync::CancellationToken,
+    hard_stop: &relay::HardStop,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
     let mut handshake = None;
     let flight = std::sync::Mutex::new(Flight::Waiting);

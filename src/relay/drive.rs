@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 use super::copy::{self, Watch};
 use super::ending::{self, Abort, Ending, Peer};
+use super::hard_stop::HardStop;
 use super::meter::{Activity, Meter, RelayCounters};
 use super::outcome::{RelayEnd, RelayStats};
 
@@ -26,7 +26,7 @@ pub async fn relay(
     idle: Duration,
     counters: &RelayCounters<'_>,
     mut watch: Option<Box<Watch<'_>>>,
-    hard_stop: &CancellationToken,
+    hard_stop: &HardStop,
 ) -> RelayStats {
     let activity = Activity::new();
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
@@ -105,13 +105,15 @@ async fn drive(
     idle: Duration,
     activity: &Activity,
     aborted: &AtomicBool,
-    hard_stop: &CancellationToken,
+    hard_stop: &HardStop,
 ) -> (RelayEnd, Option<Abort>) {
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
     let idle_timer = tokio::time::sleep(idle);
-    tokio::pin!(idle_timer);
+    // One wait for the whole relay, not one per loop turn (each registers a waiter).
+    let stopped = hard_stop.stopped();
+    tokio::pin!(idle_timer, stopped);
     loop {
         let (source, ending) = tokio::select! {
             r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
@@ -124,7 +126,7 @@ async fn drive(
                 idle_timer.as_mut().reset(tokio::time::Instant::now() + (idle - quiet));
                 continue;
             }
-            () = hard_stop.cancelled() => return (RelayEnd::Shutdown, abort),
+            () = &mut stopped => return (RelayEnd::Shutdown, abort),
         };
         match (Abort::of(source, &ending), abort) {
             (Some(found), None) => {
@@ -222,7 +224,7 @@ mod tests {
         let down = data(len, 2);
         let (up2, down2) = (up.clone(), down.clone());
         let cnt = counters();
-        let stop = CancellationToken::new();
+        let stop = HardStop::new();
         let relay = tokio::spawn(async move {
             let s = relay(
                 &mut proxy_client_side,
@@ -281,7 +283,7 @@ mod tests {
                 Duration::from_secs(30),
                 &borrow(&cnt),
                 None,
-                &CancellationToken::new(),
+                &HardStop::new(),
             )
             .await
         });
@@ -331,7 +333,7 @@ mod tests {
             Duration::from_millis(200),
             &borrow(&counters()),
             None,
-            &CancellationToken::new(),
+            &HardStop::new(),
         )
         .await;
         assert_eq!(stats.end, RelayEnd::IdleTimeout);
@@ -341,8 +343,8 @@ mod tests {
     async fn hard_stop_cuts() {
         let (_client, mut a) = pair().await;
         let (mut b, _server) = pair().await;
-        let stop = CancellationToken::new();
-        stop.cancel();
+        let stop = HardStop::new();
+        stop.stop();
         let stats = relay(
             &mut a,
             &mut b,
@@ -353,5 +355,68 @@ mod tests {
         )
         .await;
         assert_eq!(stats.end, RelayEnd::Shutdown);
+    }
+
+    /// The hard stop ends every relay, busy or idle, started on either worker: each
+    /// waits on its thread's shard and keeps its registration while chunks wake it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hard_stop_ends_every_relay_busy_or_idle() {
+        let stop = std::sync::Arc::new(HardStop::new());
+        let mut relays = Vec::new();
+        let mut clients = Vec::new();
+        for i in 0..16 {
+            let (mut client, mut a) = pair().await;
+            let (mut b, mut server) = pair().await;
+            let stop = stop.clone();
+            relays.push(tokio::spawn(async move {
+                let cnt = counters();
+                let stats = relay(
+                    &mut a,
+                    &mut b,
+                    Duration::from_secs(600),
+                    &borrow(&cnt),
+                    None,
+                    &stop,
+                )
+                .await;
+                (stats.end, cnt.0.get())
+            }));
+            // Half of them busy: bytes keep waking their relay's task.
+            if i % 2 == 0 {
+                client.write_all(b"ping").await.unwrap();
+                let mut got = [0u8; 4];
+                server.read_exact(&mut got).await.unwrap();
+                clients.push(tokio::spawn(async move {
+                    // Bounded: ends when the relay is cut (write or read fails).
+                    for _ in 0..1_000_000u32 {
+                        if client.write_all(&[7u8; 512]).await.is_err() {
+                            break;
+                        }
+                        let mut sink = [0u8; 512];
+                        match server.read(&mut sink).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                    }
+                }));
+            } else {
+                clients.push(tokio::spawn(async move {
+                    let mut sink = Vec::new();
+                    let _ = client.read_to_end(&mut sink).await; // ok: ends with the cut
+                    drop(server);
+                }));
+            }
+        }
+        // Every busy relay has moved bytes since it started waiting.
+        stop.stop();
+        for r in relays {
+            // Hang guard only: a relay the stop did not wake never ends.
+            let ended = tokio::time::timeout(Duration::from_secs(60), r).await;
+            let (end, _) = ended.expect("the hard stop ended the relay").unwrap();
+            assert_eq!(end, RelayEnd::Shutdown);
+        }
+        for c in clients {
+            c.await.unwrap();
+        }
     }
 }

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 /// First wait between checks that a peer has acknowledged everything sent to it
 /// (on loopback it has by the first check; on a LAN within a round trip or two).
@@ -134,10 +133,10 @@ pub fn reset_on_close(stream: &TcpStream) {
 /// acknowledged every byte sent to it (so the reset can't overtake them), then
 /// mark it to be reset on close. The wait ends early when the peer makes no
 /// progress for `idle` or `hard_stop` fires; the reset is sent regardless.
-pub async fn pass_on(to: &TcpStream, idle: Duration, hard_stop: &CancellationToken) {
+pub async fn pass_on(to: &TcpStream, idle: Duration, hard_stop: &super::HardStop) {
     tokio::select! {
         () = acknowledged(to, idle) => {}
-        () = hard_stop.cancelled() => {}
+        () = hard_stop.stopped() => {}
     }
     reset_on_close(to);
 }

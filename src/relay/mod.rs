@@ -11,18 +11,19 @@
 //! - `splice.rs`: splice(2) through a pooled pipe (Linux);
 //! - `meter.rs`: bytes per direction and the idle clock;
 //! - `outcome.rs`: what a relay reports ([`RelayStats`], [`RelayEnd`]);
-//! - [`ending`]: how each direction ended, and passing an abort on.
+//! - [`ending`]: how each direction ended, and passing an abort on;
+//! - `hard_stop.rs`: [`HardStop`], the end of shutdown's grace period, sharded.
 //!
 //! `plan.rs` stands apart: which relay a service's `relay:` setting means
 //! ([`plan`]), for `crossbar check`, `crossbar doctor` and the start-up log.
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 mod copy;
 mod drive;
 mod ending;
+mod hard_stop;
 mod meter;
 mod outcome;
 mod plan;
@@ -32,6 +33,7 @@ mod splice;
 pub use copy::Watch;
 pub use drive::relay;
 pub use ending::{Abort, Ending, Peer};
+pub use hard_stop::HardStop;
 pub use meter::{ConnBytes, RelayCounters};
 pub use outcome::{RelayEnd, RelayStats};
 pub use plan::{plan, RelayPlan};
@@ -61,7 +63,7 @@ pub async fn relay_as(
     idle: Duration,
     counters: &RelayCounters<'_>,
     watch: Option<Box<Watch<'_>>>,
-    hard_stop: &CancellationToken,
+    hard_stop: &HardStop,
 ) -> RelayStats {
     relay(client, server, idle, counters, watch, hard_stop).await
 }

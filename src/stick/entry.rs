@@ -19,6 +19,13 @@ pub(super) const QUEUE_SLACK_DIVISOR: usize = 2;
 pub(super) const SWEEP_COMPACT_DIVISOR: usize = 4;
 /// Smallest stale-record slack, so tiny tables don't compact on every insert.
 pub(super) const MIN_QUEUE_SLACK: usize = 64;
+/// Entries per queue below which a table does not split its queue further: a
+/// queue's CLOCK order is exact within it, so the fewer entries a queue holds the
+/// further its eviction may stray from the table's least recently used.
+pub(super) const MIN_QUEUE_ENTRIES: usize = 4096;
+/// Queues per thread shard (`crate::shard::count`) at most: with four times as many
+/// queues as cores, two cores learning at once meet on one queue 1 time in 4 x cores.
+pub(super) const QUEUES_PER_SHARD: usize = 4;
 /// First capacity of the queue; it then doubles, capped at its compaction limit.
 pub(super) const MIN_QUEUE_CAPACITY: usize = 16;
 /// The table clock starts at this many seconds (~2.1 years), not 0, so an entry loaded
@@ -169,6 +176,15 @@ impl Fifo {
 /// aim at a bucket.
 static BUCKET_SEED: LazyLock<u64> = LazyLock::new(|| fastrand::u64(..));
 
+/// A key hash mixed with [`BUCKET_SEED`] (SplitMix64's finaliser): where the map and
+/// the queues place the key.
+pub(super) fn bucket_hash(hash: u64) -> u64 {
+    let mut z = hash ^ *BUCKET_SEED;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Hasher for keys that already are (nearly always) keyed SipHash outputs: one
 /// xor and the SplitMix64 finaliser (bijective, so distinct keys stay distinct)
 /// instead of hashing them again.
@@ -177,10 +193,7 @@ pub(super) struct PassThrough(u64);
 
 impl Hasher for PassThrough {
     fn finish(&self) -> u64 {
-        let mut z = self.0 ^ *BUCKET_SEED;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        bucket_hash(self.0)
     }
 
     fn write(&mut self, bytes: &[u8]) {

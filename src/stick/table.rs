@@ -1,5 +1,5 @@
 //! The concurrent table: hashed keys to entries, lookups on a shard read lock,
-//! inserts and evictions under the queue lock, expiry by the sweeper.
+//! inserts and evictions under the lock of the key's queue, expiry by the sweeper.
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -12,12 +12,24 @@ use siphasher::sip::SipHasher13;
 
 use super::entry::*;
 use super::{EntryView, KeyKind, StickKey, TableParams, TableStats};
+use crate::shard::{self, Padded};
 
 /// Result of looking an entry up.
 pub(super) enum Found {
     Hit(u16),
     Expired(u32),
     Miss,
+}
+
+/// What making room for a new entry did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Eviction {
+    /// An entry was removed and its place handed to the caller (`count` unchanged).
+    Handed,
+    /// The entry to evict was removed meanwhile by someone else, who lowered `count`.
+    Vanished,
+    /// The queue holds no entry.
+    Empty,
 }
 
 /// How a learned key updates its entry.
@@ -45,7 +57,8 @@ pub struct StickTable {
     pub(super) source_ttl: AtomicU32,
     pub(super) hash_key: [AtomicU64; 2],
     pub(super) map: DashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
-    pub(super) queue: Mutex<Fifo>,
+    /// The CLOCK queues; a key's record is always in the same one ([`queue_of`]).
+    pub(super) queues: Box<[Padded<Mutex<Fifo>>]>,
     /// Entries in the map; raised before an insert and lowered after a removal, so it
     /// never reads below the real number and the `size` check is conservative.
     pub(super) count: AtomicUsize,
@@ -68,6 +81,7 @@ impl std::fmt::Debug for StickTable {
 impl StickTable {
     /// An empty table with a fresh random hash key.
     pub fn new(params: TableParams) -> StickTable {
+        let queues = queue_count(params.size);
         StickTable {
             ttl: AtomicU32::new(ttl_secs(params.expire)),
             source_ttl: AtomicU32::new(ttl_secs(params.source_expire)),
@@ -77,10 +91,14 @@ impl StickTable {
                 AtomicU64::new(fastrand::u64(..)),
             ],
             map: DashMap::with_hasher(BuildHasherDefault::default()),
-            queue: Mutex::new(Fifo {
-                records: VecDeque::new(),
-                next_gen: 0,
-            }),
+            queues: (0..queues)
+                .map(|_| {
+                    Padded(Mutex::new(Fifo {
+                        records: VecDeque::new(),
+                        next_gen: 0,
+                    }))
+                })
+                .collect(),
             count: AtomicUsize::new(0),
             backends: Backends::new(),
             epoch: Instant::now(),
@@ -223,10 +241,14 @@ impl StickTable {
         let now = self.now();
         let removed = self.remove_where(|e| e.idle(now) > self.ttl_of(e.kind));
         self.expired.fetch_add(removed as u64, Relaxed);
-        let mut queue = self.lock_queue();
-        let stale = queue.records.len().saturating_sub(self.count.load(Relaxed));
+        let records: usize = (0..self.queues.len())
+            .map(|q| self.lock_queue_at(q).records.len())
+            .sum();
+        let stale = records.saturating_sub(self.count.load(Relaxed));
         if stale > (self.params.size / SWEEP_COMPACT_DIVISOR).max(MIN_QUEUE_SLACK) {
-            self.compact(&mut queue);
+            for q in 0..self.queues.len() {
+                self.compact(&mut self.lock_queue_at(q));
+            }
         }
         removed
     }
@@ -243,9 +265,11 @@ impl StickTable {
     ///
     /// Keeps the hash key, the counters and the backend names.
     pub fn clear(&self) {
-        let mut queue = self.lock_queue();
+        let mut queues = self.lock_queues();
         self.remove_where(|_| true);
-        queue.records = VecDeque::new();
+        for queue in &mut queues {
+            queue.records = VecDeque::new();
+        }
     }
 
     /// Counters for metrics.
@@ -382,14 +406,34 @@ impl StickTable {
         }
     }
 
-    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Fifo> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The queue of the key whose hash is `hash`, locked.
+    pub(super) fn lock_queue(&self, hash: u64) -> MutexGuard<'_, Fifo> {
+        self.lock_queue_at(queue_of(hash, self.queues.len()))
     }
 
-    /// Most records the queue may hold before `learn` compacts it.
+    pub(super) fn lock_queue_at(&self, q: usize) -> MutexGuard<'_, Fifo> {
+        self.queues[q]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every queue, locked in order (the only order two queue locks are waited for).
+    pub(super) fn lock_queues(&self) -> Vec<MutexGuard<'_, Fifo>> {
+        (0..self.queues.len())
+            .map(|q| self.lock_queue_at(q))
+            .collect()
+    }
+
+    /// Most records the queues may hold together before `learn` compacts them.
     pub(super) fn queue_limit(&self) -> usize {
         let slack = (self.params.size / QUEUE_SLACK_DIVISOR).max(MIN_QUEUE_SLACK);
         self.params.size.saturating_add(slack)
+    }
+
+    /// Most records one queue may hold before `learn` compacts it: its share of
+    /// [`StickTable::queue_limit`].
+    pub(super) fn queue_share(&self) -> usize {
+        self.queue_limit().div_ceil(self.queues.len())
     }
 
     pub(super) fn upsert(&self, key: StickKey, backend: u16, how: Learn) {
@@ -400,18 +444,16 @@ impl StickTable {
         if self.update_existing(key, backend, how, now) {
             return;
         }
-        let mut queue = self.lock_queue();
-        // New keys are only inserted under the queue lock: re-check, then it can't appear.
+        let mut queue = self.lock_queue(key.hash);
+        // New keys are only inserted under their queue's lock: re-check, then it
+        // can't appear.
         if self.update_existing(key, backend, how, now) {
             return;
         }
-        while self.count.load(Relaxed) >= self.params.size {
-            if !self.evict_one(&mut queue, now) {
-                return; // nothing evictable: can't happen while entries have records
-            }
+        if !self.take_place(&mut queue, now) {
+            return;
         }
         let gen = queue.next_gen();
-        self.count.fetch_add(1, Relaxed);
         let flags = if how == Learn::Hint {
             HINT_COUNT_ONE
         } else {
@@ -421,11 +463,63 @@ impl StickTable {
         if self.map.insert(key.hash, entry).is_some() {
             self.count.fetch_sub(1, Relaxed);
         }
-        let limit = self.queue_limit();
+        let limit = self.queue_share();
         queue.push(QueueRecord::new(key.hash, gen), limit);
         if queue.records.len() >= limit {
             self.compact(&mut queue);
         }
+    }
+
+    /// Takes one of the `size` places for a new entry (`count` + 1), evicting first
+    /// when the table is full: the oldest unreferenced entry of `queue` (the new key's),
+    /// or, when that queue has nothing left, of another queue whose lock is free at
+    /// that moment. False when nothing could be evicted: the key is then not learned
+    /// (a full table whose other queues are all busy; the key's queue empty).
+    fn take_place(&self, queue: &mut Fifo, now: u32) -> bool {
+        let size = self.params.size;
+        let mut count = self.count.load(Relaxed);
+        loop {
+            if count < size {
+                match self
+                    .count
+                    .compare_exchange_weak(count, count + 1, Relaxed, Relaxed)
+                {
+                    Ok(_) => return true,
+                    Err(now_count) => count = now_count,
+                }
+                continue;
+            }
+            let evicted = match self.evict_one(queue, now) {
+                Eviction::Empty => self.evict_elsewhere(now),
+                found => found,
+            };
+            match evicted {
+                // The evicted entry's place passes to the new one: `count` stays, and
+                // each queue keeps its number of entries, so no queue's share of the
+                // table drifts while learners race.
+                Eviction::Handed => return true,
+                Eviction::Vanished => count = self.count.load(Relaxed),
+                Eviction::Empty => return false,
+            }
+        }
+    }
+
+    /// Evicts from the first other queue that is not locked and has an entry.
+    fn evict_elsewhere(&self, now: u32) -> Eviction {
+        for q in &*self.queues {
+            // try_lock: this thread holds its own queue, so it never waits for
+            // another (two threads could wait for each other's).
+            let mut other = match q.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            match self.evict_one(&mut other, now) {
+                Eviction::Empty => continue,
+                found => return found,
+            }
+        }
+        Eviction::Empty
     }
 
     /// Updates the entry of `key` in place if there is one; false if there is none.
@@ -484,8 +578,8 @@ impl StickTable {
         true
     }
 
-    /// Removes one entry to make room; false if the queue ran empty.
-    pub(super) fn evict_one(&self, queue: &mut Fifo, now: u32) -> bool {
+    /// Removes one entry to make room for the caller's new one.
+    pub(super) fn evict_one(&self, queue: &mut Fifo, now: u32) -> Eviction {
         let mut chances = 0;
         while let Some(record) = queue.records.pop_front() {
             let hash = record.hash();
@@ -505,20 +599,20 @@ impl StickTable {
             if self
                 .map
                 .remove_if(&hash, |_, e| e.gen == record.gen)
-                .is_some()
+                .is_none()
             {
-                self.count.fetch_sub(1, Relaxed);
-                let counter = if expired {
-                    &self.expired
-                } else {
-                    &self.evicted
-                };
-                counter.fetch_add(1, Relaxed);
+                // A lookup or forget removed it meanwhile: that made room as well.
+                return Eviction::Vanished;
             }
-            // If a lookup or forget removed it meanwhile, that made room as well.
-            return true;
+            let counter = if expired {
+                &self.expired
+            } else {
+                &self.evicted
+            };
+            counter.fetch_add(1, Relaxed);
+            return Eviction::Handed;
         }
-        false
+        Eviction::Empty
     }
 
     /// Drops stale records (O(queue), shard read locks only) and trims spare capacity.
@@ -555,6 +649,22 @@ pub(super) fn ttl_secs(ttl: Duration) -> u32 {
         .as_secs()
         .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     u32::try_from(secs).unwrap_or(u32::MAX).min(MAX_TTL_SECS)
+}
+
+/// Queues of a table of `size` entries: one (an exact CLOCK order over the whole
+/// table) below `2 * MIN_QUEUE_ENTRIES`, else one per `MIN_QUEUE_ENTRIES` entries,
+/// at most [`QUEUES_PER_SHARD`] per thread shard, a power of two.
+pub(super) fn queue_count(size: usize) -> usize {
+    let n = (size / MIN_QUEUE_ENTRIES)
+        .min(shard::count() * QUEUES_PER_SHARD)
+        .max(1);
+    1 << n.ilog2()
+}
+
+/// The queue of the key whose hash is `hash`, among `queues` (a power of two): by the
+/// bucket hash, so no state file can pile its keys into one queue.
+pub(super) fn queue_of(hash: u64, queues: usize) -> usize {
+    (bucket_hash(hash) >> 32) as usize & (queues - 1)
 }
 
 pub(super) fn secs(s: u32) -> Duration {
@@ -613,7 +723,7 @@ mod tests {
     }
 
     fn queue_len(t: &StickTable) -> usize {
-        t.lock_queue().records.len()
+        t.lock_queues().iter().map(|q| q.records.len()).sum()
     }
 
     #[test]
@@ -846,6 +956,76 @@ mod tests {
         assert!(queue_len(&t) <= t.queue_limit());
     }
 
+    /// A table large enough for several queues: two threads learning new keys never
+    /// push it past `size`; and it evicts about the oldest (each queue its own
+    /// oldest): of 2 x size keys learned in order, nearly all of the newest size stay
+    /// (each queue keeps as many entries as it had when the table filled up, so only
+    /// the difference between the queues' shares of the two halves strays: ~0.6 %).
+    #[test]
+    fn sharded_queues_keep_the_size_and_evict_about_the_oldest() {
+        const SIZE: usize = 1 << 16;
+        let t = table(SIZE);
+        assert!(t.queues.len() > 1, "{} queues", t.queues.len());
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let writers: Vec<_> = (0..2u32)
+                .map(|w| {
+                    let t = &t;
+                    s.spawn(move || {
+                        for i in (w..2 * SIZE as u32).step_by(2) {
+                            t.learn(sid(t, i), "b1");
+                        }
+                    })
+                })
+                .collect();
+            s.spawn(|| {
+                while !done.load(Relaxed) {
+                    assert!(t.stats().entries <= SIZE);
+                    std::thread::yield_now();
+                }
+            });
+            for w in writers {
+                w.join().unwrap();
+            }
+            done.store(true, Relaxed);
+        });
+        assert_eq!((t.map.len(), t.stats().entries), (SIZE, SIZE));
+        assert_eq!(t.stats().evicted, SIZE as u64);
+        assert!(queue_len(&t) <= t.queue_limit());
+
+        let t = learned(table(SIZE), 0..2 * SIZE as u32, "b1");
+        let newest_kept = (SIZE as u32..2 * SIZE as u32)
+            .filter(|&i| t.entry(sid(&t, i).hash).is_some())
+            .count();
+        assert!(
+            newest_kept >= SIZE * 98 / 100,
+            "{newest_kept} of the newest {SIZE} kept"
+        );
+    }
+
+    /// A new key whose queue is empty, in a full table, takes the place of another
+    /// queue's oldest entry.
+    #[test]
+    fn a_key_of_an_empty_queue_evicts_from_another() {
+        let size = 2 * MIN_QUEUE_ENTRIES;
+        let t = table(size);
+        let queues = t.queues.len();
+        assert!(queues > 1, "{queues} queues");
+        let t = &t;
+        let of_queue = |q: usize| (0u32..).filter(move |&i| queue_of(sid(t, i).hash, queues) == q);
+        let first: Vec<u32> = of_queue(0).take(size).collect();
+        for &i in &first {
+            t.learn(sid(t, i), "b1");
+        }
+        assert_eq!(t.stats().entries, size);
+        let newcomer = of_queue(1).next().unwrap();
+        t.learn(sid(t, newcomer), "b2");
+        assert_eq!(hit(t, &sid(t, newcomer)).as_deref(), Some("b2"));
+        assert_eq!((t.stats().entries, t.stats().evicted), (size, 1));
+        assert_eq!(hit(t, &sid(t, first[0])), None, "queue 0's oldest went");
+        assert_eq!(hit(t, &sid(t, first[1])).as_deref(), Some("b1"));
+    }
+
     #[test]
     fn stale_records_do_not_grow_the_queue() {
         let t = table(100);
@@ -893,7 +1073,10 @@ mod tests {
                 capacity < 4 * SIZE,
                 "map capacity {capacity} after {next} keys"
             );
-            assert!(t.lock_queue().records.capacity() <= t.queue_limit());
+            assert!(t
+                .lock_queues()
+                .iter()
+                .all(|q| q.records.capacity() <= t.queue_share()));
         }
     }
 
