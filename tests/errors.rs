@@ -116,6 +116,45 @@ async fn client_leaving_during_a_black_holed_connect_leaks_nothing() {
     assert_eq!(lb.active("svc", "hole"), 0);
 }
 
+/// A tcp-mode client that sent its first bytes and then resets while crossbar is
+/// still connecting (the backend's SYNs are dropped): the attempt ends at once,
+/// `end=client_closed`, rather than holding a connect for `timeouts.connect` on behalf
+/// of nobody. crossbar watches the client's socket for the reset's error without
+/// reading it (its bytes are the backend's); a peek saw the bytes and stopped
+/// watching, so this waited for the whole connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_resetting_after_its_first_bytes_during_a_connect_is_gone() {
+    let log = common::log::LogBuffer::install();
+    let hole = BlackHole::new();
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    retries: 0\n    timeouts: { connect: 10m }\n",
+        &[backend_line("hole", hole.addr, "")],
+    ))
+    .await;
+    let baseline = lb.server.open_tasks();
+
+    let mut client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    client.write_all(b"first bytes").await.unwrap();
+    wait_until("crossbar accepts", || {
+        lb.metric("crossbar_listener_accepts_total", &[]) == 1.0
+    })
+    .await;
+    socket2::SockRef::from(&client)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(client);
+
+    wait_until("end=client_closed logged", || log.contains("end=client_closed")).await;
+    wait_until("the connection task ends", || {
+        lb.server.open_tasks() == baseline
+    })
+    .await;
+    // Abandoned, not failed: the backend is not blamed.
+    let failed = lb.metric("crossbar_connect_errors_total", &[("backend", "hole")]);
+    assert_eq!(failed, 0.0);
+    assert_eq!(lb.active("svc", "hole"), 0);
+}
+
 /// A client that leaves right after connecting to a backend that never speaks: the
 /// backend sees EOF (crossbar closes its side) and the task ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

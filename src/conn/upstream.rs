@@ -12,7 +12,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use super::error::ConnError;
@@ -35,9 +35,21 @@ pub(super) enum ClientWatch {
 }
 
 impl ClientWatch {
-    /// Resolves when the client does what is watched for; never otherwise. Peeks,
-    /// never reads: bytes the client sends meanwhile stay in the socket.
+    /// Resolves when the client does what is watched for; never otherwise. Never
+    /// reads: bytes the client sends meanwhile stay in the socket.
+    ///
+    /// A reset sets the socket's error, which epoll reports (`EPOLLERR`), so
+    /// [`ClientWatch::Resets`] waits on that readiness alone, without a system call;
+    /// a client that sent its first bytes (tcp mode's usual case) is still watched.
+    /// Telling a close from a byte takes a peek, made only once the socket shows
+    /// readable (tokio clears a stale readable on a short read, so the hello's last
+    /// read leaves nothing to peek at when nothing happened since).
     pub(super) async fn fired(self, client: &TcpStream) {
+        if self == Self::Resets {
+            // An error here means the runtime is going away: give up the wait too.
+            let _ = client.ready(Interest::ERROR).await;
+            return;
+        }
         let mut probe = [0u8; 1];
         match (client.peek(&mut probe).await, self) {
             (Err(_), _) | (Ok(0), Self::Leaves | Self::Stirs) | (Ok(_), Self::Stirs) => {}
