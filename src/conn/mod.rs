@@ -175,6 +175,9 @@ impl Conn<'_> {
             hard_stop,
         )
         .await?;
+        // The relay leaves the second FIN to close(2): nothing awaits from here until
+        // both sockets are dropped (the client's with `self`, after the log line).
+        drop(server);
         watched::record_relay(&mut self.log, &stats, handshake, replayed, &svc, &backend);
         self.log.s2c += pending.len() as u64;
         let elapsed = self.started.elapsed().as_secs_f64();

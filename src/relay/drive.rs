@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::copy::{self, Watch};
-use super::ending::{self, Abort, Ending, Peer};
+use super::ending::{self, Abort, Ending, Fins, Peer};
 use super::meter::{Activity, Meter, RelayCounters};
 use super::outcome::{RelayEnd, RelayStats};
 
@@ -20,6 +20,10 @@ use super::outcome::{RelayEnd, RelayStats};
 /// A peer's abort is passed on as an abort ([`ending`]): the aborting peer's bytes
 /// still in flight are delivered first, then the other peer is reset (it is marked
 /// SO_LINGER 0 here and reset when the caller drops it).
+///
+/// A FIN is passed on as a half-close, except the second one: once both peers have
+/// sent theirs, the caller's close sends it, so the caller must drop both sockets as
+/// soon as this returns (`ending::Fins`).
 pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
@@ -32,14 +36,16 @@ pub async fn relay(
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
     let aborted = AtomicBool::new(false);
+    let fins = Fins::default();
     let on_client = watch.as_mut().and_then(|w| w.on_client.take());
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
-        let c2s = copy::pump(cr, sw, &c2s_meter, &aborted, None);
+        let c2s = copy::pump(cr, sw, &c2s_meter, ((Peer::Client, &fins), &aborted), None);
         tokio::pin!(c2s);
         let c2s = once_moved(c2s, &c2s_meter, on_client);
-        let s2c = copy::pump(sr, cw, &s2c_meter, &aborted, watch);
+        let from = (Peer::Backend, &fins);
+        let s2c = copy::pump(sr, cw, &s2c_meter, (from, &aborted), watch);
         tokio::pin!(c2s, s2c);
         drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
     };
@@ -319,6 +325,55 @@ mod tests {
         drop(writer.await.unwrap());
         let stats = relay.await.unwrap();
         assert_eq!(stats.server_to_client, sent.len() as u64);
+    }
+
+    /// One peer finishes first and keeps reading while the other still sends, then
+    /// finishes too: the first FIN reaches the other side as a half-close (its
+    /// sender still gets every byte it sends after it), and the second FIN, which
+    /// the relay leaves to the close that follows it, reaches its peer as a clean
+    /// EOF after every byte, never a reset. Both orders.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_fin_arrives_after_every_byte_in_either_order() {
+        for client_first in [true, false] {
+            let (mut client, mut proxy_client_side) = pair().await;
+            let (mut proxy_server_side, mut server) = pair().await;
+            let relay = tokio::spawn(async move {
+                let cnt = counters();
+                let stop = CancellationToken::new();
+                let idle = Duration::from_secs(30);
+                let c = &mut proxy_client_side;
+                relay(c, &mut proxy_server_side, idle, &borrow(&cnt), None, &stop).await
+                // Both sockets are closed here, as the relay's caller does.
+            });
+            let (first, second) = match client_first {
+                true => (&mut client, &mut server),
+                false => (&mut server, &mut client),
+            };
+            let early = data(1000, 3);
+            let late = data(300_000, 4);
+            first.write_all(&early).await.unwrap();
+            first.shutdown().await.unwrap();
+            // The half-close arrives after the bytes before it, as an EOF.
+            let mut got = Vec::new();
+            second.read_to_end(&mut got).await.unwrap();
+            assert!(got == early, "the first sender's bytes");
+            // The other way still carries everything, then the second FIN.
+            let ((), (got, end)) = tokio::join!(
+                async {
+                    second.write_all(&late).await.unwrap();
+                    second.shutdown().await.unwrap();
+                },
+                async {
+                    let mut got = Vec::new();
+                    let end = first.read_to_end(&mut got).await.map(|_| ());
+                    (got, end.map_err(|e| e.kind()))
+                }
+            );
+            assert_eq!(end, Ok(()), "a clean EOF, client first: {client_first}");
+            assert!(got == late, "the second sender's bytes");
+            let stats = relay.await.unwrap();
+            assert_eq!(stats.abort, None);
+        }
     }
 
     #[tokio::test]
