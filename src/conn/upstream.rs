@@ -92,7 +92,7 @@ pub(super) struct Offer<'a> {
 impl Offer<'_> {
     /// Open `backend`: dial it (a passive health result and the connect metrics
     /// either way), send it the PROXY header and the hello, then, given `answer`,
-    /// wait that long for its first byte (peeked: it stays in the socket). Gives up
+    /// wait that long for its first byte (it stays in the socket). Gives up
     /// as soon as the client does what `watch` looks for.
     pub(super) async fn open(
         &self,
@@ -158,8 +158,18 @@ impl Offer<'_> {
     }
 }
 
-/// Wait for a backend's first byte without taking it; EOF is an error.
+/// Wait for a backend's first byte without taking it (the relay reads it, with
+/// what follows, in one read); EOF or a reset first is an error.
+///
+/// Readiness alone tells, without a system call, in the usual case: nothing has
+/// read this socket yet, so a readable without a hang-up or an error means bytes
+/// are waiting. Only a close or a reset, which may come after bytes (an alert,
+/// then FIN), takes a peek to tell whether anything came first.
 async fn first_byte(server: &TcpStream) -> io::Result<()> {
+    let ready = server.ready(Interest::READABLE | Interest::ERROR).await?;
+    if ready.is_readable() && !ready.is_read_closed() && !ready.is_error() {
+        return Ok(());
+    }
     let mut probe = [0u8; 1];
     match server.peek(&mut probe).await? {
         0 => Err(io::Error::new(
