@@ -149,9 +149,8 @@ impl Conn<'_> {
             .await?;
         let backend = lease.backend().clone();
         self.log.backend = Some(backend.name.clone());
-        if keepalive.is_some() {
-            set_keepalive(&server, keepalive);
-        }
+        // The backend socket's keepalive is the relay's to turn on, once the
+        // connection has lived long enough for it to matter (`relay::Timing`).
         backend.metrics.connections.inc();
         let client_ip = self.peer.ip().to_canonical();
         if let Some(sticking) = svc.sticking() {

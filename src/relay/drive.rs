@@ -2,20 +2,44 @@
 //! the shutdown deadline, and, when a peer aborted, where that abort goes
 //! ([`ending::pass_on`]).
 use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::config::Keepalive;
 
 use super::copy::{self, Watch};
 use super::ending::{self, Abort, Ending, Fins, Peer};
 use super::meter::{Activity, Meter, RelayCounters};
 use super::outcome::{RelayEnd, RelayStats};
 
+/// A relay's clocks: how long it may sit idle, and the backend socket's keepalive.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Close after this long with no byte either way (`timeouts.idle`).
+    pub idle: Duration,
+    /// The backend socket's TCP keepalive (`keepalive:`), turned on only once the
+    /// relay has run for half its `time` ([`LazyKeepalive`]).
+    pub backend_keepalive: Option<Keepalive>,
+}
+
+impl From<Duration> for Timing {
+    /// An idle timeout and no keepalive to arm.
+    fn from(idle: Duration) -> Timing {
+        Timing {
+            idle,
+            backend_keepalive: None,
+        }
+    }
+}
+
 /// Relay `client` <-> `server` until both directions are closed, the connection is
-/// idle for `idle`, a peer aborts, or `hard_stop` fires.
+/// idle for `timing.idle`, a peer aborts, or `hard_stop` fires.
 ///
 /// A peer's abort is passed on as an abort ([`ending`]): the aborting peer's bytes
 /// still in flight are delivered first, then the other peer is reset (it is marked
@@ -27,11 +51,16 @@ use super::outcome::{RelayEnd, RelayStats};
 pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
-    idle: Duration,
+    timing: impl Into<Timing>,
     counters: &RelayCounters<'_>,
     mut watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
+    let Timing {
+        idle,
+        backend_keepalive,
+    } = timing.into();
+    let keepalive = backend_keepalive.map(|ka| LazyKeepalive::new(server, ka));
     let activity = Activity::new();
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
@@ -47,7 +76,8 @@ pub async fn relay(
         let from = (Peer::Backend, &fins);
         let s2c = copy::pump(sr, cw, &s2c_meter, (from, &aborted), watch);
         tokio::pin!(c2s, s2c);
-        drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
+        let clocks = (idle, keepalive);
+        drive(c2s, s2c, clocks, &activity, &aborted, hard_stop).await
     };
     if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
         ending::pass_on(to, idle, hard_stop).await;
@@ -102,13 +132,57 @@ fn abort_goes_to<'s>(
     Some(to)
 }
 
+/// The backend socket's keepalive, turned on when the relay has run for half of
+/// `keepalive.time`: most connections (a Puppet agent's run) end long before, and
+/// so never pay the four setsockopt calls.
+///
+/// The first probe still goes after `time` of silence, as if it had been on from
+/// the start: Linux counts that silence from the last segment received, whenever
+/// keepalive is turned on (setting TCP_KEEPIDLE on a live socket re-arms its timer
+/// for what is left), and a connection younger than `time` cannot have been silent
+/// longer. Half of `time` leaves a late timer all the margin it needs.
+pub(super) struct LazyKeepalive {
+    /// The backend socket, borrowed by the relay for as long as this lives.
+    fd: RawFd,
+    ka: Keepalive,
+    due: Instant,
+}
+
+impl LazyKeepalive {
+    fn new(server: &TcpStream, ka: Keepalive) -> LazyKeepalive {
+        LazyKeepalive {
+            fd: server.as_raw_fd(),
+            ka,
+            due: Instant::now() + ka.time / 2,
+        }
+    }
+
+    /// Turn keepalive on; a failure is logged, not fatal (as at connect before).
+    #[allow(unsafe_code)]
+    fn arm(self) {
+        // SAFETY: `fd` is the backend socket `relay` holds `&mut` to while its
+        // `drive` runs, the only caller: the descriptor is open and the same socket.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        let sock = socket2::SockRef::from(&fd);
+        if let Err(e) = crate::listener::set_keepalive(&sock, Some(self.ka)) {
+            tracing::debug!("TCP keepalive not set on the backend socket: {e}");
+        }
+    }
+}
+
+/// When the relay's timer is next due: at `idle_at`, or earlier to arm `keepalive`.
+fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>) -> Instant {
+    keepalive.map_or(idle_at, |k| k.due.min(idle_at))
+}
+
 /// Poll both directions until both are done, the relay is idle for `idle`, or
-/// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
-/// direction from it runs on until it has delivered what the aborting peer sent.
+/// `hard_stop` fires; on the way, arm the backend's keepalive when it is due. Once
+/// a peer aborts, the direction towards it stops and the direction from it runs on
+/// until it has delivered what the aborting peer sent.
 async fn drive(
     mut c2s: Pin<&mut impl Future<Output = Ending>>,
     mut s2c: Pin<&mut impl Future<Output = Ending>>,
-    idle: Duration,
+    (idle, mut keepalive): (Duration, Option<LazyKeepalive>),
     activity: &Activity,
     aborted: &AtomicBool,
     hard_stop: &CancellationToken,
@@ -116,18 +190,24 @@ async fn drive(
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
-    let idle_timer = tokio::time::sleep(idle);
+    // One timer for both clocks: a short connection never sees it fire.
+    let idle_timer = tokio::time::sleep_until(next_wake(Instant::now() + idle, keepalive.as_ref()));
     tokio::pin!(idle_timer);
     loop {
         let (source, ending) = tokio::select! {
             r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
+                let now = Instant::now();
+                if let Some(k) = keepalive.take_if(|k| k.due <= now) {
+                    k.arm();
+                }
                 let quiet = activity.idle_for();
                 if quiet >= idle {
                     return (RelayEnd::IdleTimeout, abort);
                 }
-                idle_timer.as_mut().reset(tokio::time::Instant::now() + (idle - quiet));
+                let idle_at = now + (idle - quiet);
+                idle_timer.as_mut().reset(next_wake(idle_at, keepalive.as_ref()));
                 continue;
             }
             () = hard_stop.cancelled() => return (RelayEnd::Shutdown, abort),
@@ -374,6 +454,38 @@ mod tests {
             let stats = relay.await.unwrap();
             assert_eq!(stats.abort, None);
         }
+    }
+
+    /// The backend socket's keepalive is off while the connection is younger than
+    /// half of `keepalive.time` (short connections never pay for it), then on with
+    /// the configured timing.
+    #[tokio::test(start_paused = true)]
+    async fn backend_keepalive_is_armed_once_the_connection_has_lived() {
+        let (_client, mut a) = pair().await;
+        let (mut b, _server) = pair().await;
+        // The same socket through a second descriptor: its options are the socket's.
+        let probe = socket2::SockRef::from(&b).try_clone().unwrap();
+        let ka = Keepalive {
+            time: Duration::from_secs(100),
+            interval: Duration::from_secs(7),
+            probes: 3,
+        };
+        let timing = Timing {
+            idle: Duration::from_secs(3600),
+            backend_keepalive: Some(ka),
+        };
+        let relay = tokio::spawn(async move {
+            let (cnt, stop) = (counters(), CancellationToken::new());
+            relay(&mut a, &mut b, timing, &borrow(&cnt), None, &stop).await
+        });
+        tokio::time::sleep(Duration::from_secs(49)).await;
+        assert!(!probe.keepalive().unwrap(), "on before half of `time`");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(probe.keepalive().unwrap(), "off after half of `time`");
+        assert_eq!(probe.keepalive_time().unwrap(), ka.time);
+        assert_eq!(probe.keepalive_interval().unwrap(), ka.interval);
+        assert_eq!(probe.keepalive_retries().unwrap(), ka.probes);
+        relay.abort();
     }
 
     #[tokio::test]

@@ -15,8 +15,6 @@
 //!
 //! `plan.rs` stands apart: which relay a service's `relay:` setting means
 //! ([`plan`]), for `crossbar check`, `crossbar doctor` and the start-up log.
-use std::time::Duration;
-
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +28,7 @@ mod plan;
 mod splice;
 
 pub use copy::Watch;
-pub use drive::relay;
+pub use drive::{relay, Timing};
 pub use ending::{Abort, Ending, Peer};
 pub use meter::{ConnBytes, RelayCounters};
 pub use outcome::{RelayEnd, RelayStats};
@@ -58,10 +56,10 @@ pub async fn relay_as(
     _mode: crate::config::RelayMode,
     client: &mut TcpStream,
     server: &mut TcpStream,
-    idle: Duration,
+    timing: Timing,
     counters: &RelayCounters<'_>,
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
 ) -> RelayStats {
-    relay(client, server, idle, counters, watch, hard_stop).await
+    relay(client, server, timing, counters, watch, hard_stop).await
 }
