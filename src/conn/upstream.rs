@@ -35,20 +35,20 @@ pub(super) enum ClientWatch {
 }
 
 impl ClientWatch {
-    /// Resolves when the client does what is watched for; never otherwise. Never
-    /// reads: bytes the client sends meanwhile stay in the socket.
+    /// Resolves when the client does what is watched for; never otherwise. Peeks,
+    /// never reads: bytes the client sends meanwhile stay in the socket.
     ///
-    /// A reset sets the socket's error, which epoll reports (`EPOLLERR`), so
-    /// [`ClientWatch::Resets`] waits on that readiness alone, without a system call;
-    /// a client that sent its first bytes (tcp mode's usual case) is still watched.
-    /// Telling a close from a byte takes a peek, made only once the socket shows
-    /// readable (tokio clears a stale readable on a short read, so the hello's last
-    /// read leaves nothing to peek at when nothing happened since).
+    /// [`ClientWatch::Resets`] first waits for the socket's error, which a reset
+    /// sets and epoll reports (`EPOLLERR`): no system call until then, where the
+    /// peek it replaced ran on every tcp-mode connection (the client's first bytes
+    /// made the socket readable). The peek then says whether bytes came before the
+    /// reset: those, and the reset after them, are passed on as they would reach
+    /// the backend directly (`tests/endings.rs`). Leaves and Stirs peek once the
+    /// socket shows readable; tokio clears a stale readable on the hello's short
+    /// last read, so they make no system call when nothing happened.
     pub(super) async fn fired(self, client: &TcpStream) {
-        if self == Self::Resets {
-            // An error here means the runtime is going away: give up the wait too.
-            let _ = client.ready(Interest::ERROR).await;
-            return;
+        if self == Self::Resets && client.ready(Interest::ERROR).await.is_err() {
+            return; // the runtime is going away
         }
         let mut probe = [0u8; 1];
         match (client.peek(&mut probe).await, self) {
