@@ -93,7 +93,7 @@ pub(super) async fn relay_watched(
     };
     let timing = relay::Timing {
         idle: svc.config.timeouts.idle,
-        backend_keepalive: svc.config.keepalive,
+        backend_keepalive: svc.config.keepalive.as_ref(),
     };
     let stats = relay::relay_as(
         svc.config.relay,

@@ -19,18 +19,19 @@ use super::meter::{Activity, Meter, RelayCounters};
 use super::outcome::{RelayEnd, RelayStats};
 
 /// A relay's clocks: how long it may sit idle, and the backend socket's keepalive.
+/// (Borrowed from the service: every connection's future holds this for its life.)
 #[derive(Debug, Clone, Copy)]
-pub struct Timing {
+pub struct Timing<'a> {
     /// Close after this long with no byte either way (`timeouts.idle`).
     pub idle: Duration,
     /// The backend socket's TCP keepalive (`keepalive:`), turned on only once the
     /// relay has run for half its `time` ([`LazyKeepalive`]).
-    pub backend_keepalive: Option<Keepalive>,
+    pub backend_keepalive: Option<&'a Keepalive>,
 }
 
-impl From<Duration> for Timing {
+impl From<Duration> for Timing<'_> {
     /// An idle timeout and no keepalive to arm.
-    fn from(idle: Duration) -> Timing {
+    fn from(idle: Duration) -> Self {
         Timing {
             idle,
             backend_keepalive: None,
@@ -51,7 +52,7 @@ impl From<Duration> for Timing {
 pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
-    timing: impl Into<Timing>,
+    timing: impl Into<Timing<'_>>,
     counters: &RelayCounters<'_>,
     mut watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
@@ -141,20 +142,23 @@ fn abort_goes_to<'s>(
 /// keepalive is turned on (setting TCP_KEEPIDLE on a live socket re-arms its timer
 /// for what is left), and a connection younger than `time` cannot have been silent
 /// longer. Half of `time` leaves a late timer all the margin it needs.
-pub(super) struct LazyKeepalive {
+pub(super) struct LazyKeepalive<'a> {
     /// The backend socket, borrowed by the relay for as long as this lives.
     fd: RawFd,
-    ka: Keepalive,
-    due: Instant,
+    ka: &'a Keepalive,
 }
 
-impl LazyKeepalive {
-    fn new(server: &TcpStream, ka: Keepalive) -> LazyKeepalive {
+impl<'a> LazyKeepalive<'a> {
+    fn new(server: &TcpStream, ka: &'a Keepalive) -> LazyKeepalive<'a> {
         LazyKeepalive {
             fd: server.as_raw_fd(),
             ka,
-            due: Instant::now() + ka.time / 2,
         }
+    }
+
+    /// How long after the relay's start it is armed.
+    fn due(&self) -> Duration {
+        self.ka.time / 2
     }
 
     /// Turn keepalive on; a failure is logged, not fatal (as at connect before).
@@ -164,15 +168,17 @@ impl LazyKeepalive {
         // `drive` runs, the only caller: the descriptor is open and the same socket.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
         let sock = socket2::SockRef::from(&fd);
-        if let Err(e) = crate::listener::set_keepalive(&sock, Some(self.ka)) {
+        if let Err(e) = crate::listener::set_keepalive(&sock, Some(*self.ka)) {
             tracing::debug!("TCP keepalive not set on the backend socket: {e}");
         }
     }
 }
 
-/// When the relay's timer is next due: at `idle_at`, or earlier to arm `keepalive`.
-fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>) -> Instant {
-    keepalive.map_or(idle_at, |k| k.due.min(idle_at))
+/// When the relay's timer is next due: at `idle_at`, or earlier to arm `keepalive`
+/// (the relay being `age` old now).
+fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>, age: Duration) -> Instant {
+    let now = Instant::now();
+    keepalive.map_or(idle_at, |k| idle_at.min(now + k.due().saturating_sub(age)))
 }
 
 /// Poll both directions until both are done, the relay is idle for `idle`, or
@@ -182,7 +188,7 @@ fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>) -> Instant {
 async fn drive(
     mut c2s: Pin<&mut impl Future<Output = Ending>>,
     mut s2c: Pin<&mut impl Future<Output = Ending>>,
-    (idle, mut keepalive): (Duration, Option<LazyKeepalive>),
+    (idle, mut keepalive): (Duration, Option<LazyKeepalive<'_>>),
     activity: &Activity,
     aborted: &AtomicBool,
     hard_stop: &CancellationToken,
@@ -191,7 +197,9 @@ async fn drive(
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
     // One timer for both clocks: a short connection never sees it fire.
-    let idle_timer = tokio::time::sleep_until(next_wake(Instant::now() + idle, keepalive.as_ref()));
+    let started = Instant::now();
+    let first = next_wake(started + idle, keepalive.as_ref(), Duration::ZERO);
+    let idle_timer = tokio::time::sleep_until(first);
     tokio::pin!(idle_timer);
     loop {
         let (source, ending) = tokio::select! {
@@ -199,7 +207,8 @@ async fn drive(
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
                 let now = Instant::now();
-                if let Some(k) = keepalive.take_if(|k| k.due <= now) {
+                let age = now - started;
+                if let Some(k) = keepalive.take_if(|k| k.due() <= age) {
                     k.arm();
                 }
                 let quiet = activity.idle_for();
@@ -207,7 +216,7 @@ async fn drive(
                     return (RelayEnd::IdleTimeout, abort);
                 }
                 let idle_at = now + (idle - quiet);
-                idle_timer.as_mut().reset(next_wake(idle_at, keepalive.as_ref()));
+                idle_timer.as_mut().reset(next_wake(idle_at, keepalive.as_ref(), age));
                 continue;
             }
             () = hard_stop.cancelled() => return (RelayEnd::Shutdown, abort),
@@ -465,11 +474,12 @@ mod tests {
         let (mut b, _server) = pair().await;
         // The same socket through a second descriptor: its options are the socket's.
         let probe = socket2::SockRef::from(&b).try_clone().unwrap();
-        let ka = Keepalive {
+        // Borrowed for the spawned relay's life, as the service lends its own.
+        let ka: &'static Keepalive = Box::leak(Box::new(Keepalive {
             time: Duration::from_secs(100),
             interval: Duration::from_secs(7),
             probes: 3,
-        };
+        }));
         let timing = Timing {
             idle: Duration::from_secs(3600),
             backend_keepalive: Some(ka),

@@ -56,7 +56,7 @@ pub async fn relay_as(
     _mode: crate::config::RelayMode,
     client: &mut TcpStream,
     server: &mut TcpStream,
-    timing: Timing,
+    timing: Timing<'_>,
     counters: &RelayCounters<'_>,
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &CancellationToken,
