@@ -25,7 +25,7 @@ pub struct Timing<'a> {
     /// Close after this long with no byte either way (`timeouts.idle`).
     pub idle: Duration,
     /// The backend socket's TCP keepalive (`keepalive:`), turned on only once the
-    /// relay has run for half its `time` ([`LazyKeepalive`]).
+    /// relay has run for half its `time` (`drive::LazyKeepalive`).
     pub backend_keepalive: Option<&'a Keepalive>,
 }
 
