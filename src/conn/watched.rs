@@ -91,15 +91,12 @@ pub(super) async fn relay_watched(
         s2c: &backend.metrics.bytes_s2c,
         conn: &open.bytes,
     };
-    let timing = relay::Timing {
-        idle: svc.config.timeouts.idle,
-        backend_keepalive: svc.config.keepalive.as_ref(),
-    };
+    let idle = svc.config.timeouts.idle;
     let stats = relay::relay_as(
         svc.config.relay,
         stream,
         server,
-        timing,
+        idle,
         &counters,
         watch,
         hard_stop,
