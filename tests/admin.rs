@@ -998,21 +998,7 @@ async fn writes_need_the_token() {
 
 /// Run the `crossbar` binary with arguments; (exit ok, stdout, stderr).
 async fn cli(args: Vec<String>) -> (bool, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_crossbar"))
-            .args(&args)
-            .env_remove("CROSSBAR_ADMIN")
-            .env_remove("CROSSBAR_TOKEN_FILE")
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
+    common::crossbar_cli(args).await
 }
 
 fn args(list: &[&str]) -> Vec<String> {

@@ -556,22 +556,13 @@ async fn dns_failures_keep_the_last_good_set() {
             );
             // And `crossbar status`, the operator's terminal view.
             let url = format!("http://{}", admin.addr);
-            let out = tokio::task::spawn_blocking(move || {
-                Command::new(env!("CARGO_BIN_EXE_crossbar"))
-                    .args(["status", "--admin", &url])
-                    .output()
-                    .expect("run crossbar status")
-            })
-            .await
-            .expect("status");
-            let shown = String::from_utf8_lossy(&out.stdout);
+            let status = vec!["status".to_string(), "--admin".to_string(), url];
+            let (ok, shown, err) = common::crossbar_cli(status).await;
             assert!(
-                out.status.success()
-                    && shown.contains("backends from DNS: host pool.test, 2 backends, resolved ")
+                ok && shown.contains("backends from DNS: host pool.test, 2 backends, resolved ")
                     && shown.contains("; STALE: the last lookup (")
                     && shown.contains("the last good set serves on"),
-                "{shown}{}",
-                String::from_utf8_lossy(&out.stderr)
+                "{shown}{err}"
             );
             cb.reload(&yaml).await;
             assert_eq!(pool(&cb, "svc"), want, "a reload keeps the discovered set");

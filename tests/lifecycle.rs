@@ -324,6 +324,33 @@ async fn bad_reload_keeps_the_running_config() {
     terminate(p).await;
 }
 
+/// `crossbar run` on `cfg`, its stderr in a file in `dir`, once `listen` and `admin`
+/// accept connections; the process and the file's path.
+async fn run_logged(
+    cfg: &Path,
+    dir: &Path,
+    listen: SocketAddr,
+    admin: SocketAddr,
+) -> (ChildGuard, PathBuf) {
+    let log_path = dir.join("stderr.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let p = crossbar_run(cfg, None, Stdio::from(log));
+    wait_listening(listen).await;
+    wait_listening(admin).await;
+    (p, log_path)
+}
+
+/// SIGHUP the first reload of `p`; returns once `admin` counts it as done.
+async fn reload_done(p: &ChildGuard, admin: SocketAddr) {
+    p.signal("HUP");
+    let reloaded =
+        |text: &str| metric_value(text, "crossbar_config_reloads_total", &[("result", "ok")]);
+    wait_until_async("the reload counted as done", || async move {
+        scrape(admin).await.is_some_and(|t| reloaded(&t) == 1.0)
+    })
+    .await;
+}
+
 /// An operator upgrades crossbar with a config that still names the retired
 /// `relay: kernel`: the process starts and serves (with splice-auto), says so in a
 /// warning at `file:line:col`, and a SIGHUP reload of that same file succeeds and
@@ -332,11 +359,7 @@ async fn bad_reload_keeps_the_running_config() {
 async fn retired_relay_kernel_starts_and_reloads_with_a_warning() {
     let (_echo, dir, listen, cfg) = echo_service("    relay: kernel\n").await;
     let admin = enable_admin(&cfg);
-    let log_path = dir.path().join("stderr.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let p = crossbar_run(&cfg, None, Stdio::from(log));
-    wait_listening(listen).await;
-    wait_listening(admin).await;
+    let (p, log_path) = run_logged(&cfg, dir.path(), listen, admin).await;
     let warning = format!(
         "{}:8:12: services.svc.relay: warning: `kernel` was retired",
         cfg.display()
@@ -355,13 +378,7 @@ async fn retired_relay_kernel_starts_and_reloads_with_a_warning() {
         .await
         .expect("served with the retired relay named");
 
-    p.signal("HUP");
-    let reloaded =
-        |text: &str| metric_value(text, "crossbar_config_reloads_total", &[("result", "ok")]);
-    wait_until_async("the reload counted as done", || async move {
-        scrape(admin).await.is_some_and(|t| reloaded(&t) == 1.0)
-    })
-    .await;
+    reload_done(&p, admin).await;
     wait_until_async("the reload warns again", || {
         let n = warnings();
         async move { n == 2 }
@@ -378,22 +395,12 @@ async fn retired_relay_kernel_starts_and_reloads_with_a_warning() {
 async fn a_reload_names_the_settings_only_a_restart_applies() {
     let (_echo, dir, listen, cfg) = echo_service("").await;
     let admin = enable_admin(&cfg);
-    let log_path = dir.path().join("stderr.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let p = crossbar_run(&cfg, None, Stdio::from(log));
-    wait_listening(listen).await;
-    wait_listening(admin).await;
+    let (p, log_path) = run_logged(&cfg, dir.path(), listen, admin).await;
     let moved = free_port();
     let yaml = std::fs::read_to_string(&cfg).unwrap();
     let yaml = yaml.replace(&admin.to_string(), &moved.to_string());
     std::fs::write(&cfg, format!("workers: 1\n{yaml}")).unwrap();
-    p.signal("HUP");
-    let reloaded =
-        |text: &str| metric_value(text, "crossbar_config_reloads_total", &[("result", "ok")]);
-    wait_until_async("the reload counted as done", || async move {
-        scrape(admin).await.is_some_and(|t| reloaded(&t) == 1.0)
-    })
-    .await;
+    reload_done(&p, admin).await;
     let workers = "`workers` changed from one per core to 1: the runtime keeps its threads until a restart or upgrade";
     let endpoint = format!("`admin` changed from {admin} to {moved}: the admin endpoint stays");
     let logged = |s: &str| std::fs::read_to_string(&log_path).unwrap().contains(s);

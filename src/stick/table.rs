@@ -915,33 +915,16 @@ mod tests {
         assert!(lookup_name(&t, &sid(&t, 100)).is_some());
     }
 
-    #[test]
-    fn size_is_never_exceeded_under_two_threads() {
-        const SIZE: usize = 1000;
-        const PER_THREAD: u32 = 200_000;
-        let t = table(SIZE);
+    /// Run `write(0)` and `write(1)` on two threads while a third checks, until
+    /// both end, that the table never holds more than `size` entries.
+    fn two_writers_never_past(t: &StickTable, size: usize, write: impl Fn(u32) + Sync) {
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
-            let writers: Vec<_> = (0..2u32)
-                .map(|w| {
-                    let t = &t;
-                    s.spawn(move || {
-                        for i in 0..PER_THREAD {
-                            let key = t.key(
-                                KeyKind::Ticket,
-                                &[w.to_be_bytes(), i.to_be_bytes()].concat(),
-                            );
-                            t.learn(key, if w == 0 { "b1" } else { "b2" });
-                            if i % 3 == 0 {
-                                lookup_name(t, &key);
-                            }
-                        }
-                    })
-                })
-                .collect();
+            let write = &write;
+            let writers: Vec<_> = (0..2u32).map(|w| s.spawn(move || write(w))).collect();
             s.spawn(|| {
                 while !done.load(Relaxed) {
-                    assert!(t.stats().entries <= SIZE);
+                    assert!(t.stats().entries <= size);
                     std::thread::yield_now();
                 }
             });
@@ -949,6 +932,25 @@ mod tests {
                 w.join().unwrap();
             }
             done.store(true, Relaxed);
+        });
+    }
+
+    #[test]
+    fn size_is_never_exceeded_under_two_threads() {
+        const SIZE: usize = 1000;
+        const PER_THREAD: u32 = 200_000;
+        let t = table(SIZE);
+        two_writers_never_past(&t, SIZE, |w| {
+            for i in 0..PER_THREAD {
+                let key = t.key(
+                    KeyKind::Ticket,
+                    &[w.to_be_bytes(), i.to_be_bytes()].concat(),
+                );
+                t.learn(key, if w == 0 { "b1" } else { "b2" });
+                if i % 3 == 0 {
+                    lookup_name(&t, &key);
+                }
+            }
         });
         assert_eq!(t.map.len(), SIZE);
         assert_eq!(t.stats().entries, SIZE);
@@ -966,28 +968,10 @@ mod tests {
         const SIZE: usize = 1 << 16;
         let t = table(SIZE);
         assert!(t.queues.len() > 1, "{} queues", t.queues.len());
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let writers: Vec<_> = (0..2u32)
-                .map(|w| {
-                    let t = &t;
-                    s.spawn(move || {
-                        for i in (w..2 * SIZE as u32).step_by(2) {
-                            t.learn(sid(t, i), "b1");
-                        }
-                    })
-                })
-                .collect();
-            s.spawn(|| {
-                while !done.load(Relaxed) {
-                    assert!(t.stats().entries <= SIZE);
-                    std::thread::yield_now();
-                }
-            });
-            for w in writers {
-                w.join().unwrap();
+        two_writers_never_past(&t, SIZE, |w| {
+            for i in (w..2 * SIZE as u32).step_by(2) {
+                t.learn(sid(&t, i), "b1");
             }
-            done.store(true, Relaxed);
         });
         assert_eq!((t.map.len(), t.stats().entries), (SIZE, SIZE));
         assert_eq!(t.stats().evicted, SIZE as u64);

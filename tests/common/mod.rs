@@ -20,7 +20,7 @@ pub mod wire;
 #[allow(unused_imports)] // see above
 pub use log::LogBuffer;
 #[allow(unused_imports)] // each test binary uses a different part of this module
-pub use process::{crossbar_run, free_port};
+pub use process::{crossbar_cli, crossbar_run, free_port};
 #[allow(unused_imports)] // see above
 pub use tls::ChildGuard;
 

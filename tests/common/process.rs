@@ -26,6 +26,27 @@ pub fn crossbar_run(config: &Path, upgrade: Option<&Path>, stderr: Stdio) -> Chi
     ChildGuard(cmd.spawn().expect("spawn crossbar"))
 }
 
+/// Run the `crossbar` binary with `args` (a CLI command: no admin address or token
+/// from this process's environment) off the runtime's threads; (exit ok, stdout,
+/// stderr).
+pub async fn crossbar_cli(args: Vec<String>) -> (bool, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .args(&args)
+            .env_remove("CROSSBAR_ADMIN")
+            .env_remove("CROSSBAR_TOKEN_FILE")
+            .output()
+            .expect("run crossbar");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .expect("the crossbar CLI's thread")
+}
+
 impl ChildGuard {
     /// Send the signal `sig` (`TERM`, `HUP`...) with kill(1).
     pub fn signal(&self, sig: &str) {
