@@ -42,9 +42,8 @@ const MAX_SCHEDULE: u64 = 1 << 16;
 /// each): the weight goes 1/16, 2/16 ... of the way up.
 const RAMP_STEPS: u64 = 16;
 
-/// Largest weight, configured (1..=256) or set at run time (0..=256): weights are
-/// relative, 256 levels are plenty (HAProxy's range).
-pub const MAX_WEIGHT: u32 = 256;
+/// Largest weight (the config's bound, run-time weights share it).
+pub use crate::config::MAX_WEIGHT;
 
 /// The clock of [`BackendState::served_ms`] and [`BackendState::down_ms`]: one for
 /// the process, so that times of different backends compare.

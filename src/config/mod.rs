@@ -44,6 +44,9 @@ pub const DEFAULT_LISTENER_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_RETRIES: u32 = 2;
 /// Default number of connections that may wait for a full backend pool.
 pub const DEFAULT_QUEUE_SIZE: usize = 1024;
+/// Largest weight, configured (1..=256) or set at run time (0..=256): weights are
+/// relative, 256 levels are plenty (HAProxy's range).
+pub const MAX_WEIGHT: u32 = 256;
 /// Default admin listen address (loopback only).
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9140";
 

@@ -42,7 +42,7 @@ const RELAY_KERNEL_RETIRED: &str = "warning: `kernel` was retired (the BPF sockm
      more CPU than splice, and the kernel could deliver a segment twice; \
      docs/performance.md); using splice-auto: write `relay: splice-auto` or remove the line";
 /// Largest backend weight (shared with the run-time weight).
-const MAX_WEIGHT: u64 = crate::balance::MAX_WEIGHT as u64;
+const MAX_WEIGHT: u64 = super::MAX_WEIGHT as u64;
 
 /// Everything one pass over a file's text finds.
 pub(super) struct Analysis {
