@@ -48,7 +48,17 @@ public class JdkServers {
                     out.write(body);
                 }
             });
-            s.setExecutor(Executors.newFixedThreadPool(8));
+            // A thread per connection in handshake, as many as it takes. This
+            // server does the TLS handshake blocking on its executor's thread, so a
+            // connection whose handshake waits for the client's Finished holds one.
+            // Placement confirmation holds a backend's answer (and so its thread)
+            // while it offers the hello to another backend; with a small fixed pool
+            // (8 threads), 32 agents confirming at once could take every thread of
+            // every backend and wait on each other until timeouts.server_hello,
+            // which took all three down (passive health) and refused clients. Real
+            // masters (Jetty) handshake without holding a thread, so they do not
+            // starve that way.
+            s.setExecutor(Executors.newCachedThreadPool());
             s.start();
             System.out.println("LISTEN " + name + " " + s.getAddress().getPort());
         }
