@@ -100,21 +100,60 @@ pub(super) enum Side {
     Local(io::Error),
 }
 
-/// The [`Ending`] of a direction whose bytes `moved` as far as they went: on EOF
-/// the destination is half-closed by `fin` (awaited only then, and only if
-/// `aborted` doesn't say the other direction found an abort), else the side that
-/// failed.
+/// Which peers' FINs the relay has read. The direction that finishes second leaves
+/// its FIN to close(2): the caller closes both sockets as soon as the relay returns,
+/// which sends the same FIN, so its shutdown(SHUT_WR) would be one system call per
+/// connection for nothing (HAProxy and nginx just close). Only a socket whose FIN
+/// has been read is left so: close(2) on a socket with unread bytes sends a reset,
+/// and after the FIN no byte can follow.
+#[derive(Debug, Default)]
+pub(super) struct Fins {
+    client: AtomicBool,
+    backend: AtomicBool,
+}
+
+impl Fins {
+    /// `from`'s FIN has been read (its direction's source reached EOF).
+    fn read(&self, from: Peer) {
+        self.of(from).store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `from`'s FIN has been read.
+    fn seen(&self, from: Peer) -> bool {
+        self.of(from).load(Ordering::Relaxed)
+    }
+
+    fn of(&self, peer: Peer) -> &AtomicBool {
+        match peer {
+            Peer::Client => &self.client,
+            Peer::Backend => &self.backend,
+        }
+    }
+}
+
+/// The [`Ending`] of the direction from `source` whose bytes `moved` as far as
+/// they went: on EOF the destination is half-closed by `fin` (awaited only then,
+/// and only if `aborted` doesn't say the other direction found an abort, nor `fins`
+/// that the destination's own FIN was read: then close(2) sends it), else the side
+/// that failed.
 pub(super) async fn ending_of(
     moved: Result<(), Side>,
+    (source, fins): (Peer, &Fins),
     aborted: &AtomicBool,
     fin: impl Future<Output = io::Result<()>>,
 ) -> Ending {
     match moved {
         Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
-        Ok(()) => match fin.await {
-            Ok(()) => Ending::Fin,
-            Err(e) => Ending::DestinationAborted(e),
-        },
+        Ok(()) => {
+            fins.read(source);
+            if fins.seen(source.other()) {
+                return Ending::Fin;
+            }
+            match fin.await {
+                Ok(()) => Ending::Fin,
+                Err(e) => Ending::DestinationAborted(e),
+            }
+        }
         Err(Side::Read(e)) => Ending::SourceAborted(e),
         Err(Side::Write(e)) => Ending::DestinationAborted(e),
         Err(Side::Local(e)) => Ending::Local(e),
