@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -13,7 +12,7 @@ use tokio::time::Instant;
 use crate::config::Keepalive;
 
 use super::copy::{self, Watch};
-use super::ending::{self, Abort, Ending, Fins, Peer};
+use super::ending::{self, Abort, Ending, Ends, Peer};
 use super::hard_stop::HardStop;
 use super::meter::{Activity, Meter, RelayCounters};
 use super::outcome::{RelayEnd, RelayStats};
@@ -48,7 +47,7 @@ impl From<Duration> for Timing<'_> {
 ///
 /// A FIN is passed on as a half-close, except the second one: once both peers have
 /// sent theirs, the caller's close sends it, so the caller must drop both sockets as
-/// soon as this returns (`ending::Fins`).
+/// soon as this returns (`ending::Ends`).
 pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
@@ -65,20 +64,18 @@ pub async fn relay(
     let activity = Activity::new();
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
-    let aborted = AtomicBool::new(false);
-    let fins = Fins::default();
+    let ends = Ends::default();
     let on_client = watch.as_mut().and_then(|w| w.on_client.take());
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
-        let c2s = copy::pump(cr, sw, &c2s_meter, ((Peer::Client, &fins), &aborted), None);
+        let c2s = copy::pump(cr, sw, &c2s_meter, (Peer::Client, &ends), None);
         tokio::pin!(c2s);
         let c2s = once_moved(c2s, &c2s_meter, on_client);
-        let from = (Peer::Backend, &fins);
-        let s2c = copy::pump(sr, cw, &s2c_meter, (from, &aborted), watch);
+        let s2c = copy::pump(sr, cw, &s2c_meter, (Peer::Backend, &ends), watch);
         tokio::pin!(c2s, s2c);
         let clocks = (idle, keepalive);
-        drive(c2s, s2c, clocks, &activity, &aborted, hard_stop).await
+        drive(c2s, s2c, clocks, &activity, &ends, hard_stop).await
     };
     if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
         ending::pass_on(to, idle, hard_stop).await;
@@ -190,15 +187,15 @@ async fn drive(
     mut s2c: Pin<&mut impl Future<Output = Ending>>,
     (idle, mut keepalive): (Duration, Option<LazyKeepalive<'_>>),
     activity: &Activity,
-    aborted: &AtomicBool,
+    ends: &Ends,
     hard_stop: &HardStop,
 ) -> (RelayEnd, Option<Abort>) {
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
-    // One timer for both clocks: a short connection never sees it fire.
-    let started = Instant::now();
-    let first = next_wake(started + idle, keepalive.as_ref(), Duration::ZERO);
+    // One timer for both clocks: a short connection never sees it fire. The
+    // relay's age is `activity`'s (no start instant of its own in this future).
+    let first = next_wake(Instant::now() + idle, keepalive.as_ref(), activity.age());
     let idle_timer = tokio::time::sleep_until(first);
     // One wait for the whole relay, not one per loop turn (each registers a waiter).
     let stopped = hard_stop.stopped();
@@ -209,7 +206,7 @@ async fn drive(
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
                 let now = Instant::now();
-                let age = now - started;
+                let age = activity.age();
                 if let Some(k) = keepalive.take_if(|k| k.due() <= age) {
                     k.arm();
                 }
@@ -225,7 +222,7 @@ async fn drive(
         };
         match (Abort::of(source, &ending), abort) {
             (Some(found), None) => {
-                aborted.store(true, Ordering::Relaxed);
+                ends.set_aborted();
                 abort = Some(found);
                 if found.local {
                     return (RelayEnd::LocalError, abort);

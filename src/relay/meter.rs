@@ -44,6 +44,10 @@ impl Activity {
             last_ms: AtomicU64::new(0),
         }
     }
+    /// How long since the clock started (the relay's age).
+    pub(super) fn age(&self) -> Duration {
+        self.start.elapsed()
+    }
     /// Note that a byte moved now.
     pub(super) fn touch(&self) {
         self.last_ms
