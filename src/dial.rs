@@ -5,7 +5,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::config::{BackendAddress, ProxyProtocol};
@@ -15,7 +16,7 @@ use crate::config::{BackendAddress, ProxyProtocol};
 pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<TcpStream> {
     let attempt = async {
         let stream = match addr.as_socket_addr() {
-            Some(sa) => TcpStream::connect(sa).await?,
+            Some(sa) => connect_addr(sa).await?,
             None => {
                 let mut last = io::Error::new(
                     io::ErrorKind::NotFound,
@@ -23,7 +24,7 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
                 );
                 let mut found = None;
                 for sa in tokio::net::lookup_host((addr.host.as_str(), addr.port)).await? {
-                    match TcpStream::connect(sa).await {
+                    match connect_addr(sa).await {
                         Ok(s) => {
                             found = Some(s);
                             break;
@@ -43,6 +44,40 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
             format!("no answer within {timeout:?}"),
         )
     })?
+}
+
+/// Open a TCP connection to `sa`: a non-blocking socket, connect(2), and the
+/// readiness epoll reports once the handshake is over. A connect that succeeded
+/// shows writable and nothing else; one that failed shows an error or a hang-up,
+/// and only then is `SO_ERROR` read, to say why. (`TcpStream::connect` reads
+/// `SO_ERROR` after every connect: one system call per connection that HAProxy,
+/// nginx and this don't make.)
+async fn connect_addr(sa: SocketAddr) -> io::Result<TcpStream> {
+    #[cfg(target_os = "linux")]
+    let socket = Socket::new(
+        Domain::for_address(sa),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
+    #[cfg(not(target_os = "linux"))]
+    let socket = {
+        let s = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_nonblocking(true)?;
+        s
+    };
+    match socket.connect(&sa.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let stream = TcpStream::from_std(socket.into())?;
+    let ready = stream.ready(Interest::WRITABLE | Interest::ERROR).await?;
+    if ready.is_error() || ready.is_write_closed() {
+        return Err(stream.take_error()?.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "closed while connecting")
+        }));
+    }
+    Ok(stream)
 }
 
 /// Connect for a connection of crossbar's own (health checks, the ticket-key

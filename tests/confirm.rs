@@ -283,7 +283,10 @@ impl Row {
         // What took backends down or closed clients unanswered, if anything did:
         // a failed run names its cause in its row.
         for (metric, label) in [
-            ("crossbar_server_hello_timeouts_total", "server_hello_timeouts"),
+            (
+                "crossbar_server_hello_timeouts_total",
+                "server_hello_timeouts",
+            ),
             ("crossbar_route_refused_total", "refused"),
         ] {
             let n: f64 = nodes.iter().map(|x| x.metric(metric, &[])).sum();

@@ -116,6 +116,62 @@ async fn client_leaving_during_a_black_holed_connect_leaks_nothing() {
     assert_eq!(lb.active("svc", "hole"), 0);
 }
 
+/// tcp mode watches a waiting client for a reset by the socket's error, without a
+/// system call. A client that resets with no byte sent, while crossbar is still
+/// connecting (the backend's SYNs are dropped), ends the attempt at once
+/// (`end=client_closed`, the backend not blamed); one that sent bytes before its
+/// reset has them, and then the reset, delivered to the backend that is reached
+/// next (the first connect times out), as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_reset_during_a_connect_ends_it_unless_bytes_came_first() {
+    let log = common::log::LogBuffer::install();
+    let hole = BlackHole::new();
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    retries: 0\n    timeouts: { connect: 10m }\n",
+        &[backend_line("hole", hole.addr, "")],
+    ))
+    .await;
+    let baseline = lb.server.open_tasks();
+    let client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    wait_until("crossbar accepts", || {
+        lb.metric("crossbar_listener_accepts_total", &[]) == 1.0
+    })
+    .await;
+    socket2::SockRef::from(&client)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(client);
+    wait_until("end=client_closed logged", || {
+        log.contains("end=client_closed")
+    })
+    .await;
+    wait_until("the connection task ends", || {
+        lb.server.open_tasks() == baseline
+    })
+    .await;
+    let failed = lb.metric("crossbar_connect_errors_total", &[("backend", "hole")]);
+    assert_eq!(failed, 0.0, "abandoned, not failed");
+
+    let after = Backend::silent("after").await;
+    let lb = Crossbar::start(&one_service(
+        "    mode: tcp\n    balance: first\n    retries: 1\n    timeouts: { connect: 1s }\n",
+        &[
+            backend_line("hole", hole.addr, ""),
+            backend_line("after", after.addr, ""),
+        ],
+    ))
+    .await;
+    let mut client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+    client.write_all(b"first bytes").await.unwrap();
+    socket2::SockRef::from(&client)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(client);
+    let seen = within("the next backend's report", after.next_report()).await;
+    assert_eq!(seen.received, 11, "the bytes sent before the reset");
+    assert!(!seen.clean_eof, "then the reset, not a FIN");
+}
+
 /// A client that leaves right after connecting to a backend that never speaks: the
 /// backend sees EOF (crossbar closes its side) and the task ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -556,6 +556,41 @@ async fn bytes_behind_the_hello_reach_only_the_backend_that_answered() {
     }
 }
 
+/// A backend whose answer to the hello is a few bytes and a close (an alert, then
+/// FIN; this one sends both at accept, so they are usually both there when crossbar
+/// looks) has answered: the client gets those bytes and the close, and no other
+/// backend is tried. crossbar tells an answer from a close before answering by the
+/// backend socket's readiness, peeking only when it shows a close; counting that
+/// close as unanswered would hand the hello to `spare`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_answers_and_closes_at_once_has_answered() {
+    let alert = std::sync::Arc::new(vec![0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28]);
+    let answers = Backend::server_first("answers", alert.clone()).await;
+    let spare = Backend::server_first("spare", std::sync::Arc::new(b"spare".to_vec())).await;
+    let lb = Crossbar::start(&one_service(
+        "    balance: first\n    retries: 1\n",
+        &[
+            backend_line("answers", answers.addr, ""),
+            backend_line("spare", spare.addr, ""),
+        ],
+    ))
+    .await;
+    let hello = hello_fixture("openssl3_tls13.bin");
+    for round in 0..5 {
+        let mut client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+        client.write_all(&hello).await.unwrap();
+        let (got, clean) = within("the answer", read_to_end_or_error(&mut client)).await;
+        assert_eq!(got, *alert, "round {round}: the first backend's answer");
+        assert!(clean, "round {round}: then its close, as a FIN");
+        drop(client);
+        let r = answers.next_report().await;
+        assert_eq!(r.received, hello.len() as u64, "round {round}");
+    }
+    assert_eq!(spare.accepted(), 0, "no hello went to the spare backend");
+    let errors = lb.metric("crossbar_connect_errors_total", &[("backend", "answers")]);
+    assert_eq!(errors, 0.0);
+}
+
 // ---------------------------------------------------------------------------
 // A reload that keeps a stick table applies its new lifetimes
 

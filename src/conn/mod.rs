@@ -149,9 +149,8 @@ impl Conn<'_> {
             .await?;
         let backend = lease.backend().clone();
         self.log.backend = Some(backend.name.clone());
-        if keepalive.is_some() {
-            set_keepalive(&server, keepalive);
-        }
+        // The backend socket's keepalive is the relay's to turn on, once the
+        // connection has lived long enough for it to matter (`relay::Timing`).
         backend.metrics.connections.inc();
         let client_ip = self.peer.ip().to_canonical();
         if let Some(sticking) = svc.sticking() {
@@ -175,6 +174,9 @@ impl Conn<'_> {
             hard_stop,
         )
         .await?;
+        // The relay leaves the second FIN to close(2): nothing awaits from here until
+        // both sockets are dropped (the client's with `self`, after the log line).
+        drop(server);
         watched::record_relay(&mut self.log, &stats, handshake, replayed, &svc, &backend);
         self.log.s2c += pending.len() as u64;
         let elapsed = self.started.elapsed().as_secs_f64();

@@ -12,7 +12,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use super::error::ConnError;
@@ -37,7 +37,19 @@ pub(super) enum ClientWatch {
 impl ClientWatch {
     /// Resolves when the client does what is watched for; never otherwise. Peeks,
     /// never reads: bytes the client sends meanwhile stay in the socket.
+    ///
+    /// [`ClientWatch::Resets`] first waits for the socket's error, which a reset
+    /// sets and epoll reports (`EPOLLERR`): no system call until then, where the
+    /// peek it replaced ran on every tcp-mode connection (the client's first bytes
+    /// made the socket readable). The peek then says whether bytes came before the
+    /// reset: those, and the reset after them, are passed on as they would reach
+    /// the backend directly (`tests/endings.rs`). Leaves and Stirs peek once the
+    /// socket shows readable; tokio clears a stale readable on the hello's short
+    /// last read, so they make no system call when nothing happened.
     pub(super) async fn fired(self, client: &TcpStream) {
+        if self == Self::Resets && client.ready(Interest::ERROR).await.is_err() {
+            return; // the runtime is going away
+        }
         let mut probe = [0u8; 1];
         match (client.peek(&mut probe).await, self) {
             (Err(_), _) | (Ok(0), Self::Leaves | Self::Stirs) | (Ok(_), Self::Stirs) => {}
@@ -80,7 +92,7 @@ pub(super) struct Offer<'a> {
 impl Offer<'_> {
     /// Open `backend`: dial it (a passive health result and the connect metrics
     /// either way), send it the PROXY header and the hello, then, given `answer`,
-    /// wait that long for its first byte (peeked: it stays in the socket). Gives up
+    /// wait that long for its first byte (it stays in the socket). Gives up
     /// as soon as the client does what `watch` looks for.
     pub(super) async fn open(
         &self,
@@ -146,8 +158,18 @@ impl Offer<'_> {
     }
 }
 
-/// Wait for a backend's first byte without taking it; EOF is an error.
+/// Wait for a backend's first byte without taking it (the relay reads it, with
+/// what follows, in one read); EOF or a reset first is an error.
+///
+/// Readiness alone tells, without a system call, in the usual case: nothing has
+/// read this socket yet, so a readable without a hang-up or an error means bytes
+/// are waiting. Only a close or a reset, which may come after bytes (an alert,
+/// then FIN), takes a peek to tell whether anything came first.
 async fn first_byte(server: &TcpStream) -> io::Result<()> {
+    let ready = server.ready(Interest::READABLE | Interest::ERROR).await?;
+    if ready.is_readable() && !ready.is_read_closed() && !ready.is_error() {
+        return Ok(());
+    }
     let mut probe = [0u8; 1];
     match server.peek(&mut probe).await? {
         0 => Err(io::Error::new(

@@ -91,12 +91,15 @@ pub(super) async fn relay_watched(
         s2c: &backend.metrics.bytes_s2c,
         conn: &open.bytes,
     };
-    let idle = svc.config.timeouts.idle;
+    let timing = relay::Timing {
+        idle: svc.config.timeouts.idle,
+        backend_keepalive: svc.config.keepalive.as_ref(),
+    };
     let stats = relay::relay_as(
         svc.config.relay,
         stream,
         server,
-        idle,
+        timing,
         &counters,
         watch,
         hard_stop,

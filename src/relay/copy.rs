@@ -6,13 +6,12 @@
 use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
-use super::ending::{ending_of, Ending, Side};
+use super::ending::{ending_of, Ending, Ends, Peer, Side};
 use super::meter::Meter;
 #[cfg(target_os = "linux")]
 use super::splice;
@@ -35,20 +34,22 @@ pub struct Watch<'a> {
     pub on_client: Option<Box<dyn FnOnce() + Send + 'a>>,
 }
 
-/// Relay `src` to `dst` until EOF, then half-close `dst`, unless `aborted` says the
-/// other direction found an abort: then `dst` is to be reset, and a FIN ahead of
-/// the reset would let it take a truncated stream for a complete one (a reset's
-/// error is reported once per socket, so after the other direction's write saw it,
-/// this direction's read of the aborting peer ends in a plain EOF).
+/// Relay `src` (the socket of `from.0`) to `dst` until EOF, then half-close `dst`,
+/// unless `from.1` says the other direction found an abort: then `dst` is to be
+/// reset, and a FIN ahead of the reset would let it take a truncated stream for a
+/// complete one (a reset's error is reported once per socket, so after the other
+/// direction's write saw it, this direction's read of the aborting peer ends in a
+/// plain EOF). Nor when `dst`'s own FIN was read already (`from.1`): the close that
+/// follows the relay sends that FIN ([`Ends`]).
 pub(super) async fn pump(
     src: ReadHalf<'_>,
     mut dst: WriteHalf<'_>,
     meter: &Meter<'_>,
-    aborted: &AtomicBool,
+    from: (Peer, &Ends),
     watch: Option<Box<Watch<'_>>>,
 ) -> Ending {
     let moved = move_bytes(src, &mut dst, meter, watch).await;
-    ending_of(moved, aborted, dst.shutdown()).await
+    ending_of(moved, from, dst.shutdown()).await
 }
 
 /// Move bytes `src` -> `dst` until `src` reaches EOF.

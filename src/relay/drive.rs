@@ -2,46 +2,80 @@
 //! the shutdown deadline, and, when a peer aborted, where that abort goes
 //! ([`ending::pass_on`]).
 use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::config::Keepalive;
 
 use super::copy::{self, Watch};
-use super::ending::{self, Abort, Ending, Peer};
+use super::ending::{self, Abort, Ending, Ends, Peer};
 use super::hard_stop::HardStop;
 use super::meter::{Activity, Meter, RelayCounters};
 use super::outcome::{RelayEnd, RelayStats};
 
+/// A relay's clocks: how long it may sit idle, and the backend socket's keepalive.
+/// (Borrowed from the service: every connection's future holds this for its life.)
+#[derive(Debug, Clone, Copy)]
+pub struct Timing<'a> {
+    /// Close after this long with no byte either way (`timeouts.idle`).
+    pub idle: Duration,
+    /// The backend socket's TCP keepalive (`keepalive:`), turned on only once the
+    /// relay has run for half its `time` (`drive::LazyKeepalive`).
+    pub backend_keepalive: Option<&'a Keepalive>,
+}
+
+impl From<Duration> for Timing<'_> {
+    /// An idle timeout and no keepalive to arm.
+    fn from(idle: Duration) -> Self {
+        Timing {
+            idle,
+            backend_keepalive: None,
+        }
+    }
+}
+
 /// Relay `client` <-> `server` until both directions are closed, the connection is
-/// idle for `idle`, a peer aborts, or `hard_stop` fires.
+/// idle for `timing.idle`, a peer aborts, or `hard_stop` fires.
 ///
 /// A peer's abort is passed on as an abort ([`ending`]): the aborting peer's bytes
 /// still in flight are delivered first, then the other peer is reset (it is marked
 /// SO_LINGER 0 here and reset when the caller drops it).
+///
+/// A FIN is passed on as a half-close, except the second one: once both peers have
+/// sent theirs, the caller's close sends it, so the caller must drop both sockets as
+/// soon as this returns (`ending::Ends`).
 pub async fn relay(
     client: &mut TcpStream,
     server: &mut TcpStream,
-    idle: Duration,
+    timing: impl Into<Timing<'_>>,
     counters: &RelayCounters<'_>,
     mut watch: Option<Box<Watch<'_>>>,
     hard_stop: &HardStop,
 ) -> RelayStats {
+    let Timing {
+        idle,
+        backend_keepalive,
+    } = timing.into();
+    let keepalive = backend_keepalive.map(|ka| LazyKeepalive::new(server, ka));
     let activity = Activity::new();
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
-    let aborted = AtomicBool::new(false);
+    let ends = Ends::default();
     let on_client = watch.as_mut().and_then(|w| w.on_client.take());
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
-        let c2s = copy::pump(cr, sw, &c2s_meter, &aborted, None);
+        let c2s = copy::pump(cr, sw, &c2s_meter, (Peer::Client, &ends), None);
         tokio::pin!(c2s);
         let c2s = once_moved(c2s, &c2s_meter, on_client);
-        let s2c = copy::pump(sr, cw, &s2c_meter, &aborted, watch);
+        let s2c = copy::pump(sr, cw, &s2c_meter, (Peer::Backend, &ends), watch);
         tokio::pin!(c2s, s2c);
-        drive(c2s, s2c, idle, &activity, &aborted, hard_stop).await
+        let clocks = (idle, keepalive);
+        drive(c2s, s2c, clocks, &activity, &ends, hard_stop).await
     };
     if let Some(to) = abort.and_then(|a| abort_goes_to(a, end, client, server)) {
         ending::pass_on(to, idle, hard_stop).await;
@@ -96,21 +130,73 @@ fn abort_goes_to<'s>(
     Some(to)
 }
 
+/// The backend socket's keepalive, turned on when the relay has run for half of
+/// `keepalive.time`: most connections (a Puppet agent's run) end long before, and
+/// so never pay the four setsockopt calls.
+///
+/// The first probe still goes after `time` of silence, as if it had been on from
+/// the start: Linux counts that silence from the last segment received, whenever
+/// keepalive is turned on (setting TCP_KEEPIDLE on a live socket re-arms its timer
+/// for what is left), and a connection younger than `time` cannot have been silent
+/// longer. Half of `time` leaves a late timer all the margin it needs.
+pub(super) struct LazyKeepalive<'a> {
+    /// The backend socket, borrowed by the relay for as long as this lives.
+    fd: RawFd,
+    ka: &'a Keepalive,
+}
+
+impl<'a> LazyKeepalive<'a> {
+    fn new(server: &TcpStream, ka: &'a Keepalive) -> LazyKeepalive<'a> {
+        LazyKeepalive {
+            fd: server.as_raw_fd(),
+            ka,
+        }
+    }
+
+    /// How long after the relay's start it is armed.
+    fn due(&self) -> Duration {
+        self.ka.time / 2
+    }
+
+    /// Turn keepalive on; a failure is logged, not fatal (as at connect before).
+    #[allow(unsafe_code)]
+    fn arm(self) {
+        // SAFETY: `fd` is the backend socket `relay` holds `&mut` to while its
+        // `drive` runs, the only caller: the descriptor is open and the same socket.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        let sock = socket2::SockRef::from(&fd);
+        if let Err(e) = crate::listener::set_keepalive(&sock, Some(*self.ka)) {
+            tracing::debug!("TCP keepalive not set on the backend socket: {e}");
+        }
+    }
+}
+
+/// When the relay's timer is next due: at `idle_at`, or earlier to arm `keepalive`
+/// (the relay being `age` old now).
+fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>, age: Duration) -> Instant {
+    let now = Instant::now();
+    keepalive.map_or(idle_at, |k| idle_at.min(now + k.due().saturating_sub(age)))
+}
+
 /// Poll both directions until both are done, the relay is idle for `idle`, or
-/// `hard_stop` fires. Once a peer aborts, the direction towards it stops and the
-/// direction from it runs on until it has delivered what the aborting peer sent.
+/// `hard_stop` fires; on the way, arm the backend's keepalive when it is due. Once
+/// a peer aborts, the direction towards it stops and the direction from it runs on
+/// until it has delivered what the aborting peer sent.
 async fn drive(
     mut c2s: Pin<&mut impl Future<Output = Ending>>,
     mut s2c: Pin<&mut impl Future<Output = Ending>>,
-    idle: Duration,
+    (idle, mut keepalive): (Duration, Option<LazyKeepalive<'_>>),
     activity: &Activity,
-    aborted: &AtomicBool,
+    ends: &Ends,
     hard_stop: &HardStop,
 ) -> (RelayEnd, Option<Abort>) {
     let (mut c2s_done, mut s2c_done) = (false, false);
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
-    let idle_timer = tokio::time::sleep(idle);
+    // One timer for both clocks: a short connection never sees it fire. The
+    // relay's age is `activity`'s (no start instant of its own in this future).
+    let first = next_wake(Instant::now() + idle, keepalive.as_ref(), activity.age());
+    let idle_timer = tokio::time::sleep_until(first);
     // One wait for the whole relay, not one per loop turn (each registers a waiter).
     let stopped = hard_stop.stopped();
     tokio::pin!(idle_timer, stopped);
@@ -119,18 +205,24 @@ async fn drive(
             r = c2s.as_mut(), if !c2s_done => { c2s_done = true; (Peer::Client, r) }
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
+                let now = Instant::now();
+                let age = activity.age();
+                if let Some(k) = keepalive.take_if(|k| k.due() <= age) {
+                    k.arm();
+                }
                 let quiet = activity.idle_for();
                 if quiet >= idle {
                     return (RelayEnd::IdleTimeout, abort);
                 }
-                idle_timer.as_mut().reset(tokio::time::Instant::now() + (idle - quiet));
+                let idle_at = now + (idle - quiet);
+                idle_timer.as_mut().reset(next_wake(idle_at, keepalive.as_ref(), age));
                 continue;
             }
             () = &mut stopped => return (RelayEnd::Shutdown, abort),
         };
         match (Abort::of(source, &ending), abort) {
             (Some(found), None) => {
-                aborted.store(true, Ordering::Relaxed);
+                ends.set_aborted();
                 abort = Some(found);
                 if found.local {
                     return (RelayEnd::LocalError, abort);
@@ -321,6 +413,88 @@ mod tests {
         drop(writer.await.unwrap());
         let stats = relay.await.unwrap();
         assert_eq!(stats.server_to_client, sent.len() as u64);
+    }
+
+    /// One peer finishes first and keeps reading while the other still sends, then
+    /// finishes too: the first FIN reaches the other side as a half-close (its
+    /// sender still gets every byte it sends after it), and the second FIN, which
+    /// the relay leaves to the close that follows it, reaches its peer as a clean
+    /// EOF after every byte, never a reset. Both orders.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_fin_arrives_after_every_byte_in_either_order() {
+        for client_first in [true, false] {
+            let (mut client, mut proxy_client_side) = pair().await;
+            let (mut proxy_server_side, mut server) = pair().await;
+            let relay = tokio::spawn(async move {
+                let cnt = counters();
+                let stop = HardStop::new();
+                let idle = Duration::from_secs(30);
+                let c = &mut proxy_client_side;
+                relay(c, &mut proxy_server_side, idle, &borrow(&cnt), None, &stop).await
+                // Both sockets are closed here, as the relay's caller does.
+            });
+            let (first, second) = match client_first {
+                true => (&mut client, &mut server),
+                false => (&mut server, &mut client),
+            };
+            let early = data(1000, 3);
+            let late = data(300_000, 4);
+            first.write_all(&early).await.unwrap();
+            first.shutdown().await.unwrap();
+            // The half-close arrives after the bytes before it, as an EOF.
+            let mut got = Vec::new();
+            second.read_to_end(&mut got).await.unwrap();
+            assert!(got == early, "the first sender's bytes");
+            // The other way still carries everything, then the second FIN.
+            let ((), (got, end)) = tokio::join!(
+                async {
+                    second.write_all(&late).await.unwrap();
+                    second.shutdown().await.unwrap();
+                },
+                async {
+                    let mut got = Vec::new();
+                    let end = first.read_to_end(&mut got).await.map(|_| ());
+                    (got, end.map_err(|e| e.kind()))
+                }
+            );
+            assert_eq!(end, Ok(()), "a clean EOF, client first: {client_first}");
+            assert!(got == late, "the second sender's bytes");
+            let stats = relay.await.unwrap();
+            assert_eq!(stats.abort, None);
+        }
+    }
+
+    /// The backend socket's keepalive is off while the connection is younger than
+    /// half of `keepalive.time` (short connections never pay for it), then on with
+    /// the configured timing.
+    #[tokio::test(start_paused = true)]
+    async fn backend_keepalive_is_armed_once_the_connection_has_lived() {
+        let (_client, mut a) = pair().await;
+        let (mut b, _server) = pair().await;
+        // The same socket through a second descriptor: its options are the socket's.
+        let probe = socket2::SockRef::from(&b).try_clone().unwrap();
+        // Borrowed for the spawned relay's life, as the service lends its own.
+        let ka: &'static Keepalive = Box::leak(Box::new(Keepalive {
+            time: Duration::from_secs(100),
+            interval: Duration::from_secs(7),
+            probes: 3,
+        }));
+        let timing = Timing {
+            idle: Duration::from_secs(3600),
+            backend_keepalive: Some(ka),
+        };
+        let relay = tokio::spawn(async move {
+            let (cnt, stop) = (counters(), HardStop::new());
+            relay(&mut a, &mut b, timing, &borrow(&cnt), None, &stop).await
+        });
+        tokio::time::sleep(Duration::from_secs(49)).await;
+        assert!(!probe.keepalive().unwrap(), "on before half of `time`");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(probe.keepalive().unwrap(), "off after half of `time`");
+        assert_eq!(probe.keepalive_time().unwrap(), ka.time);
+        assert_eq!(probe.keepalive_interval().unwrap(), ka.interval);
+        assert_eq!(probe.keepalive_retries().unwrap(), ka.probes);
+        relay.abort();
     }
 
     #[tokio::test]

@@ -100,21 +100,73 @@ pub(super) enum Side {
     Local(io::Error),
 }
 
-/// The [`Ending`] of a direction whose bytes `moved` as far as they went: on EOF
-/// the destination is half-closed by `fin` (awaited only then, and only if
-/// `aborted` doesn't say the other direction found an abort), else the side that
+/// How the relay's two directions stand, shared by both: which peers' FINs have
+/// been read, and whether a direction found an abort.
+///
+/// The direction that finishes second leaves its FIN to close(2): the caller closes
+/// both sockets as soon as the relay returns, which sends the same FIN, so its
+/// shutdown(SHUT_WR) would be one system call per connection for nothing (HAProxy
+/// and nginx just close). Only a socket whose FIN has been read is left so: close(2)
+/// on a socket with unread bytes sends a reset, and after the FIN no byte can follow.
+/// (One value for both facts: each pump's future holds one pointer to it.)
+#[derive(Debug, Default)]
+pub(super) struct Ends {
+    client_fin: AtomicBool,
+    backend_fin: AtomicBool,
+    aborted: AtomicBool,
+}
+
+impl Ends {
+    /// `from`'s FIN has been read (its direction's source reached EOF).
+    fn read_fin(&self, from: Peer) {
+        self.fin(from).store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `from`'s FIN has been read.
+    fn fin_seen(&self, from: Peer) -> bool {
+        self.fin(from).load(Ordering::Relaxed)
+    }
+
+    fn fin(&self, peer: Peer) -> &AtomicBool {
+        match peer {
+            Peer::Client => &self.client_fin,
+            Peer::Backend => &self.backend_fin,
+        }
+    }
+
+    /// A direction found an abort: the other one must not half-close its
+    /// destination (it is to be reset).
+    pub(super) fn set_aborted(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+    }
+
+    fn aborted(&self) -> bool {
+        self.aborted.load(Ordering::Relaxed)
+    }
+}
+
+/// The [`Ending`] of the direction from `source` whose bytes `moved` as far as
+/// they went: on EOF the destination is half-closed by `fin` (awaited only then,
+/// and only if `ends` says neither that the other direction found an abort nor that
+/// the destination's own FIN was read: then close(2) sends it), else the side that
 /// failed.
 pub(super) async fn ending_of(
     moved: Result<(), Side>,
-    aborted: &AtomicBool,
+    (source, ends): (Peer, &Ends),
     fin: impl Future<Output = io::Result<()>>,
 ) -> Ending {
     match moved {
-        Ok(()) if aborted.load(Ordering::Relaxed) => Ending::Fin,
-        Ok(()) => match fin.await {
-            Ok(()) => Ending::Fin,
-            Err(e) => Ending::DestinationAborted(e),
-        },
+        Ok(()) if ends.aborted() => Ending::Fin,
+        Ok(()) => {
+            ends.read_fin(source);
+            if ends.fin_seen(source.other()) {
+                return Ending::Fin;
+            }
+            match fin.await {
+                Ok(()) => Ending::Fin,
+                Err(e) => Ending::DestinationAborted(e),
+            }
+        }
         Err(Side::Read(e)) => Ending::SourceAborted(e),
         Err(Side::Write(e)) => Ending::DestinationAborted(e),
         Err(Side::Local(e)) => Ending::Local(e),

@@ -2,9 +2,10 @@
 //! backend's metric and the relay's own total) and when a byte last moved either
 //! way (the idle clock).
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus::IntCounter;
+use tokio::time::Instant;
 
 /// Counters the relay adds to as bytes flow, borrowed from the backend's metric handles: no per-connection clone (and so no
 /// reference-count traffic on a cache line every connection to the backend shares).
@@ -30,7 +31,9 @@ pub struct ConnBytes {
     pub s2c: AtomicU64,
 }
 
-/// Activity clock shared by both directions: milliseconds since `start` of the last byte.
+/// Activity clock shared by both directions: milliseconds since `start` of the last
+/// byte. On tokio's clock, the one the relay's timer runs on (the same as the
+/// system's monotonic clock, but in tests with paused time).
 pub(super) struct Activity {
     start: Instant,
     last_ms: AtomicU64,
@@ -43,6 +46,10 @@ impl Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
         }
+    }
+    /// How long since the clock started (the relay's age).
+    pub(super) fn age(&self) -> Duration {
+        self.start.elapsed()
     }
     /// Note that a byte moved now.
     pub(super) fn touch(&self) {

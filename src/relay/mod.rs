@@ -16,8 +16,6 @@
 //!
 //! `plan.rs` stands apart: which relay a service's `relay:` setting means
 //! ([`plan`]), for `crossbar check`, `crossbar doctor` and the start-up log.
-use std::time::Duration;
-
 use tokio::net::TcpStream;
 
 mod copy;
@@ -31,7 +29,7 @@ mod plan;
 mod splice;
 
 pub use copy::Watch;
-pub use drive::relay;
+pub use drive::{relay, Timing};
 pub use ending::{Abort, Ending, Peer};
 pub use hard_stop::HardStop;
 pub use meter::{ConnBytes, RelayCounters};
@@ -60,10 +58,10 @@ pub async fn relay_as(
     _mode: crate::config::RelayMode,
     client: &mut TcpStream,
     server: &mut TcpStream,
-    idle: Duration,
+    timing: Timing<'_>,
     counters: &RelayCounters<'_>,
     watch: Option<Box<Watch<'_>>>,
     hard_stop: &HardStop,
 ) -> RelayStats {
-    relay(client, server, idle, counters, watch, hard_stop).await
+    relay(client, server, timing, counters, watch, hard_stop).await
 }
