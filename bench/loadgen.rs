@@ -12,12 +12,13 @@
 //!   `--mode tcp`, plain connections instead (connect, 64 bytes echoed, close).
 //! - `latency`: 64-byte ping-pong over one connection to an echo server.
 //! - `idle`: open N connections, ping each once, hold them until SIGTERM.
-//! - `freeport`: print a free loopback port (for generated configs).
+//! - `freeport`: print a free loopback port below the ephemeral range (for
+//!   generated configs: a port the load's own connections can't take first).
 //! - `probe` and `stick`: bench/scale.sh's reload pause and stick-table figures
 //!   (`scale.rs`).
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream as StdStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -206,8 +207,7 @@ fn main() -> Result<()> {
         Cmd::Probe(a) => runtime()?.block_on(scale::probe(a)),
         Cmd::Stick(a) => scale::stick(a),
         Cmd::Freeport => {
-            let l = StdListener::bind("127.0.0.1:0")?;
-            println!("{}", l.local_addr()?.port());
+            println!("{}", testbed::free_port()?.port());
             Ok(())
         }
     }

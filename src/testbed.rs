@@ -385,3 +385,34 @@ pub async fn get_on(
 pub fn missing_tool(test: &str, what: &str) -> ! {
     panic!("{test} cannot run: {what} (tests/run.sh installs it)")
 }
+
+/// A loopback address that was free a moment ago, for a process that binds it
+/// itself (a listener in another process can't hand its port back): the tests'
+/// crossbar processes and the benchmarks' generated configs.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`): a port from
+/// that range, released here, may become the source port of any outgoing
+/// connection before the other process binds it (a proxy that then never
+/// listened). Ports are tried in a sequence that differs per process and call, and
+/// each is checked by binding it.
+pub fn free_port() -> Result<SocketAddr> {
+    use std::sync::atomic::AtomicU32;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000u32, low.saturating_sub(10_000));
+    if span >= 1000 {
+        let seed = std::process::id().wrapping_mul(7919);
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = first + seed.wrapping_add(n.wrapping_mul(4099)) % span;
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
+                return Ok(l.local_addr()?);
+            }
+        }
+    }
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
+}

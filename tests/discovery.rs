@@ -694,45 +694,33 @@ async fn check_resolve_says_what_names_resolve_to() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("crossbar.yaml");
     std::fs::write(&path, service_yaml(&dns, &format!("srv: {SRV}"), "")).expect("write");
-    let config = path.clone();
-    let run = move || {
-        let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
-            .args(["check", "--resolve", "-c"])
-            .arg(&config)
-            .output()
-            .expect("run crossbar check");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-        )
-    };
-    let (ok, out) = tokio::task::spawn_blocking(run.clone())
-        .await
-        .expect("check");
-    assert!(ok, "{out}");
+    let check = vec![
+        "check".to_string(),
+        "--resolve".into(),
+        "-c".into(),
+        path.display().to_string(),
+    ];
+    let (ok, out, err) = common::crossbar_cli(check.clone()).await;
+    assert!(ok, "{out}{err}");
     assert!(
         out.contains("c1.test-8140 = 127.0.0.41:8140 weight 3")
             && out.contains("c2.test-8140 = 127.0.0.42:8140 weight 1 (backup)"),
         "{out}"
     );
     // doctor checks the backends DNS gives today (nothing listens there: it says so).
-    let doctor = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_crossbar"))
-            .args(["doctor", "-c"])
-            .arg(&path)
-            .output()
-            .expect("run crossbar doctor")
-    })
-    .await
-    .expect("doctor");
-    let report = String::from_utf8_lossy(&doctor.stdout);
+    let doctor = vec![
+        "doctor".to_string(),
+        "-c".into(),
+        path.display().to_string(),
+    ];
+    let (_, report, _) = common::crossbar_cli(doctor).await;
     assert!(
         report.contains("c1.test-8140") && report.contains("c2.test-8140"),
         "{report}"
     );
     dns.stop();
-    let (ok, out) = tokio::task::spawn_blocking(run).await.expect("check");
-    assert!(ok, "a failed lookup does not fail check: {out}");
+    let (ok, out, err) = common::crossbar_cli(check).await;
+    assert!(ok, "a failed lookup does not fail check: {out}{err}");
     assert!(out.contains("lookup failed"), "{out}");
 }
 

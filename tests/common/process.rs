@@ -72,32 +72,8 @@ impl ChildGuard {
     }
 }
 
-/// A loopback address that was free a moment ago, for a process that binds it
-/// itself (a listener in another process can't hand its port back).
-///
-/// Taken below the kernel's ephemeral range (`ip_local_port_range`): a port from
-/// that range, released here, may become the source port of any test's outgoing
-/// connection before the other process binds it (a crossbar that then never
-/// listened). Ports are tried in a sequence that differs per process and call, and
-/// each is checked by binding it.
+/// A loopback address that was free a moment ago, below the kernel's ephemeral
+/// range ([`crossbar::testbed::free_port`]), for a process that binds it itself.
 pub fn free_port() -> SocketAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32768);
-    let (first, span) = (10_000u32, low.saturating_sub(10_000));
-    if span >= 1000 {
-        let seed = std::process::id().wrapping_mul(7919);
-        for _ in 0..span {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let port = first + seed.wrapping_add(n.wrapping_mul(4099)) % span;
-            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port as u16)) {
-                return l.local_addr().expect("local address");
-            }
-        }
-    }
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("local address")
+    crossbar::testbed::free_port().expect("a free loopback port")
 }
