@@ -1,7 +1,6 @@
 //! The access log: one line per connection on target `crossbar::access`, written
-//! once at its end, and the limiter that keeps error floods from filling a disk.
+//! once at its end (error lines are bounded by `log_writer::LogLimiter`).
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -99,65 +98,5 @@ impl std::fmt::Display for Via {
             Some(a) => a.fmt(f),
             None => f.write_str("-"),
         }
-    }
-}
-
-/// Bounds error log lines (garbage floods must not fill a disk): at most
-/// `LOG_PER_SECOND` per second, then one line saying how many were suppressed.
-pub struct LogLimiter {
-    window: AtomicU64,
-    count: AtomicU64,
-    suppressed: AtomicU64,
-    epoch: Instant,
-}
-
-/// Error access-log lines allowed per second before suppression.
-const LOG_PER_SECOND: u64 = 50;
-
-impl LogLimiter {
-    /// A fresh limiter.
-    pub fn new() -> LogLimiter {
-        LogLimiter {
-            window: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
-    }
-
-    /// May one more error line be logged now?
-    pub fn allow(&self) -> bool {
-        let now = self.epoch.elapsed().as_secs();
-        if self.window.swap(now, Ordering::AcqRel) != now {
-            self.count.store(0, Ordering::Release);
-            let n = self.suppressed.swap(0, Ordering::AcqRel);
-            if n > 0 {
-                tracing::warn!(target: "crossbar::access", suppressed = n, "error log lines suppressed in the last second(s)");
-            }
-        }
-        if self.count.fetch_add(1, Ordering::AcqRel) < LOG_PER_SECOND {
-            true
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            false
-        }
-    }
-}
-
-impl Default for LogLimiter {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limiter_caps_a_burst() {
-        let l = LogLimiter::new();
-        let allowed = (0..1000).filter(|_| l.allow()).count() as u64;
-        assert!(allowed <= LOG_PER_SECOND * 2, "allowed {allowed}");
     }
 }

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use prometheus::{IntCounter, IntGauge};
 
 use crate::config::PerSource;
-use crate::metrics::SourceMetrics;
+use crate::metrics::Metrics;
 
 /// How often the sweeper drops entries that carry nothing; also how stale the
 /// tracked-sources gauge may be.
@@ -91,6 +92,35 @@ impl Refusal {
             Refusal::Rate => "source_rate",
             Refusal::Overflow => "source_overflow",
         }
+    }
+}
+
+/// A listener's per-source admission counters, taken once per table.
+#[derive(Debug, Clone)]
+pub struct SourceMetrics {
+    /// `crossbar_listener_refused_total`, one per [`Refusal`] in declaration order.
+    refused: [IntCounter; 3],
+    /// `crossbar_listener_sources_tracked`.
+    pub tracked: IntGauge,
+}
+
+impl SourceMetrics {
+    /// The handles of the listener labelled `listener`.
+    pub fn new(metrics: &Metrics, listener: &str) -> SourceMetrics {
+        let refused = [Refusal::Connections, Refusal::Rate, Refusal::Overflow];
+        SourceMetrics {
+            refused: refused.map(|r| metrics.listener_refused(listener, r.reason())),
+            tracked: metrics.sources_tracked(listener),
+        }
+    }
+
+    /// The refusal counter for `r`.
+    fn refused(&self, r: Refusal) -> &IntCounter {
+        &self.refused[match r {
+            Refusal::Connections => 0,
+            Refusal::Rate => 1,
+            Refusal::Overflow => 2,
+        }]
     }
 }
 
@@ -397,8 +427,8 @@ mod tests {
     }
 
     fn table(l: PerSource) -> Arc<Admission> {
-        let m = crate::metrics::Metrics::new();
-        Admission::new(l, m.source_metrics("test"))
+        let m = Metrics::new();
+        Admission::new(l, SourceMetrics::new(&m, "test"))
     }
 
     fn ip(s: &str) -> IpAddr {

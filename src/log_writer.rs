@@ -3,12 +3,14 @@
 //! behind, a full pipe). Lines are written in batches, buffered, flushed whenever the
 //! queue runs dry, and every queued line is written before a clean exit ([`Flush`]).
 //! When the queue is full a line is dropped and counted
-//! (`crossbar_log_lines_dropped_total`), never waited for.
+//! (`crossbar_log_lines_dropped_total`), never waited for. Error access-log lines
+//! are bounded before that, by [`LogLimiter`] (a flood must not fill a disk).
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use prometheus::IntCounter;
 
@@ -166,11 +168,66 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for QueuedWriter {
     }
 }
 
+/// Bounds error log lines (garbage floods must not fill a disk): at most
+/// `LOG_PER_SECOND` per second, then one line saying how many were suppressed.
+pub struct LogLimiter {
+    window: AtomicU64,
+    count: AtomicU64,
+    suppressed: AtomicU64,
+    epoch: Instant,
+}
+
+/// Error access-log lines allowed per second before suppression.
+const LOG_PER_SECOND: u64 = 50;
+
+impl LogLimiter {
+    /// A fresh limiter.
+    pub fn new() -> LogLimiter {
+        LogLimiter {
+            window: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// May one more error line be logged now?
+    pub fn allow(&self) -> bool {
+        let now = self.epoch.elapsed().as_secs();
+        if self.window.swap(now, Ordering::AcqRel) != now {
+            self.count.store(0, Ordering::Release);
+            let n = self.suppressed.swap(0, Ordering::AcqRel);
+            if n > 0 {
+                tracing::warn!(target: "crossbar::access", suppressed = n, "error log lines suppressed in the last second(s)");
+            }
+        }
+        if self.count.fetch_add(1, Ordering::AcqRel) < LOG_PER_SECOND {
+            true
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::{Mutex, PoisonError};
     use tracing_subscriber::fmt::MakeWriter;
+
+    #[test]
+    fn limiter_caps_a_burst() {
+        let l = LogLimiter::new();
+        let allowed = (0..1000).filter(|_| l.allow()).count() as u64;
+        assert!(allowed <= LOG_PER_SECOND * 2, "allowed {allowed}");
+    }
 
     /// A destination the test can read, or hold stalled.
     #[derive(Clone, Default)]

@@ -439,17 +439,15 @@ impl Metrics {
             .inc();
     }
 
-    /// Handles for a listener's per-source admission (`listen[].per_source`).
-    pub fn source_metrics(&self, listener: &str) -> SourceMetrics {
-        let refused = |reason: &str| self.listener_refused.with_label_values(&[listener, reason]);
-        SourceMetrics {
-            refused: [
-                refused("source_connections"),
-                refused("source_rate"),
-                refused("source_overflow"),
-            ],
-            tracked: self.sources_tracked.with_label_values(&[listener]),
-        }
+    /// `crossbar_listener_refused_total` of `listener` for `reason` (per-source
+    /// admission's reasons: `crate::admission::Refusal::reason`).
+    pub fn listener_refused(&self, listener: &str, reason: &str) -> IntCounter {
+        self.listener_refused.with_label_values(&[listener, reason])
+    }
+
+    /// `crossbar_listener_sources_tracked` of `listener`.
+    pub fn sources_tracked(&self, listener: &str) -> IntGauge {
+        self.sources_tracked.with_label_values(&[listener])
     }
 
     /// Count a configuration reload.
@@ -462,27 +460,6 @@ impl Metrics {
     /// Publish the set of stick tables read at scrape time.
     pub fn set_tables(&self, tables: Vec<(String, Arc<StickTable>)>) {
         *self.tables.tables.lock().unwrap_or_else(|e| e.into_inner()) = tables;
-    }
-}
-
-/// A listener's per-source admission counters, taken once per table.
-#[derive(Debug, Clone)]
-pub struct SourceMetrics {
-    /// `crossbar_listener_refused_total` for each [`crate::admission::Refusal`].
-    refused: [IntCounter; 3],
-    /// `crossbar_listener_sources_tracked`.
-    pub tracked: IntGauge,
-}
-
-impl SourceMetrics {
-    /// The refusal counter for `r`.
-    pub fn refused(&self, r: crate::admission::Refusal) -> &IntCounter {
-        use crate::admission::Refusal;
-        &self.refused[match r {
-            Refusal::Connections => 0,
-            Refusal::Rate => 1,
-            Refusal::Overflow => 2,
-        }]
     }
 }
 

@@ -19,10 +19,10 @@ use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::access_log::LogLimiter;
 use crate::config::{BackendConfig, Config, DiscoverConfig, ListenConfig, ServiceConfig};
 use crate::discovery::{DiscoveryStatus, Fresh, Registry};
 use crate::listener::{self, BindError, ConnLimit};
+use crate::log_writer::LogLimiter;
 use crate::metrics::Metrics;
 use crate::service::{prepare_table, ListenerRoutes, PreparedTable, Service, Shared};
 
@@ -433,7 +433,10 @@ impl Server {
             (st.services.clone(), running)
         };
         // DNS first: the gate, the state files and the pools see the discovered backends.
-        let discovered = self.discovery.first_lookups(&config, self.metrics()).await;
+        let discovered = self
+            .discovery
+            .first_lookups(&config, &self.metrics().discovery)
+            .await;
         self.discovery.expand(&mut config, &discovered);
         let groups = listen_groups(&config);
         check_kept_listeners(&groups, &running)?;
@@ -569,7 +572,8 @@ impl Server {
             .map(|h| h.local)
             .or_else(|| fresh.get(&g.key).and_then(|s| s.local_addr().ok()))
             .unwrap_or(g.config.addr);
-        let metrics = || self.shared.metrics.source_metrics(&local.to_string());
+        let metrics =
+            || crate::admission::SourceMetrics::new(&self.shared.metrics, &local.to_string());
         crate::admission::Admission::carry(old, g.config.per_source.as_ref(), metrics)
     }
 

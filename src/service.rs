@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::access_log::LogLimiter;
 use crate::balance::{Pool, PoolParams};
 use crate::config::{Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn};
 use crate::connections::OpenConnections;
+use crate::log_writer::LogLimiter;
 use crate::metrics::{Metrics, ServiceMetrics};
 use crate::route::Routes;
 use crate::stick::{

@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BackendConfig, Config, DiscoverConfig};
-use crate::metrics::Metrics;
 
 pub use resolve::{lookup, resolver, Answer, LookupError};
 pub use status::{DiscoveryMetrics, DiscoveryStatus, Snapshot};
@@ -80,7 +79,11 @@ impl Registry {
 
     /// Look up, once each, the names of `config`'s services whose `discover` is new
     /// or changed. A failure keeps the running set of that service, if it has one.
-    pub(crate) async fn first_lookups(&self, config: &Config, metrics: &Metrics) -> Vec<Fresh> {
+    pub(crate) async fn first_lookups(
+        &self,
+        config: &Config,
+        metrics: &DiscoveryMetrics,
+    ) -> Vec<Fresh> {
         let todo: Vec<(String, DiscoverConfig, Vec<BackendConfig>)> = {
             let entries = self.lock();
             config
@@ -99,11 +102,7 @@ impl Registry {
         };
         let mut out = Vec::new();
         for (service, cfg, last) in todo {
-            let status = Arc::new(DiscoveryStatus::new(
-                &service,
-                &cfg.query,
-                &metrics.discovery,
-            ));
+            let status = Arc::new(DiscoveryStatus::new(&service, &cfg.query, metrics));
             let (backends, next) = match lookup_once(&cfg).await {
                 Ok(a) => {
                     let next = next_lookup(&cfg, a.ttl);
