@@ -47,6 +47,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/haproxy-tls.sh
 source bench/haproxy-tls.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 # shellcheck source=bench/nginx-stream.sh
 source bench/nginx-stream.sh
 
@@ -115,29 +117,14 @@ crossbar_yaml() { # crossbar_yaml TARGET ADMIN_PORT
     [ -n "$w" ] && echo "workers: $w"
     echo "admin: { listen: \"127.0.0.1:$2\" }"
     echo "defaults: { health: { check: none } }"
-    echo "services:"
-    echo "  t13:"
-    echo "    listen: [\"127.0.0.1:${PORT[${1}_tls]}\"]"
-    echo "    mode: tls"
-    echo "    stick: {}"
-    echo "    backends:"
-    for i in "${!ADDRS[@]}"; do echo "      - { name: b$i, address: \"${ADDRS[$i]}\" }"; done
-    echo "  tcp:"
-    echo "    listen: [\"127.0.0.1:${PORT[${1}_tcp]}\"]"
-    echo "    mode: tcp"
-    echo "    backends:"
-    for i in "${!ECHOS[@]}"; do echo "      - { name: e$i, address: \"${ECHOS[$i]}\" }"; done
+    crossbar_cpu_services "${PORT[${1}_tls]}" "${PORT[${1}_tcp]}"
 }
 crossbar_yaml crossbar "$P_ADMIN" >"$W/crossbar.yaml"
 crossbar_yaml base "$P_BASE_ADMIN" >"$W/crossbar-base.yaml"
 {
     haproxy_head 2000 256
     haproxy_tls_listen t13 "${PORT[haproxy_tls]}" 2000 "${ADDRS[@]}"
-    echo "listen tcp"
-    echo "    bind 127.0.0.1:${PORT[haproxy_tcp]}"
-    echo "    maxconn 2000"
-    echo "    balance roundrobin"
-    for i in "${!ECHOS[@]}"; do echo "    server tcp-$i ${ECHOS[$i]}"; done
+    haproxy_tcp_listen tcp "${PORT[haproxy_tcp]}" 2000 "${ECHOS[@]}"
 } >"$W/haproxy.cfg"
 if [ "$PIN" = 1 ]; then sed -i '/^global$/a\    nbthread 1' "$W/haproxy.cfg"; fi
 mkdir -p "$W/nginx"

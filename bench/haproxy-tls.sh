@@ -1,5 +1,6 @@
-# Sourced by bench/compare.sh and bench/conn-cpu.sh: the HAProxy configuration
-# crossbar is compared with (mode tcp, classic TLS session-ID stickiness).
+# Sourced by bench/compare.sh, bench/conn-cpu.sh and bench/syscalls.sh: the HAProxy
+# configuration crossbar is compared with (mode tcp, classic TLS session-ID
+# stickiness, and a plain round-robin section for TCP).
 
 # haproxy_tls_listen NAME PORT MAXCONN BACKEND_ADDR...: a `listen` section in
 # `mode tcp` (from the defaults) balancing round robin over the backends, sticking on
@@ -20,6 +21,21 @@ haproxy_tls_listen() {
     echo "    stick-table type binary len 32 size 100k expire 30m"
     echo "    stick on payload_lv(43,1) if clienthello"
     echo "    stick store-response payload_lv(43,1) if serverhello"
+    for a in "$@"; do
+        echo "    server $name-$i $a"
+        i=$((i + 1))
+    done
+}
+
+# haproxy_tcp_listen NAME PORT MAXCONN SERVER_ADDR...: a plain `listen` section
+# balancing round robin over the servers, named NAME-0, NAME-1, ...
+haproxy_tcp_listen() {
+    local name=$1 port=$2 maxconn=$3 i=0 a
+    shift 3
+    echo "listen $name"
+    echo "    bind 127.0.0.1:$port"
+    echo "    maxconn $maxconn"
+    echo "    balance roundrobin"
     for a in "$@"; do
         echo "    server $name-$i $a"
         i=$((i + 1))

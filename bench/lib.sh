@@ -1,6 +1,8 @@
-# Sourced by bench/compare.sh and bench/confirm.sh: a work directory whose background
-# processes are killed by PID on exit, bounded waits, per-process CPU and memory, and
-# the TLS backend sets both scripts measure.
+# Sourced by bench/compare.sh, bench/confirm.sh, bench/conn-cpu.sh and
+# bench/syscalls.sh: a work directory whose background processes are killed by PID
+# on exit, bounded waits, per-process CPU and memory, the TLS backend sets
+# compare.sh and confirm.sh measure, and the services conn-cpu.sh and syscalls.sh
+# measure.
 
 # bench_workdir PREFIX: make $WORK (/tmp/PREFIX.XXXXXX, kept for its logs) and kill
 # every process `start` started, by PID, when the script exits.
@@ -96,4 +98,23 @@ crossbar_backends() {
         echo "      - { name: $1-$i, address: \"$a\" }"
         i=$((i + 1))
     done
+}
+
+# crossbar_cpu_services TLS_PORT TCP_PORT: the `services:` of a crossbar under
+# bench/conn-cpu.sh and bench/syscalls.sh: `t13` (mode tls, `stick: {}`) over the
+# TLS backends in $ADDRS, `tcp` (mode tcp) over the echo servers in $ECHOS.
+crossbar_cpu_services() {
+    local i
+    echo "services:"
+    echo "  t13:"
+    echo "    listen: [\"127.0.0.1:$1\"]"
+    echo "    mode: tls"
+    echo "    stick: {}"
+    echo "    backends:"
+    for i in "${!ADDRS[@]}"; do echo "      - { name: b$i, address: \"${ADDRS[$i]}\" }"; done
+    echo "  tcp:"
+    echo "    listen: [\"127.0.0.1:$2\"]"
+    echo "    mode: tcp"
+    echo "    backends:"
+    for i in "${!ECHOS[@]}"; do echo "      - { name: e$i, address: \"${ECHOS[$i]}\" }"; done
 }

@@ -60,18 +60,7 @@ for i in "${!TARGETS[@]}"; do
         echo "workers: 1"
         echo "admin: { listen: \"127.0.0.1:$("$LG" freeport)\" }"
         echo "defaults: { health: { check: none } }"
-        echo "services:"
-        echo "  t13:"
-        echo "    listen: [\"127.0.0.1:${PORT[${t}_tls]}\"]"
-        echo "    mode: tls"
-        echo "    stick: {}"
-        echo "    backends:"
-        for j in "${!ADDRS[@]}"; do echo "      - { name: b$j, address: \"${ADDRS[$j]}\" }"; done
-        echo "  tcp:"
-        echo "    listen: [\"127.0.0.1:${PORT[${t}_tcp]}\"]"
-        echo "    mode: tcp"
-        echo "    backends:"
-        for j in "${!ECHOS[@]}"; do echo "      - { name: e$j, address: \"${ECHOS[$j]}\" }"; done
+        crossbar_cpu_services "${PORT[${t}_tls]}" "${PORT[${t}_tcp]}"
     } >"$WORK/$t.yaml"
     RUST_LOG=warn start "$t" "${BINS[$i]}" run -c "$WORK/$t.yaml"
     PIDS+=("$LAST_PID")
@@ -79,16 +68,11 @@ for i in "${!TARGETS[@]}"; do
 done
 {
     haproxy_head 2000 256
-    echo "    nbthread 1"
     haproxy_tls_listen t13 "${PORT[haproxy_tls]}" 2000 "${ADDRS[@]}"
-    echo "listen tcp"
-    echo "    bind 127.0.0.1:${PORT[haproxy_tcp]}"
-    echo "    maxconn 2000"
-    echo "    balance roundrobin"
-    for i in "${!ECHOS[@]}"; do echo "    server tcp-$i ${ECHOS[$i]}"; done
+    haproxy_tcp_listen tcp "${PORT[haproxy_tcp]}" 2000 "${ECHOS[@]}"
 } >"$WORK/haproxy.cfg"
 # `nbthread` belongs to `global`, which haproxy_head opens.
-sed -i '/^    nbthread 1$/d; /^global$/a\    nbthread 1' "$WORK/haproxy.cfg"
+sed -i '/^global$/a\    nbthread 1' "$WORK/haproxy.cfg"
 start haproxy haproxy -db -f "$WORK/haproxy.cfg"
 PIDS+=("$LAST_PID")
 PID[haproxy]=$LAST_PID
