@@ -172,10 +172,9 @@ impl<'a> LazyKeepalive<'a> {
 }
 
 /// When the relay's timer is next due: at `idle_at`, or earlier to arm `keepalive`
-/// (the relay being `age` old now).
-fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>, age: Duration) -> Instant {
-    let now = Instant::now();
-    keepalive.map_or(idle_at, |k| idle_at.min(now + k.due().saturating_sub(age)))
+/// (due `k.due()` after the relay's start, `started`).
+fn next_wake(idle_at: Instant, keepalive: Option<&LazyKeepalive>, started: Instant) -> Instant {
+    keepalive.map_or(idle_at, |k| idle_at.min(started + k.due()))
 }
 
 /// Poll both directions until both are done, the relay is idle for `idle`, or
@@ -194,8 +193,10 @@ async fn drive(
     let mut first_close: Option<RelayEnd> = None;
     let mut abort: Option<Abort> = None;
     // One timer for both clocks: a short connection never sees it fire. The
-    // relay's age is `activity`'s (no start instant of its own in this future).
-    let first = next_wake(Instant::now() + idle, keepalive.as_ref(), activity.age());
+    // relay's start is `activity`'s (no clock read here, no instant of its own in
+    // this future).
+    let started = activity.started();
+    let first = next_wake(started + idle, keepalive.as_ref(), started);
     let idle_timer = tokio::time::sleep_until(first);
     // One wait for the whole relay, not one per loop turn (each registers a waiter).
     let stopped = hard_stop.stopped();
@@ -206,8 +207,8 @@ async fn drive(
             r = s2c.as_mut(), if !s2c_done => { s2c_done = true; (Peer::Backend, r) }
             () = &mut idle_timer => {
                 let now = Instant::now();
-                let age = activity.age();
-                if let Some(k) = keepalive.take_if(|k| k.due() <= age) {
+                let started = activity.started();
+                if let Some(k) = keepalive.take_if(|k| started + k.due() <= now) {
                     k.arm();
                 }
                 let quiet = activity.idle_for();
@@ -215,7 +216,7 @@ async fn drive(
                     return (RelayEnd::IdleTimeout, abort);
                 }
                 let idle_at = now + (idle - quiet);
-                idle_timer.as_mut().reset(next_wake(idle_at, keepalive.as_ref(), age));
+                idle_timer.as_mut().reset(next_wake(idle_at, keepalive.as_ref(), started));
                 continue;
             }
             () = &mut stopped => return (RelayEnd::Shutdown, abort),

@@ -47,9 +47,9 @@ impl Activity {
             last_ms: AtomicU64::new(0),
         }
     }
-    /// How long since the clock started (the relay's age).
-    pub(super) fn age(&self) -> Duration {
-        self.start.elapsed()
+    /// When the clock started (the relay's start).
+    pub(super) fn started(&self) -> Instant {
+        self.start
     }
     /// Note that a byte moved now.
     pub(super) fn touch(&self) {
