@@ -50,16 +50,21 @@ impl Drop for Proc {
 }
 
 /// Start `cmd` with stdout or stderr piped, and return the first line on which
-/// `find` returns something (bounded by [`WAIT`]).
+/// `find` returns something (bounded by [`WAIT`]). The other stream goes to the
+/// test's own output, and a process that ends or stays silent first fails the test
+/// with its exit status and the lines it printed (a chromedriver that quit at start
+/// once failed a run with nothing to say why).
 fn spawn_and_find<T: Send + 'static>(
     mut cmd: Command,
     stderr: bool,
     find: fn(&str) -> Option<T>,
 ) -> (Proc, T) {
+    /// Lines kept for the failure message.
+    const KEPT_LINES: usize = 40;
     if stderr {
-        cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+        cmd.stderr(Stdio::piped()).stdout(Stdio::inherit());
     } else {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
     }
     let mut child = cmd.stdin(Stdio::null()).spawn().expect("spawn");
     let out: Box<dyn std::io::Read + Send> = if stderr {
@@ -67,8 +72,10 @@ fn spawn_and_find<T: Send + 'static>(
     } else {
         Box::new(child.stdout.take().expect("piped"))
     };
-    let proc = Proc(child);
+    let mut proc = Proc(child);
     let (tx, rx) = mpsc::channel();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let lines = seen.clone();
     std::thread::spawn(move || {
         let mut sent = false;
         // Keep draining so the child never blocks on a full pipe.
@@ -77,11 +84,22 @@ fn spawn_and_find<T: Send + 'static>(
                 if let Some(v) = find(&line) {
                     let _ = tx.send(v); // ok: the test may have given up
                     sent = true;
+                } else if let Ok(mut l) = lines.lock() {
+                    if l.len() < KEPT_LINES {
+                        l.push(line);
+                    }
                 }
             }
         }
     });
-    let v = rx.recv_timeout(WAIT).expect("the expected output line");
+    let v = match rx.recv_timeout(WAIT) {
+        Ok(v) => v,
+        Err(e) => {
+            let status = proc.0.try_wait();
+            let printed = seen.lock().map(|l| l.join("\n")).unwrap_or_default();
+            panic!("no expected output line ({e}); exit status {status:?}; it printed:\n{printed}")
+        }
+    };
     (proc, v)
 }
 
