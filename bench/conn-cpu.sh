@@ -15,6 +15,7 @@
 #   bench/conn-cpu.sh [--rounds N] [--seconds S] [--mode full|resumed] [--tcp]
 #                     [--no-nginx] [--strace] [--perf] [--count] [--workers N]
 #                     [--pin] [--base BIN] [--base-workers N] [--crossbar-env K=V]
+#                     [--no-stick] [--access-log]
 #
 # --tcp:    also, in every round, plain TCP connections (`loadgen connections --mode
 #           tcp`: connect, 64 bytes echoed, close) through a `mode: tcp` service, a
@@ -35,6 +36,13 @@
 #           config, in the same interleaved rounds: before and after side by side
 #           (ratios crossbar/base too).
 # --base-workers N: the base binary's `workers` (default: the same as crossbar's).
+# --no-stick: the crossbar under test (not --base) without `stick: {}`: round robin
+#           like nginx's, no stick lookups or learning (the server's flight is still
+#           watched, for the handshake metrics). With --base set to the same binary,
+#           crossbar/base is what stickiness costs, crossbar/nginx the rest.
+# --access-log: both crossbar binaries with RUST_LOG=info, so each writes its access
+#           log (to a file in the work dir), as `crossbar run` does by default;
+#           without it RUST_LOG=warn (HAProxy and nginx log nothing here either way).
 # --crossbar-env K=V: environment for the crossbar under test only (a runtime
 #           prototype's switch, say); repeatable.
 # At the end: CPU seconds of each crossbar thread (how the work spread over them).
@@ -53,6 +61,7 @@ source bench/lib.sh
 source bench/nginx-stream.sh
 
 ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 COUNT=0 WORKERS="" PIN=0 BASE="" TCP=0 NGINX=1
+STICK=1 LOGLEVEL=warn
 BASE_WORKERS="" XB_ENV=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -69,6 +78,8 @@ while [ $# -gt 0 ]; do
         --base) BASE=$2; shift ;;
         --base-workers) BASE_WORKERS=$2; shift ;;
         --crossbar-env) XB_ENV+=("$2"); shift ;;
+        --no-stick) STICK=0 ;;
+        --access-log) LOGLEVEL=info ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -117,7 +128,9 @@ crossbar_yaml() { # crossbar_yaml TARGET ADMIN_PORT
     [ -n "$w" ] && echo "workers: $w"
     echo "admin: { listen: \"127.0.0.1:$2\" }"
     echo "defaults: { health: { check: none } }"
-    crossbar_cpu_services "${PORT[${1}_tls]}" "${PORT[${1}_tcp]}"
+    local stick=1
+    [ "$1" = crossbar ] && stick=$STICK
+    CPU_STICK=$stick crossbar_cpu_services "${PORT[${1}_tls]}" "${PORT[${1}_tcp]}"
 }
 crossbar_yaml crossbar "$P_ADMIN" >"$W/crossbar.yaml"
 crossbar_yaml base "$P_BASE_ADMIN" >"$W/crossbar-base.yaml"
@@ -136,7 +149,7 @@ mkdir -p "$W/nginx"
 } >"$W/nginx/nginx.conf"
 
 "$XB" check -c "$W/crossbar.yaml" >/dev/null
-env RUST_LOG=warn "${XB_ENV[@]}" "${PROXY_CPU[@]}" "$XB" run -c "$W/crossbar.yaml" >"$W/crossbar.log" 2>&1 &
+env RUST_LOG=$LOGLEVEL "${XB_ENV[@]}" "${PROXY_CPU[@]}" "$XB" run -c "$W/crossbar.yaml" >"$W/crossbar.log" 2>&1 &
 XB_PID=$!
 PIDS+=("$XB_PID")
 "${PROXY_CPU[@]}" haproxy -db -f "$W/haproxy.cfg" >"$W/haproxy.log" 2>&1 &
@@ -152,7 +165,7 @@ if [ "$NGINX" = 1 ]; then
     PROXIES+=("nginx:$NG_PID")
 fi
 if [ -n "$BASE" ]; then
-    RUST_LOG=warn "${PROXY_CPU[@]}" "$BASE" run -c "$W/crossbar-base.yaml" >"$W/crossbar-base.log" 2>&1 &
+    RUST_LOG=$LOGLEVEL "${PROXY_CPU[@]}" "$BASE" run -c "$W/crossbar-base.yaml" >"$W/crossbar-base.log" 2>&1 &
     BASE_PID=$!
     PIDS+=("$BASE_PID")
     PROXIES=("base:$BASE_PID" "${PROXIES[@]}")

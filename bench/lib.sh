@@ -101,15 +101,16 @@ crossbar_backends() {
 }
 
 # crossbar_cpu_services TLS_PORT TCP_PORT: the `services:` of a crossbar under
-# bench/conn-cpu.sh and bench/syscalls.sh: `t13` (mode tls, `stick: {}`) over the
-# TLS backends in $ADDRS, `tcp` (mode tcp) over the echo servers in $ECHOS.
+# bench/conn-cpu.sh and bench/syscalls.sh: `t13` (mode tls, `stick: {}` unless
+# CPU_STICK=0) over the TLS backends in $ADDRS, `tcp` (mode tcp) over the echo
+# servers in $ECHOS.
 crossbar_cpu_services() {
     local i
     echo "services:"
     echo "  t13:"
     echo "    listen: [\"127.0.0.1:$1\"]"
     echo "    mode: tls"
-    echo "    stick: {}"
+    [ "${CPU_STICK:-1}" = 0 ] || echo "    stick: {}"
     echo "    backends:"
     for i in "${!ADDRS[@]}"; do echo "      - { name: b$i, address: \"${ADDRS[$i]}\" }"; done
     echo "  tcp:"

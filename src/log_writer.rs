@@ -1,7 +1,8 @@
 //! Where log lines go: a bounded queue in front of stderr, drained by a thread of
 //! its own, so a worker never waits on a slow or stalled log destination (journald
 //! behind, a full pipe). Lines are written in batches, buffered, flushed whenever the
-//! queue runs dry, and every queued line is written before a clean exit ([`Flush`]).
+//! queue runs dry, at most once per [`BATCH_PAUSE`] while lines keep coming, and
+//! every queued line is written before a clean exit ([`Flush`]).
 //! When the queue is full a line is dropped and counted
 //! (`crossbar_log_lines_dropped_total`), never waited for. Error access-log lines
 //! are bounded before that, by [`LogLimiter`] (a flood must not fill a disk).
@@ -19,6 +20,17 @@ use prometheus::IntCounter;
 pub const QUEUE_LINES: usize = 4096;
 /// The writer thread's buffer: one write(2) for many lines.
 const WRITE_BUFFER: usize = 64 * 1024;
+/// After writing a batch the writer thread sleeps this long before it takes the
+/// next: lines queued meanwhile wake nobody (a worker's send makes no system call
+/// while the writer is not waiting on the queue) and go out in one write(2).
+/// Waking the writer for every line cost each connection a futex wake and, on a busy
+/// core, two context switches (docs/performance.md, "Access log"). At most this
+/// much delay before a line reaches stderr; the queue holds 4,096 lines, ~400k
+/// lines a second at this pause before any is dropped.
+pub const BATCH_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+/// Room a line's buffer starts with: an access-log line is 250-450 bytes, so most
+/// lines take one allocation instead of growing through seven.
+const LINE_CAPACITY: usize = 512;
 
 /// Lines dropped because the log destination did not keep up (process-wide: the
 /// registry of every server registers it).
@@ -78,11 +90,17 @@ pub fn to<W: Write + Send + 'static>(
     Ok((writer, flush))
 }
 
-/// The writer thread: write lines as they come, flush when the queue is empty, stop
-/// at the empty line [`Flush`] sends (or when every sender is gone).
+/// The writer thread: write what is queued, flush when the queue is empty, pause
+/// [`BATCH_PAUSE`], wait for the next line; stop at the empty line [`Flush`] sends
+/// (or when every sender is gone).
 fn drain<W: Write>(rx: Receiver<Vec<u8>>, out: W, dropped: &IntCounter) {
     let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER, out);
-    while let Ok(line) = rx.recv() {
+    let mut first = true;
+    loop {
+        if !std::mem::take(&mut first) {
+            std::thread::sleep(BATCH_PAUSE);
+        }
+        let Ok(line) = rx.recv() else { break };
         let mut next = Some(line);
         while let Some(line) = next.take() {
             if line.is_empty() {
@@ -163,7 +181,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for QueuedWriter {
     fn make_writer(&'a self) -> Line<'a> {
         Line {
             writer: self,
-            buf: Vec::new(),
+            buf: Vec::with_capacity(LINE_CAPACITY),
         }
     }
 }
