@@ -30,7 +30,7 @@ const WRITE_BUFFER: usize = 64 * 1024;
 pub const BATCH_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 /// Room a line's buffer starts with: an access-log line is 250-450 bytes, so most
 /// lines take one allocation instead of growing through seven.
-const LINE_CAPACITY: usize = 512;
+pub(crate) const LINE_CAPACITY: usize = 512;
 
 /// Lines dropped because the log destination did not keep up (process-wide: the
 /// registry of every server registers it).
@@ -43,6 +43,23 @@ pub fn dropped_lines() -> &'static IntCounter {
         )
         .expect("static metric definition") // ok: static
     })
+}
+
+/// The queue text lines may be put on directly, formatted by their writer rather than
+/// by tracing-subscriber (the access log's, `access_log.rs`): set by main when the
+/// log is plain text (no JSON, no colour) going through a [`QueuedWriter`].
+static DIRECT: OnceLock<QueuedWriter> = OnceLock::new();
+
+/// Let plain-text lines be queued on `writer` directly ([`direct`]); the first call
+/// wins.
+pub fn allow_direct_lines(writer: &QueuedWriter) {
+    let _ = DIRECT.set(writer.clone());
+}
+
+/// Where a plain-text line may be queued without tracing-subscriber's formatter, if
+/// anywhere.
+pub(crate) fn direct() -> Option<&'static QueuedWriter> {
+    DIRECT.get()
 }
 
 /// A `tracing_subscriber` writer: each event's line goes to the queue.
@@ -157,20 +174,27 @@ impl Write for Line<'_> {
 
 impl Drop for Line<'_> {
     fn drop(&mut self) {
-        let line = std::mem::take(&mut self.buf);
+        self.writer.queue(std::mem::take(&mut self.buf));
+    }
+}
+
+impl QueuedWriter {
+    /// Queue one whole line (its newline included); dropped and counted if the
+    /// queue is full, written to stderr directly after the clean stop.
+    pub(crate) fn queue(&self, line: Vec<u8>) {
         if line.is_empty() {
             return;
         }
-        if self.writer.closed.load(Ordering::Acquire) {
+        if self.closed.load(Ordering::Acquire) {
             // After the clean stop: nothing drains the queue any more.
             if std::io::stderr().write_all(&line).is_err() {
-                self.writer.dropped.inc();
+                self.dropped.inc();
             }
             return;
         }
-        match self.writer.tx.try_send(line) {
+        match self.tx.try_send(line) {
             Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.writer.dropped.inc(),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped.inc(),
         }
     }
 }

@@ -354,7 +354,14 @@ fn init_logging(format: LogFormat, default: &str) -> Option<crossbar::log_writer
         .with_env_filter(filter)
         .with_ansi(ansi);
     let (writer, flush) = match crossbar::log_writer::stderr() {
-        Ok((w, f)) => (BoxMakeWriter::new(w), Some(f)),
+        Ok((w, f)) => {
+            // Plain text lines (the access log's) may skip the formatter: the same
+            // bytes, a third of the instructions (access_log.rs).
+            if !ansi && matches!(format, LogFormat::Text) {
+                crossbar::log_writer::allow_direct_lines(&w);
+            }
+            (BoxMakeWriter::new(w), Some(f))
+        }
         Err(e) => {
             eprintln!("warning: no log writer thread ({e}): logging synchronously");
             (BoxMakeWriter::new(std::io::stderr), None)
