@@ -184,6 +184,8 @@ pub struct TlsBackend {
     /// What it has seen.
     pub stats: Arc<BackendStats>,
     stop: CancellationToken,
+    /// Its port, held once it stopped ([`hold_port`]), until it is dropped.
+    held: Arc<std::sync::Mutex<Option<socket2::Socket>>>,
 }
 
 impl TlsBackend {
@@ -202,24 +204,37 @@ impl TlsBackend {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let stats = Arc::new(BackendStats::default());
-        tokio::spawn(serve_backend(
+        let held = Arc::new(std::sync::Mutex::new(None));
+        let serving = serve_backend(
             listener,
             TlsAcceptor::from(cfg),
             name.to_string(),
             stats.clone(),
             stop.clone(),
-        ));
+        );
+        tokio::spawn({
+            let held = held.clone();
+            async move {
+                serving.await;
+                // The listener is closed: hold the port until the backend is dropped.
+                if let Ok(mut h) = held.lock() {
+                    *h = hold_port(addr);
+                }
+            }
+        });
         Ok(TlsBackend {
             name: name.to_string(),
             addr,
             stats,
             stop,
+            held,
         })
     }
 
     /// Stop accepting and close the listening socket, so the port refuses connections
     /// (open connections finish on their own). Takes effect when the accept task next
-    /// runs; a new backend can then bind the same address.
+    /// runs; a new backend can then bind the same address, and no other process gets
+    /// the port while this one lives ([`hold_port`]).
     pub fn stop(&self) {
         self.stop.cancel();
     }
@@ -228,6 +243,10 @@ impl TlsBackend {
 impl Drop for TlsBackend {
     fn drop(&mut self) {
         self.stop.cancel();
+        // The port goes with the backend.
+        if let Ok(mut h) = self.held.lock() {
+            h.take();
+        }
     }
 }
 
@@ -386,6 +405,22 @@ pub fn missing_tool(test: &str, what: &str) -> ! {
     panic!("{test} cannot run: {what} (tests/run.sh installs it)")
 }
 
+/// Keep a stopped server's port from being handed to another process: a socket
+/// bound to `addr` with SO_REUSEADDR that never listens. Connections to `addr` are
+/// still refused (nothing listens), a server of this test can bind `addr` again
+/// (SO_REUSEADDR on both, and this one does not listen), but the kernel no longer
+/// picks the port for anyone's port-0 bind. Without it a parallel test's backend
+/// could get the port and answer in the stopped one's place (seen in CI: a
+/// balancer's retries reached another test's TLS server, "BadSignature"). `None` if
+/// the bind fails (the port is in use again already).
+pub fn hold_port(addr: SocketAddr) -> Option<socket2::Socket> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).ok()?;
+    s.set_reuse_address(true).ok()?;
+    s.bind(&addr.into()).ok()?;
+    Some(s)
+}
+
 /// A loopback address that was free a moment ago, for a process that binds it
 /// itself (a listener in another process can't hand its port back): the tests'
 /// crossbar processes and the benchmarks' generated configs.
@@ -415,4 +450,25 @@ pub fn free_port() -> Result<SocketAddr> {
     }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_port_refuses_and_can_be_listened_on_again() {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = first.local_addr().unwrap();
+        drop(first);
+        let held = hold_port(addr).expect("the port was just freed");
+        // Nothing listens: a connect is refused, as to a stopped server.
+        let refused = std::net::TcpStream::connect(addr).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        // The test's own server can come back on it (tokio, like std, binds with
+        // SO_REUSEADDR), and then answers.
+        let again = std::net::TcpListener::bind(addr).expect("rebinding a held port");
+        std::net::TcpStream::connect(addr).expect("connect to the server back on it");
+        drop((again, held));
+    }
 }

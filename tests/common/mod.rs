@@ -319,6 +319,8 @@ pub struct Backend {
     pub accepted: Arc<AtomicUsize>,
     reports: tokio::sync::Mutex<mpsc::UnboundedReceiver<Report>>,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// Its port once stopped (`testbed::hold_port`): no other test gets it.
+    held: Mutex<Option<socket2::Socket>>,
 }
 
 impl Backend {
@@ -352,6 +354,7 @@ impl Backend {
             accepted,
             reports: tokio::sync::Mutex::new(rx),
             task: Mutex::new(Some(task)),
+            held: Mutex::new(None),
         }
     }
 
@@ -484,13 +487,15 @@ impl Backend {
         .expect("backend report channel open")
     }
 
-    /// Stop listening: from now on its port refuses connections. Open connections
+    /// Stop listening: from now on its port refuses connections, and it is held so
+    /// that no other test's server gets it (`testbed::hold_port`). Open connections
     /// continue.
     pub async fn stop(&self) {
         let task = self.task.lock().expect("backend task lock").take();
         if let Some(t) = task {
             t.abort();
             let _ = t.await; // ok: cancelled; awaiting makes sure the listener is closed
+            *self.held.lock().expect("backend port lock") = crossbar::testbed::hold_port(self.addr);
         }
     }
 
