@@ -656,8 +656,14 @@ async fn never_reading_client(mode: &str, first: &[u8], limit: u64) {
         "crossbar buffered the backend's data: RSS +{} KiB",
         rss_stalled - rss0
     );
+    // The lower bound is loose on purpose: `since` is when this test saw the
+    // backend's last write, which can come well after crossbar's last read (the
+    // backend goes on filling the kernel's buffers, and on a loaded machine its task
+    // and this poller run late: a CI run saw 1.64 s). It still fails a relay that
+    // cuts a stalled connection at once; the idle timer's exact deadline is
+    // `relay::drive`'s paused-clock test.
     assert!(
-        ended_after >= IDLE - Duration::from_millis(300) && ended_after <= IDLE + PROMPT,
+        ended_after >= IDLE / 2 && ended_after <= IDLE + PROMPT,
         "ended {ended_after:?} after the last byte, idle is {IDLE:?}"
     );
     drop(c);
