@@ -356,7 +356,7 @@ fn init_logging(format: LogFormat, default: &str) -> Option<crossbar::log_writer
     let (writer, flush) = match crossbar::log_writer::stderr() {
         Ok((w, f)) => {
             // Plain text lines (the access log's) may skip the formatter: the same
-            // bytes, a third of the instructions (access_log.rs).
+            // bytes, a quarter of the formatting instructions (access_log.rs).
             if !ansi && matches!(format, LogFormat::Text) {
                 crossbar::log_writer::allow_direct_lines(&w);
             }
