@@ -184,8 +184,9 @@ pub struct TlsBackend {
     /// What it has seen.
     pub stats: Arc<BackendStats>,
     stop: CancellationToken,
-    /// Its port, held once it stopped ([`hold_port`]), until it is dropped.
-    held: Arc<std::sync::Mutex<Option<socket2::Socket>>>,
+    /// Its port, held once it stopped ([`hold_port`]), until it is dropped: owned
+    /// here only to be dropped with it.
+    _held: Arc<std::sync::Mutex<Option<socket2::Socket>>>,
 }
 
 impl TlsBackend {
@@ -227,7 +228,7 @@ impl TlsBackend {
             addr,
             stats,
             stop,
-            held,
+            _held: held,
         })
     }
 
@@ -242,11 +243,9 @@ impl TlsBackend {
 
 impl Drop for TlsBackend {
     fn drop(&mut self) {
+        // The held port goes with the last of `_held`'s two owners: this or the
+        // accept task, which ends once it has seen the cancellation.
         self.stop.cancel();
-        // The port goes with the backend.
-        if let Ok(mut h) = self.held.lock() {
-            h.take();
-        }
     }
 }
 

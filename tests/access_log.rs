@@ -20,10 +20,8 @@ const WAIT: Duration = Duration::from_secs(120);
 /// pipe holds (64 KiB), so a writer that waited on a full pipe would stall.
 const CONNECTIONS: usize = 1000;
 
-/// `crossbar run` with the access log on, its stderr to `stderr`.
-fn run_logging(dir: &Path, listen: SocketAddr, backend: SocketAddr, stderr: Stdio) -> ChildGuard {
-    run_with_filter(dir, listen, backend, stderr, "warn,crossbar::access=info")
-}
+/// `RUST_LOG` with the access log on (and little else).
+const ACCESS_LOG_ON: &str = "warn,crossbar::access=info";
 
 /// `crossbar run` with `RUST_LOG=filter`, its stderr to `stderr`.
 fn run_with_filter(
@@ -83,19 +81,30 @@ async fn round_trips(addr: SocketAddr) -> Vec<SocketAddr> {
     clients
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_connection_is_logged_by_a_clean_stop() {
+/// Run crossbar with `RUST_LOG=filter` and its stderr in a file, put `traffic`
+/// through its listen address, stop it cleanly (SIGTERM, exit 0) and return what it
+/// logged with what `traffic` returned.
+async fn logged_run<T, F: std::future::Future<Output = T>>(
+    filter: &str,
+    traffic: impl FnOnce(SocketAddr) -> F,
+) -> (String, T) {
     let echo = Backend::echo("echo", false).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("stderr.log");
     let listen = free_port();
     let file = std::fs::File::create(&log).unwrap();
-    let mut p = run_logging(dir.path(), listen, echo.addr, Stdio::from(file));
+    let mut p = run_with_filter(dir.path(), listen, echo.addr, Stdio::from(file), filter);
     wait_serving(listen).await;
-    let clients = within("round trips", round_trips(listen)).await;
+    let out = traffic(listen).await;
     p.signal("TERM");
     assert_eq!(p.exited(WAIT).await, Some(0), "exit status after SIGTERM");
-    let text = std::fs::read_to_string(&log).unwrap();
+    (std::fs::read_to_string(&log).unwrap(), out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_is_logged_by_a_clean_stop() {
+    let traffic = |listen| within("round trips", round_trips(listen));
+    let (text, clients) = logged_run(ACCESS_LOG_ON, traffic).await;
     let logged: HashSet<&str> = text
         .lines()
         .filter(|l| l.contains("crossbar::access"))
@@ -119,7 +128,7 @@ async fn a_stalled_log_destination_does_not_stall_connections() {
     let dir = tempfile::tempdir().unwrap();
     let listen = free_port();
     // A pipe nobody reads: full after a few hundred lines.
-    let mut p = run_logging(dir.path(), listen, echo.addr, Stdio::piped());
+    let mut p = run_with_filter(dir.path(), listen, echo.addr, Stdio::piped(), ACCESS_LOG_ON);
     let unread = p.0.stderr.take();
     wait_serving(listen).await;
     let clients = within("round trips with the log stalled", round_trips(listen)).await;
@@ -132,20 +141,12 @@ async fn a_stalled_log_destination_does_not_stall_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_log_still_silences_the_access_log() {
-    let echo = Backend::echo("echo", false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("stderr.log");
-    let listen = free_port();
-    let file = std::fs::File::create(&log).unwrap();
-    let filter = "info,crossbar::access=warn";
-    let mut p = run_with_filter(dir.path(), listen, echo.addr, Stdio::from(file), filter);
-    wait_serving(listen).await;
-    for _ in 0..10 {
-        ping(listen).await.expect("a round trip through crossbar");
-    }
-    p.signal("TERM");
-    assert_eq!(p.exited(WAIT).await, Some(0), "exit status after SIGTERM");
-    let text = std::fs::read_to_string(&log).unwrap();
+    let traffic = |listen| async move {
+        for _ in 0..10 {
+            ping(listen).await.expect("a round trip through crossbar");
+        }
+    };
+    let (text, ()) = logged_run("info,crossbar::access=warn", traffic).await;
     // Other info lines are there (the filter works, the log is written)...
     assert!(text.contains("shutdown complete"), "{text}");
     // ...but no access line.
