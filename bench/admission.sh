@@ -63,7 +63,6 @@ for v in off on; do
     wait_port "${PORT[$v]}"
 done
 
-field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())[\"$1\"])"; }
 load() { # load PORT MODE CONCURRENCY SECONDS -> JSON line
     "$LG" connections --addr "127.0.0.1:$1" --ca "$WORK/b.ca.pem" \
         --mode "$2" --concurrency "$3" --seconds "$4" --distinct-sources

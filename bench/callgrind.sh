@@ -61,26 +61,17 @@ load() { # load PORT SECONDS -> JSON line
     [ "$MODE" != tcp ] && extra=(--ca "$WORK/ca.pem" --mode "$MODE")
     "$LG" connections --addr "127.0.0.1:$1" "${extra[@]}" --seconds "$2" --concurrency 4
 }
-field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 for i in "${!TARGETS[@]}"; do
     t=${TARGETS[$i]}
     tls=$("$LG" freeport) tcp=$("$LG" freeport)
-    {
-        echo "workers: 1"
-        echo "admin: { listen: \"127.0.0.1:$("$LG" freeport)\" }"
-        echo "defaults: { health: { check: none } }"
-        CPU_STICK=$STICK crossbar_cpu_services "$tls" "$tcp"
-    } >"$WORK/$t.yaml"
+    CPU_STICK=$STICK crossbar_cpu_yaml 1 "$("$LG" freeport)" "$tls" "$tcp" >"$WORK/$t.yaml"
     port=$tls
     [ "$MODE" = tcp ] && port=$tcp
     log "$t under callgrind ($MODE, $SECS s)"
     RUST_LOG=$LOGLEVEL start "$t" valgrind --tool=callgrind \
         --callgrind-out-file="$WORK/$t.cg" "${BINS[$i]}" run -c "$WORK/$t.yaml"
     pid=$LAST_PID
-    for _ in $(seq 600); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        sleep 0.1
-    done
+    wait_port "$port" 60 # valgrind takes a while to start
     load "$port" 2 >/dev/null # warm up: pools, thread-local buffers, the stick table
     callgrind_control -z "$pid" >/dev/null
     out=$(load "$port" "$SECS")

@@ -125,12 +125,9 @@ P_ADMIN=$("$LG" freeport) P_BASE_ADMIN=$("$LG" freeport)
 crossbar_yaml() { # crossbar_yaml TARGET ADMIN_PORT
     local w=$WORKERS
     [ "$1" = base ] && [ -n "$BASE_WORKERS" ] && w=$BASE_WORKERS
-    [ -n "$w" ] && echo "workers: $w"
-    echo "admin: { listen: \"127.0.0.1:$2\" }"
-    echo "defaults: { health: { check: none } }"
     local stick=1
     [ "$1" = crossbar ] && stick=$STICK
-    CPU_STICK=$stick crossbar_cpu_services "${PORT[${1}_tls]}" "${PORT[${1}_tcp]}"
+    CPU_STICK=$stick crossbar_cpu_yaml "$w" "$2" "${PORT[${1}_tls]}" "${PORT[${1}_tcp]}"
 }
 crossbar_yaml crossbar "$P_ADMIN" >"$W/crossbar.yaml"
 crossbar_yaml base "$P_BASE_ADMIN" >"$W/crossbar-base.yaml"
@@ -196,8 +193,6 @@ ticks() {
 }
 # pid_list PID: PID and its children, comma separated (for perf -p).
 pid_list() { tree_pids "$1" | paste -sd,; }
-field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
-TCK=$(getconf CLK_TCK)
 
 for fig in "${FIGURES[@]}"; do # warm up all
     for t in "${PROXIES[@]}"; do load "$fig" "${PORT[${t%%:*}_$fig]}" 1 >/dev/null; done

@@ -7,12 +7,7 @@
 # the TLS <= 1.2 session ID: learned from the ServerHello, looked up in the
 # ClientHello. Servers are named NAME-0, NAME-1, ...
 haproxy_tls_listen() {
-    local name=$1 port=$2 maxconn=$3 i=0 a
-    shift 3
-    echo "listen $name"
-    echo "    bind 127.0.0.1:$port"
-    echo "    maxconn $maxconn"
-    echo "    balance roundrobin"
+    haproxy_listen_head "$1" "$2" "$3"
     echo "    acl clienthello req_ssl_hello_type 1"
     echo "    acl serverhello rep_ssl_hello_type 2"
     echo "    tcp-request inspect-delay 5s"
@@ -21,21 +16,32 @@ haproxy_tls_listen() {
     echo "    stick-table type binary len 32 size 100k expire 30m"
     echo "    stick on payload_lv(43,1) if clienthello"
     echo "    stick store-response payload_lv(43,1) if serverhello"
-    for a in "$@"; do
-        echo "    server $name-$i $a"
-        i=$((i + 1))
-    done
+    local name=$1
+    shift 3
+    haproxy_servers "$name" "$@"
 }
 
 # haproxy_tcp_listen NAME PORT MAXCONN SERVER_ADDR...: a plain `listen` section
 # balancing round robin over the servers, named NAME-0, NAME-1, ...
 haproxy_tcp_listen() {
-    local name=$1 port=$2 maxconn=$3 i=0 a
+    haproxy_listen_head "$1" "$2" "$3"
+    local name=$1
     shift 3
-    echo "listen $name"
-    echo "    bind 127.0.0.1:$port"
-    echo "    maxconn $maxconn"
+    haproxy_servers "$name" "$@"
+}
+
+# haproxy_listen_head NAME PORT MAXCONN: a `listen` section's first lines, round robin.
+haproxy_listen_head() {
+    echo "listen $1"
+    echo "    bind 127.0.0.1:$2"
+    echo "    maxconn $3"
     echo "    balance roundrobin"
+}
+
+# haproxy_servers NAME ADDR...: one `server` line per address, named NAME-0, NAME-1, ...
+haproxy_servers() {
+    local name=$1 i=0 a
+    shift
     for a in "$@"; do
         echo "    server $name-$i $a"
         i=$((i + 1))

@@ -1,5 +1,4 @@
-# Sourced by bench/compare.sh, bench/confirm.sh, bench/conn-cpu.sh and
-# bench/syscalls.sh: a work directory whose background processes are killed by PID
+# Sourced by every bench/*.sh that starts processes: a work directory whose background processes are killed by PID
 # on exit, bounded waits, per-process CPU and memory, the TLS backend sets
 # compare.sh and confirm.sh measure, and the services conn-cpu.sh and syscalls.sh
 # measure.
@@ -61,16 +60,20 @@ wait_for() {
     cat "${1%.out}.err" >&2 || true
     return 1
 }
-# wait_port PORT: until something accepts on 127.0.0.1:PORT (10 s at most).
+# wait_port PORT [SECONDS]: until something accepts on 127.0.0.1:PORT (SECONDS at
+# most, 10 by default).
 wait_port() {
     local i
-    for i in $(seq 100); do
+    for i in $(seq $((${2:-10} * 10))); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
         sleep 0.1
     done
     echo "nothing listens on port $1" >&2
     return 1
 }
+
+# field NAME: the value of NAME in the JSON object on stdin (a loadgen result line).
+field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 
 # cpu_ticks PID: user + system CPU so far, in clock ticks ($TCK a second).
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -98,6 +101,17 @@ crossbar_backends() {
         echo "      - { name: $1-$i, address: \"$a\" }"
         i=$((i + 1))
     done
+}
+
+# crossbar_cpu_yaml WORKERS ADMIN_PORT TLS_PORT TCP_PORT: a whole crossbar config
+# for bench/conn-cpu.sh, bench/syscalls.sh and bench/callgrind.sh: `workers` (left
+# out when WORKERS is empty), the admin API, no health checks, and the services of
+# crossbar_cpu_services.
+crossbar_cpu_yaml() {
+    [ -n "$1" ] && echo "workers: $1"
+    echo "admin: { listen: \"127.0.0.1:$2\" }"
+    echo "defaults: { health: { check: none } }"
+    crossbar_cpu_services "$3" "$4"
 }
 
 # crossbar_cpu_services TLS_PORT TCP_PORT: the `services:` of a crossbar under

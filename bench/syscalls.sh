@@ -56,12 +56,8 @@ done
 declare -A PID
 for i in "${!TARGETS[@]}"; do
     t=${TARGETS[$i]}
-    {
-        echo "workers: 1"
-        echo "admin: { listen: \"127.0.0.1:$("$LG" freeport)\" }"
-        echo "defaults: { health: { check: none } }"
-        crossbar_cpu_services "${PORT[${t}_tls]}" "${PORT[${t}_tcp]}"
-    } >"$WORK/$t.yaml"
+    crossbar_cpu_yaml 1 "$("$LG" freeport)" "${PORT[${t}_tls]}" "${PORT[${t}_tcp]}" \
+        >"$WORK/$t.yaml"
     RUST_LOG=warn start "$t" "${BINS[$i]}" run -c "$WORK/$t.yaml"
     PIDS+=("$LAST_PID")
     PID[$t]=$LAST_PID
@@ -78,7 +74,6 @@ PIDS+=("$LAST_PID")
 PID[haproxy]=$LAST_PID
 sleep 1.5
 
-field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 load() { # load FIGURE PORT SECONDS -> JSON line
     local extra=(--mode tcp)
     [ "$1" = tls ] && extra=(--ca "$WORK/ca.pem" --mode full)
