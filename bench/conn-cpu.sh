@@ -15,7 +15,7 @@
 #   bench/conn-cpu.sh [--rounds N] [--seconds S] [--mode full|resumed] [--tcp]
 #                     [--no-nginx] [--strace] [--perf] [--count] [--workers N]
 #                     [--pin] [--base BIN] [--base-workers N] [--crossbar-env K=V]
-#                     [--no-stick] [--access-log]
+#                     [--no-stick] [--access-log] [--floor] [--nginx-half-close]
 #
 # --tcp:    also, in every round, plain TCP connections (`loadgen connections --mode
 #           tcp`: connect, 64 bytes echoed, close) through a `mode: tcp` service, a
@@ -43,6 +43,19 @@
 # --access-log: both crossbar binaries with RUST_LOG=info, so each writes its access
 #           log (to a file in the work dir), as `crossbar run` does by default;
 #           without it RUST_LOG=warn (HAProxy and nginx log nothing here either way).
+# --floor:  also four floor relays (bench/floor: one thread, no parsing, no stick
+#           table, no metrics, no log; only accept, connect, relay and close): `epoll`
+#           with the fewest system calls a readiness loop can make, `epoll-del` the
+#           same with tokio's epoll_ctl(DEL) before each close, `uring` on io_uring
+#           and `tokio` on crossbar's runtime (one worker, copy_bidirectional). What
+#           any proxy's CPU per connection on this kernel can come down to with each
+#           engine, and crossbar's cost split: kernel floor, DEL, runtime, crossbar's
+#           own (crossbar/floor-tokio). In the TLS figure they relay the handshake
+#           without reading it.
+# --nginx-half-close: nginx with `proxy_half_close on`, so it passes a client's FIN
+#           on and waits for the backend's, as crossbar, HAProxy and the floors do
+#           (nginx's default closes both sides at the client's FIN: one shutdown, one
+#           read and often one wakeup less per TCP connection).
 # --crossbar-env K=V: environment for the crossbar under test only (a runtime
 #           prototype's switch, say); repeatable.
 # At the end: CPU seconds of each crossbar thread (how the work spread over them).
@@ -61,7 +74,7 @@ source bench/lib.sh
 source bench/nginx-stream.sh
 
 ROUNDS=6 SECS=4 MODE=full STRACE=0 PERF=0 COUNT=0 WORKERS="" PIN=0 BASE="" TCP=0 NGINX=1
-STICK=1 LOGLEVEL=warn
+STICK=1 LOGLEVEL=warn FLOOR=0
 BASE_WORKERS="" XB_ENV=()
 while [ $# -gt 0 ]; do
     case $1 in
@@ -80,6 +93,8 @@ while [ $# -gt 0 ]; do
         --crossbar-env) XB_ENV+=("$2"); shift ;;
         --no-stick) STICK=0 ;;
         --access-log) LOGLEVEL=info ;;
+        --floor) FLOOR=1 ;;
+        --nginx-half-close) export NGINX_HALF_CLOSE=on ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -87,6 +102,7 @@ done
 command -v haproxy >/dev/null || { echo "haproxy is needed (apt-get install haproxy)" >&2; exit 1; }
 
 cargo build --release --quiet --bin crossbar --bin loadgen
+[ "$FLOOR" = 0 ] || cargo build --release --quiet --manifest-path bench/floor/Cargo.toml
 LG=$PWD/target/release/loadgen
 XB=$PWD/target/release/crossbar
 W=$(mktemp -d /tmp/crossbar-conn-cpu.XXXXXX)
@@ -117,7 +133,8 @@ done
 mapfile -t ADDRS < <(grep -v READY "$W/backends.out")
 mapfile -t ECHOS < <(grep -v READY "$W/echo.out")
 declare -A PORT
-for t in crossbar haproxy nginx base; do
+FLOORS=(epoll epoll-del uring tokio)
+for t in crossbar haproxy nginx base "${FLOORS[@]/#/floor-}"; do
     PORT[${t}_tls]=$("$LG" freeport) PORT[${t}_tcp]=$("$LG" freeport)
 done
 P_ADMIN=$("$LG" freeport) P_BASE_ADMIN=$("$LG" freeport)
@@ -167,11 +184,25 @@ if [ -n "$BASE" ]; then
     PIDS+=("$BASE_PID")
     PROXIES=("base:$BASE_PID" "${PROXIES[@]}")
 fi
+if [ "$FLOOR" = 1 ]; then
+    for engine in "${FLOORS[@]}"; do
+        "${PROXY_CPU[@]}" bench/floor/target/release/floor --engine "$engine" \
+            --route "127.0.0.1:${PORT[floor-${engine}_tls]}=$(IFS=,; echo "${ADDRS[*]}")" \
+            --route "127.0.0.1:${PORT[floor-${engine}_tcp]}=$(IFS=,; echo "${ECHOS[*]}")" \
+            >"$W/floor-$engine.log" 2>&1 &
+        PIDS+=($!)
+        PROXIES+=("floor-$engine:$!")
+    done
+fi
 sleep 1.5
 for t in "${PROXIES[@]}"; do
     kill -0 "${t#*:}" 2>/dev/null || { echo "${t%%:*} did not start (logs in $W)" >&2; exit 1; }
 done
 
+PAIRS=(crossbar/haproxy crossbar/nginx base/haproxy base/nginx crossbar/base
+    floor-epoll/haproxy floor-uring/haproxy floor-tokio/haproxy nginx/haproxy
+    floor-epoll-del/floor-epoll floor-uring/floor-epoll floor-tokio/floor-epoll-del
+    crossbar/floor-tokio crossbar/floor-epoll)
 FIGURES=(tls)
 [ "$TCP" = 1 ] && FIGURES+=(tcp)
 load() { # load FIGURE PORT SECONDS -> JSON line
@@ -246,7 +277,7 @@ for r in $(seq "$ROUNDS"); do
                         who, a / n, s / n, c / n}' "$W/$name.$fig.counts"
             fi
         done
-        for pair in crossbar/haproxy crossbar/nginx base/haproxy base/nginx crossbar/base; do
+        for pair in "${PAIRS[@]}"; do
             a=${pair%/*} b=${pair#*/}
             if [ -z "${US[$a]:-}" ] || [ -z "${US[$b]:-}" ]; then continue; fi
             ratio=$(awk -v a="${US[$a]}" -v b="${US[$b]}" 'BEGIN {printf "%.3f", a / b}')
@@ -256,7 +287,7 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 for fig in "${FIGURES[@]}"; do
-    for pair in base/haproxy base/nginx crossbar/haproxy crossbar/nginx crossbar/base; do
+    for pair in "${PAIRS[@]}"; do
         [ -n "${RATIOS[$fig $pair]:-}" ] || continue
         # shellcheck disable=SC2086
         printf '%s\n' ${RATIOS[$fig $pair]} | sort -n |

@@ -22,7 +22,9 @@ nginx_version() { nginx -v 2>&1 | sed 's|.*nginx/||'; }
 # nginx_head WORKDIR WORKERS CONNECTIONS NOFILE: the main context and the opening of
 # `stream {`: WORKERS processes (a number or `auto`) under a master, in the
 # foreground, pid and error log in WORKDIR, CONNECTIONS per worker (each proxied
-# connection takes two). Close with `nginx_tail`.
+# connection takes two). Close with `nginx_tail`. With NGINX_HALF_CLOSE=on, nginx
+# passes a half-close on (`proxy_half_close on`, nginx >= 1.21.4) as crossbar and
+# HAProxy do; by default (off) a client's FIN closes both sides at once.
 nginx_head() {
     echo "daemon off;"
     echo "master_process on;"
@@ -37,6 +39,7 @@ nginx_head() {
     echo "stream {"
     echo "    proxy_connect_timeout 3s;"
     echo "    proxy_timeout 30m;"
+    echo "    proxy_half_close ${NGINX_HALF_CLOSE:-off};"
 }
 nginx_tail() { echo "}"; }
 

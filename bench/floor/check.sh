@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/floor/check.sh [ENGINE...]: check that the floor relay really relays, for each
-# engine (default: epoll uring). Loopback only, bounded (about 15 s an engine); exits
-# non-zero on any failure. Run it through cbench (it is load).
+# engine (default: all four, epoll epoll-del uring tokio). Loopback only, bounded
+# (about 15 s an engine); exits non-zero on any failure. Run it through cbench (it is
+# load).
 #
 # For each engine, one floor with four routes:
 #   tcp  -> three echo backends:  loadgen connections --mode tcp, 2 s, 16 workers: errors 0
@@ -24,7 +25,7 @@ FLOOR=${FLOOR:-$PWD/bench/floor/target/release/floor}
 LG=${LOADGEN:-$PWD/target/release/loadgen}
 CHECK=$PWD/bench/floor/relay_check.py
 ENGINES=("$@")
-[ ${#ENGINES[@]} -gt 0 ] || ENGINES=(epoll uring)
+[ ${#ENGINES[@]} -gt 0 ] || ENGINES=(epoll epoll-del uring tokio)
 for f in "$FLOOR" "$LG"; do
     [ -x "$f" ] || { echo "missing $f" >&2; exit 1; }
 done

@@ -3,17 +3,24 @@
 //! nothing but relay (bench/conn-cpu.sh runs it beside crossbar and HAProxy).
 //!
 //! ```text
-//! floor --engine epoll|uring --route LISTEN=BACKEND[,BACKEND...] [--route ...]
+//! floor --engine epoll|epoll-del|uring|tokio --route LISTEN=BACKEND[,BACKEND...] [--route ...]
 //! ```
+//!
+//! `epoll-del` is `epoll` with an `epoll_ctl(DEL)` before each close, as tokio
+//! makes; `tokio` is the same relay on tokio (one worker thread of the
+//! work-stealing runtime, as crossbar's `workers: 1`, and `copy_bidirectional`):
+//! beside crossbar, they split its cost into the kernel's floor, the runtime's
+//! share and crossbar's own.
 //!
 //! One thread runs every route in one loop; each route round-robins over its
 //! backends. `READY` is printed on stdout once every listener is bound; SIGTERM or
 //! SIGINT ends the process (default disposition: nothing to flush or drain).
 //!
 //! Modules: `sys` (addresses, listeners, backend sockets), `epoll` (readiness with
-//! raw libc calls), `uring` (completions with the io-uring crate).
+//! raw libc calls), `uring` (completions with the io-uring crate), `on_tokio`.
 
 mod epoll;
+mod on_tokio;
 mod sys;
 mod uring;
 
@@ -25,13 +32,15 @@ use std::process::ExitCode;
 use sys::SockAddr;
 
 const USAGE: &str =
-    "usage: floor --engine epoll|uring --route LISTEN=BACKEND[,BACKEND...] [--route ...]";
+    "usage: floor --engine epoll|epoll-del|uring|tokio --route LISTEN=BACKEND[,BACKEND...] [--route ...]";
 
 /// Which event interface the relay runs on.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Engine {
     Epoll,
+    EpollDel,
     Uring,
+    Tokio,
 }
 
 /// One listener and the backends its connections go to, in turn.
@@ -69,8 +78,14 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--engine" => {
                 engine = Some(match value()?.as_str() {
                     "epoll" => Engine::Epoll,
+                    "epoll-del" => Engine::EpollDel,
                     "uring" => Engine::Uring,
-                    other => return Err(format!("unknown engine {other:?} (epoll or uring)")),
+                    "tokio" => Engine::Tokio,
+                    other => {
+                        return Err(format!(
+                            "unknown engine {other:?} (epoll, epoll-del, uring or tokio)"
+                        ))
+                    }
                 })
             }
             "--route" => routes.push(parse_route(&value()?)?),
@@ -122,7 +137,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let nonblocking = args.engine == Engine::Epoll;
+    if args.engine == Engine::Tokio {
+        return on_tokio::run(&args.routes).map_err(|e| e.to_string());
+    }
+    let nonblocking = args.engine != Engine::Uring;
     let mut routes = Vec::new();
     for (listen, backends) in &args.routes {
         let listener =
@@ -141,8 +159,9 @@ fn run(args: Args) -> Result<(), String> {
         writeln!(out, "READY").and_then(|()| out.flush())
     };
     let result = match args.engine {
-        Engine::Epoll => epoll::Relay::new(routes).and_then(|r| r.run(ready)),
         Engine::Uring => uring::Relay::new(routes).and_then(|r| r.run(ready)),
+        // epoll or epoll-del (tokio returned above).
+        _ => epoll::Relay::new(routes, args.engine == Engine::EpollDel).and_then(|r| r.run(ready)),
     };
     result.map_err(|e| e.to_string())
 }
