@@ -8,7 +8,9 @@
 #   bench/compare.sh --quick    # 1 round of 2 s, 2,000 idle connections, < 3 minutes
 #   bench/compare.sh --baseline /tmp/crossbar-before --no-haproxy --no-nginx   # before vs after
 #   options: --rounds N --seconds S --idle N --concurrency C --no-haproxy --no-nginx
-#            --baseline BIN
+#            --baseline BIN --nginx-half-close
+# --nginx-half-close: nginx with `proxy_half_close on`, passing a client's FIN on
+#            as crossbar and HAProxy do (nginx's default closes both sides at once).
 #
 # Writes bench/results/latest.json and prints a markdown table (docs/performance.md
 # explains every figure). Every process started here is killed by PID on exit.
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
         --no-haproxy) USE_HAPROXY=0 ;;
         --no-nginx) USE_NGINX=0 ;;
         --baseline) BASELINE=$(realpath "$2"); shift ;;
+        --nginx-half-close) export NGINX_HALF_CLOSE=on ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
