@@ -10,11 +10,9 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
 
+use crate::pipe::{Pipe, BUF};
 use crate::sys::{self, errno};
 use crate::Route;
-
-/// Bytes held per direction: one TLS record of 16 KiB fits, as in crossbar's relay.
-const BUF: usize = 16 * 1024;
 
 /// Events taken per epoll_wait: enough that a burst of connections is served in
 /// one call, small enough to stay in cache.
@@ -44,17 +42,6 @@ struct Side {
     /// The peer's FIN (or a hang-up) has been seen: read on until recv says 0,
     /// even after a short read, since no further edge will come for it.
     rdhup: bool,
-}
-
-/// One direction: bytes read from one side, not yet written to the other.
-struct Pipe {
-    buf: Box<[u8; BUF]>,
-    start: usize,
-    end: usize,
-    /// The source side said EOF.
-    eof: bool,
-    /// The EOF was passed on (or needs no shutdown: see `step`).
-    shut: bool,
 }
 
 /// A relayed connection: `pipes[d]` carries bytes from `sides[d]` to `sides[1 - d]`.
@@ -219,24 +206,15 @@ impl Relay {
             c.live = true;
             c.connected = connected;
             c.sides = sides;
-            for p in &mut c.pipes {
-                (p.start, p.end, p.eof, p.shut) = (0, 0, false, false);
-            }
+            c.pipes.iter_mut().for_each(Pipe::reset);
             return slot;
         }
-        let pipe = || Pipe {
-            buf: Box::new([0; BUF]),
-            start: 0,
-            end: 0,
-            eof: false,
-            shut: false,
-        };
         self.conns.push(Conn {
             generation: 0,
             live: true,
             connected,
             sides,
-            pipes: [pipe(), pipe()],
+            pipes: [Pipe::new(), Pipe::new()],
         });
         self.conns.len() - 1
     }
@@ -328,14 +306,14 @@ fn step(c: &mut Conn, d: usize) -> Result<bool, Broken> {
     let other_shut = c.pipes[dst].shut;
     let p = &mut c.pipes[d];
     let mut progress = false;
-    if p.start == p.end && !p.eof && src_open && c.sides[src].readable {
+    if p.pending().is_empty() && !p.eof && src_open && c.sides[src].readable {
         let s = &mut c.sides[src];
         // SAFETY: the buffer holds BUF bytes.
         let n = unsafe { libc::recv(s.fd, p.buf.as_mut_ptr().cast(), BUF, 0) };
         match n {
             0 => (p.eof, s.readable) = (true, false),
             n if n > 0 => {
-                (p.start, p.end) = (0, n as usize);
+                p.filled(n as usize);
                 // A short read emptied the socket: the next bytes bring a new edge,
                 // so no recv is spent to hear EAGAIN. Not after a FIN, which
                 // brings none: read on to the 0.
@@ -351,20 +329,18 @@ fn step(c: &mut Conn, d: usize) -> Result<bool, Broken> {
         }
         progress = true;
     }
-    if p.start < p.end && dst_open && c.sides[dst].writable {
+    if !p.pending().is_empty() && dst_open && c.sides[dst].writable {
         let s = &mut c.sides[dst];
-        let bytes = &p.buf[p.start..p.end];
+        let bytes = p.pending();
         // MSG_NOSIGNAL: a peer gone is an EPIPE for this connection, not a
         // SIGPIPE for the process.
         // SAFETY: the pointer and length describe live bytes of the buffer.
         let n = unsafe { libc::send(s.fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
         if n >= 0 {
-            p.start += n as usize;
+            p.sent(n as usize);
             // A short write filled the socket buffer; its draining brings an edge.
-            if p.start < p.end {
+            if !p.pending().is_empty() {
                 s.writable = false;
-            } else {
-                (p.start, p.end) = (0, 0);
             }
         } else {
             match errno() {
@@ -375,7 +351,7 @@ fn step(c: &mut Conn, d: usize) -> Result<bool, Broken> {
         }
         progress = true;
     }
-    if p.eof && p.start == p.end && !p.shut && dst_open {
+    if p.eof && p.pending().is_empty() && !p.shut && dst_open {
         // When the other direction is over too, both fds are closed next and
         // close sends this FIN (nothing is left unread on dst, whose EOF came),
         // so the shutdown would be a syscall for nothing.

@@ -16,11 +16,13 @@
 //! backends. `READY` is printed on stdout once every listener is bound; SIGTERM or
 //! SIGINT ends the process (default disposition: nothing to flush or drain).
 //!
-//! Modules: `sys` (addresses, listeners, backend sockets), `epoll` (readiness with
-//! raw libc calls), `uring` (completions with the io-uring crate), `on_tokio`.
+//! Modules: `sys` (addresses, listeners, backend sockets), `pipe` (one direction's
+//! buffer, shared by the two hand-written engines), `epoll` (readiness with raw libc
+//! calls), `uring` (completions with the io-uring crate), `on_tokio`.
 
 mod epoll;
 mod on_tokio;
+mod pipe;
 mod sys;
 mod uring;
 

@@ -13,11 +13,9 @@ use std::os::fd::RawFd;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+use crate::pipe::{Pipe, BUF};
 use crate::sys;
 use crate::Route;
-
-/// Bytes held per direction, as in the epoll engine.
-const BUF: usize = 16 * 1024;
 
 /// Submission queue entries; the completion queue is twice as deep (the default).
 const RING: u32 = 4096;
@@ -53,20 +51,6 @@ fn user_data(index: usize, side: usize, op: Op) -> u64 {
 const CLIENT: usize = 0;
 const BACKEND: usize = 1;
 
-/// One direction: bytes received from one side, not yet sent to the other.
-struct Pipe {
-    buf: Box<[u8; BUF]>,
-    start: usize,
-    end: usize,
-    /// The source side said EOF.
-    eof: bool,
-    /// The EOF was passed on (or needs no shutdown: see `advance`).
-    shut: bool,
-    /// A recv, send or shutdown of this direction is in flight: one at a time,
-    /// so the buffer is never read and written by the kernel at once.
-    busy: bool,
-}
-
 /// A relayed connection: `pipes[d]` carries bytes from `fds[d]` to `fds[1 - d]`.
 struct Conn {
     live: bool,
@@ -78,6 +62,9 @@ struct Conn {
     /// An error ended the connection: its entries are being cancelled.
     closing: bool,
     pipes: [Pipe; 2],
+    /// `busy[d]`: a recv, send or shutdown of direction `d` is in flight: one at
+    /// a time, so its buffer is never read and written by the kernel at once.
+    busy: [bool; 2],
 }
 
 /// The relay: one ring, the routes' listeners and a slab of connections.
@@ -225,26 +212,18 @@ impl Relay {
         if let Some(slot) = self.free.pop() {
             let c = &mut self.conns[slot];
             (c.live, c.fds, c.connected, c.closing) = (true, [client, backend], false, false);
-            for p in &mut c.pipes {
-                (p.start, p.end, p.eof, p.shut, p.busy) = (0, 0, false, false, false);
-            }
+            c.pipes.iter_mut().for_each(Pipe::reset);
+            c.busy = [false; 2];
             return slot;
         }
-        let pipe = || Pipe {
-            buf: Box::new([0; BUF]),
-            start: 0,
-            end: 0,
-            eof: false,
-            shut: false,
-            busy: false,
-        };
         self.conns.push(Conn {
             live: true,
             fds: [client, backend],
             connected: false,
             inflight: 0,
             closing: false,
-            pipes: [pipe(), pipe()],
+            pipes: [Pipe::new(), Pipe::new()],
+            busy: [false; 2],
         });
         self.conns.len() - 1
     }
@@ -274,16 +253,11 @@ impl Relay {
         let p = &mut c.pipes[d];
         match op {
             Op::Recv if res == 0 => p.eof = true,
-            Op::Recv => (p.start, p.end) = (0, res as usize),
-            Op::Send => {
-                p.start += res as usize;
-                if p.start == p.end {
-                    (p.start, p.end) = (0, 0);
-                }
-            }
+            Op::Recv => p.filled(res as usize),
+            Op::Send => p.sent(res as usize),
             _ => p.shut = true,
         }
-        p.busy = false;
+        c.busy[d] = false;
         self.advance(slot, d)
     }
 
@@ -300,15 +274,15 @@ impl Relay {
         let dst_open = dst == CLIENT || c.connected;
         let other_shut = c.pipes[dst].shut;
         let p = &mut c.pipes[d];
-        if p.busy || p.shut {
+        if c.busy[d] || p.shut {
             return self.finish_if_idle(slot);
         }
         let (fd, op) = (types::Fd(c.fds[dst]), user_data(slot, dst, Op::Send));
-        let entry = if p.start < p.end {
+        let entry = if !p.pending().is_empty() {
             if !dst_open {
                 return Ok(());
             }
-            let bytes = &p.buf[p.start..p.end];
+            let bytes = p.pending();
             opcode::Send::new(fd, bytes.as_ptr(), bytes.len() as u32)
                 .build()
                 .user_data(op)
@@ -335,7 +309,7 @@ impl Relay {
                 .build()
                 .user_data(user_data(slot, src, Op::Recv))
         };
-        p.busy = true;
+        c.busy[d] = true;
         c.inflight += 1;
         // SAFETY: the buffer belongs to this slot, which is not reused while the
         // entry is in flight (inflight counts it).
