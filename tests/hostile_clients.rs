@@ -626,15 +626,8 @@ async fn moved_last_after(server: Arc<crossbar::server::Server>, svc: &str) -> I
             .service(svc)
             .and_then(|s| s.connections.oldest(1, |_| true).0.pop())
     };
-    let conn = within("the connection to be listed", async {
-        loop {
-            if let Some(c) = open(&server) {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    wait_until("the connection to be listed", || open(&server).is_some()).await;
+    let conn = open(&server).expect("listed just now (it stalls for `idle`)");
     let moved = || conn.bytes.c2s.load(Ordering::Relaxed) + conn.bytes.s2c.load(Ordering::Relaxed);
     let mut polled = Instant::now();
     let mut last = moved();
