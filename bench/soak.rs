@@ -52,7 +52,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::snapshot::get;
 use common::*;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -327,16 +326,15 @@ impl Balancer {
             heavy_first,
         );
         std::fs::write(&self.file, y).unwrap();
-        let req = b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        let (status, text) = raw_request(self.admin, req, WAIT).await;
+        let (status, text) = api_reload(self.admin).await;
         assert_eq!(status, Some(200), "the reload should succeed: {text}");
     }
 
     /// What crossbar reports about itself now.
     async fn sample(&self) -> Inside {
-        let metrics = get(self.admin, "/metrics").await;
+        let metrics = admin_get(self.admin, "/metrics").await;
         let services: serde_json::Value =
-            serde_json::from_str(&get(self.admin, "/api/services").await).expect("JSON");
+            serde_json::from_str(&admin_get(self.admin, "/api/services").await).expect("JSON");
         let queued = services["services"]
             .as_array()
             .map_or(0, |s| s.iter().filter_map(|s| s["queued"].as_u64()).sum());

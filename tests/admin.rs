@@ -1,12 +1,16 @@
 //! The admin endpoint over real HTTP on loopback: /metrics after real TLS traffic
 //! (exact counters, exposition syntax, every family of DESIGN.md), the /api end to
 //! end (services, tables, drain observed in routing), auth, error codes, the CLI
-//! binary, and that the dashboard and alert files only use metrics that exist.
+//! binary, and the shipped monitoring files: the dashboard and alert rules only use
+//! metrics that exist, every dashboard query is scoped to the chosen instance, and
+//! the alert rules pass Prometheus's own `promtool` (each alert fires when it should,
+//! the reload alert on the FIRST failed reload, and not before).
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use common::{any_port, refusing_addr, AdminEndpoint, Crossbar, SNI};
 use crossbar::admin;
@@ -645,6 +649,61 @@ async fn dashboard_and_alerts_use_real_metrics() {
     }
 }
 
+/// Run Prometheus's `promtool` (tests/run.sh installs it; without it the test fails).
+fn promtool(args: &[&str]) -> std::process::Output {
+    match Command::new("promtool").args(args).output() {
+        Ok(out) => out,
+        Err(e) => crossbar::testbed::missing_tool(
+            "alert rule tests",
+            &format!("promtool did not run: {e} (apt-get install prometheus)"),
+        ),
+    }
+}
+
+#[test]
+fn alert_rules_pass_promtool_check_and_unit_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = root.join("docs/prometheus-alerts.yaml");
+    let check = promtool(&["check", "rules", rules.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(
+        check.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let tests = root.join("tests/alerts/prometheus-alerts.test.yaml");
+    let run = promtool(&["test", "rules", tests.to_str().unwrap()]);
+    let out =
+        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{out}");
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+#[test]
+fn the_dashboard_has_an_instance_variable_used_by_every_query() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let vars = dash["templating"]["list"].as_array().unwrap();
+    assert!(
+        vars.iter().any(|v| v["name"] == "instance"),
+        "no instance variable"
+    );
+    let mut exprs = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(t["expr"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    assert!(!exprs.is_empty());
+    for e in exprs {
+        // Every metric selector is scoped to the chosen instances.
+        let selectors = e.matches("crossbar_").count() + e.matches("process_").count();
+        let scoped = e.matches("instance=~\"$instance\"").count();
+        assert_eq!(selectors, scoped, "unscoped selector in: {e}");
+    }
+}
+
 /// `crossbar_[a-z0-9_]+` words of a text.
 fn metric_names(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -768,6 +827,26 @@ async fn table_show_and_flush() {
         get(&bed, "/api/tables/nope").await.status,
         StatusCode::NOT_FOUND
     );
+}
+
+/// A table dump is capped: a limit over the cap is refused with a clear reason,
+/// the cap itself is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_dumps_are_capped() {
+    let bed = Bed::start(None).await;
+    let limit = |n: usize| format!("/api/tables/puppet?limit={n}");
+    let over = get(&bed, &limit(admin::MAX_TABLE_LIMIT + 1)).await;
+    assert_eq!(over.status, StatusCode::BAD_REQUEST, "{}", over.body);
+    assert!(over.body.contains("limit must be"), "{}", over.body);
+    let old = get(&bed, &limit(100_000)).await;
+    assert_eq!(
+        old.status,
+        StatusCode::BAD_REQUEST,
+        "the old cap (100000) is refused now: {}",
+        old.body
+    );
+    let at = get(&bed, &limit(admin::MAX_TABLE_LIMIT)).await;
+    assert_eq!(at.status, StatusCode::OK, "{}", at.body);
 }
 
 /// A TLS connection kept open across API calls.
@@ -1157,7 +1236,7 @@ async fn cli_end_to_end() {
 }
 
 // ---------------------------------------------------------------------------
-// Browsers: cross-site writes and DNS rebinding (issue #26, item 2)
+// Browsers: cross-site writes and DNS rebinding
 
 /// One request with exactly `headers` (no Host unless one is given) and `body`.
 async fn send(
@@ -1468,7 +1547,7 @@ async fn allowed_hosts_are_answered() {
 }
 
 // ---------------------------------------------------------------------------
-// Idle connections (issue #26, item 3)
+// Idle connections
 
 /// Silent connections opened beyond every slot (regular and reserved), more and
 /// more of them: /healthz answers every time (the oldest connection that has not
@@ -1519,7 +1598,7 @@ async fn idle_connections_never_lock_out_health_checks() {
 }
 
 // ---------------------------------------------------------------------------
-// Issue 27, item 5: what an operator coming from HAProxy expects of the CLI and API
+// What an operator coming from HAProxy expects of the CLI and API
 
 /// The state of `service/backend` as crossbar holds it.
 fn state(bed: &Bed, service: &str, backend: &str) -> &'static str {

@@ -7,8 +7,8 @@ mod common;
 
 use common::haproxy;
 use common::{
-    backend_line, connect_from, hello_fixture, tls, wait_until, within, Backend, Crossbar,
-    LogBuffer,
+    backend_line, connect_from, hello_fixture, tls, wait_until, wait_until_async, within, Backend,
+    Crossbar, LogBuffer,
 };
 
 use std::net::{IpAddr, SocketAddr};
@@ -33,14 +33,7 @@ fn agent(n: usize) -> IpAddr {
 
 /// `GET /api/sources` on `admin`, as JSON: the first listener's entry.
 async fn sources(admin: SocketAddr) -> Value {
-    let req = format!(
-        "GET /api/sources?limit=10000 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    );
-    let (status, text) = common::raw_request(admin, req.as_bytes(), common::WAIT).await;
-    assert_eq!(status, Some(200), "{text}");
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    v["listeners"][0].clone()
+    common::admin_json(admin, "/api/sources?limit=10000").await["listeners"][0].clone()
 }
 
 /// The entry of `source` in a `/api/sources` listener entry.
@@ -169,8 +162,8 @@ async fn a_flooding_source_is_held_to_its_limits_while_agents_resume() {
     assert!(c_refused > 0);
     assert!(refused("source_rate") > 0.0 && refused("source_connections") > 0.0);
     drop(held);
-    wait_until("the holder's connections released", || {
-        released(&admin.addr, &holder)
+    wait_until_async("the holder's connections released", || {
+        released(admin.addr, holder)
     })
     .await;
 }
@@ -181,21 +174,12 @@ async fn closed(s: &mut tokio::net::TcpStream) -> bool {
     within("the refusal", s.read(&mut buf)).await.unwrap_or(0) == 0
 }
 
-/// Is `source` down to no open connection? (A blocking call: `wait_until` polls.)
-fn released(admin: &SocketAddr, source: &IpAddr) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(admin) else {
+/// Is `source` down to no open connection? (`wait_until_async` polls it.)
+async fn released(admin: SocketAddr, source: IpAddr) -> bool {
+    let Some(body) = common::try_admin_get(admin, "/api/sources?limit=10000").await else {
         return false;
     };
-    let req = format!(
-        "GET /api/sources?limit=10000 HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    if s.write_all(req.as_bytes()).is_err() || s.read_to_string(&mut out).is_err() {
-        return false;
-    }
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let Ok(v) = serde_json::from_str::<Value>(body) else {
+    let Ok(v) = serde_json::from_str::<Value>(&body) else {
         return false;
     };
     entry(&v["listeners"][0], &source.to_string()).map_or(true, |e| e["open"] == 0)
@@ -263,8 +247,8 @@ async fn distinct_sources_cannot_evict_a_tracked_source() {
     );
     assert_eq!(after, before + 1.0);
     drop(kept);
-    wait_until("the well-behaved source released", || {
-        released(&admin.addr, &good)
+    wait_until_async("the well-behaved source released", || {
+        released(admin.addr, good)
     })
     .await;
 }
@@ -323,7 +307,7 @@ async fn allowed_networks_are_never_limited_and_reloads_keep_counts() {
         2
     );
     drop((first, again));
-    wait_until("both released", || released(&admin.addr, &src)).await;
+    wait_until_async("both released", || released(admin.addr, src)).await;
 
     // A reload that moves the listener elsewhere drops the old address's gauge.
     let gauge = format!("crossbar_listener_sources_tracked{{listener=\"{addr}\"}}");

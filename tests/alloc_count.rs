@@ -1,7 +1,7 @@
 //! Allocations on the connection path, counted (not timed): the ClientHello parse
 //! and the server-flight watcher on captured real handshakes must not allocate more
-//! than the figures below (issue #32: they took ~25 allocator calls per TLS
-//! connection before, a Vec per extension, cipher, group and version list).
+//! than the figures below (they once took ~25 allocator calls per TLS connection,
+//! a Vec per extension, cipher, group and version list).
 //!
 //! A counting global allocator counts the calls made on the test's own thread, so
 //! tests running beside it on other threads do not change the figure: it is

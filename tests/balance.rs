@@ -268,7 +268,7 @@ async fn max_connections_queues_the_excess_until_a_slot_frees() {
 /// A queued client that gives up (resets, as a client timing out does) leaves the
 /// queue at once, and no backend connection is opened for it when a slot frees
 /// (HAProxy's abortonclose). In `mode: tcp` a plain close is not enough: it may be
-/// a half-close that still wants the answer (tests/relay.rs covers those).
+/// a half-close that still wants the answer (tests/relay covers those).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_client_that_leaves_gets_no_backend_connection() {
     let b = Backend::echo("one", true).await;

@@ -1,5 +1,5 @@
 //! The real client stacks agents and tools use, through crossbar to servers of each
-//! stack (issue #33 item 3; docs/security.md "Client stacks").
+//! stack (docs/security.md "Client stacks").
 //!
 //! Servers: `openssl s_server`, rustls (crossbar's testbed) and the JDK
 //! (tests/java/JdkServers.java), two backends of each for each resumption mode:

@@ -1,6 +1,7 @@
 //! Configuration files: everything in conf/ loads, every bad fixture fails where
 //! and how its `.expect` file says, and defaults and merges resolve as documented.
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use crossbar::config::{
@@ -489,4 +490,35 @@ fn listen_proxy_protocol_loads_with_its_networks() {
         warnings[0].contains("0.0.0.0/0 trusts every address"),
         "{warnings:?}"
     );
+}
+
+/// Two services naming one state file would overwrite each other's table: `check`
+/// refuses it at the second one's line.
+#[test]
+fn check_refuses_a_state_file_shared_by_two_services() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("shared.table");
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  a:\n    listen: [\"127.0.0.1:0\"]\n    \
+         stick: {{ state_file: {t} }}\n    backends: [{{ name: x, address: \"127.0.0.1:1\" }}]\n  \
+         b:\n    listen: [\"127.0.0.1:0\"]\n    stick: {{ state_file: {t} }}\n    \
+         backends: [{{ name: y, address: \"127.0.0.1:2\" }}]\n",
+        t = table.display()
+    );
+    let path = dir.path().join("crossbar.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .expect("run crossbar check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let at = format!("{}:9:", path.display());
+    let what = format!(
+        "services.b.stick.state_file: {} is already the state file of service a",
+        table.display()
+    );
+    assert!(err.contains(&at) && err.contains(&what), "{err}");
 }

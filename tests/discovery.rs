@@ -544,12 +544,12 @@ async fn dns_failures_keep_the_last_good_set() {
         if reason == "timeout" {
             // The API and the status page say so; a reload with the same `discover`
             // keeps the set (no lookup, no empty window) while DNS is down.
-            let api = get_admin(admin.addr, "/api/services").await;
+            let api = admin_get(admin.addr, "/api/services").await;
             assert!(
                 api.contains("\"stale\":true") && api.contains("\"source\":\"dns\""),
                 "{api}"
             );
-            let page = get_admin(admin.addr, "/").await;
+            let page = admin_get(admin.addr, "/").await;
             assert!(
                 page.contains("STALE:") && page.contains("pool.test"),
                 "{page}"
@@ -670,14 +670,6 @@ async fn place(ca: &TestCa, cb: &Crossbar) -> Vec<String> {
         out.push(r.expect("client request").backend);
     }
     out
-}
-
-/// GET `path` from the admin endpoint at `addr`: the whole answer.
-async fn get_admin(addr: SocketAddr, path: &str) -> String {
-    let req = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
-    let (status, text) = within("admin request", raw_request(addr, req.as_bytes(), WAIT)).await;
-    assert_eq!(status, Some(200), "{text}");
-    text
 }
 
 /// `crossbar check --resolve` prints what the names resolve to today, and passes

@@ -1,11 +1,14 @@
 //! Failures on either side: a backend reset, a silent backend and the idle timeout,
-//! clients that leave early, and a listen address already taken.
+//! clients that leave early, a listen address already taken, and backends that do
+//! not answer the ClientHello (timed out, the hello retried elsewhere, the bytes
+//! behind it sent to one backend only).
 mod common;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Backend `r` resets after 64 KiB mid-stream: that client's connection is closed
@@ -381,4 +384,193 @@ async fn a_backend_closing_before_answering_the_hello_is_retried() {
         assert_eq!(m("crossbar_connections_total", "mute"), 0.0);
         assert_eq!(m("crossbar_connections_total", "good"), 1.0);
     }
+}
+
+// ---------------------------------------------------------------------------
+// A backend that does not answer the ClientHello
+
+/// `quiet` accepts and never answers the hello: after `timeouts.server_hello` the
+/// client's hello goes to the next backend and its handshake completes there (before:
+/// it waited for the 30-minute idle timeout). With no backend left, the client is
+/// closed with `end=server_hello_timeout`. Both are counted on the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_answers_the_hello_is_timed_out() {
+    let log = LogBuffer::install();
+    let ca = crossbar::testbed::TestCa::new("answer CA").expect("CA");
+    let quiet = Backend::silent("quiet").await;
+    let good = Backend::tls_echo(&ca, "good").await;
+    let settings =
+        "    balance: first\n    retries: 1\n    timeouts: { server_hello: 300ms, idle: 1h }\n";
+    let lb = Crossbar::start(&one_service(
+        settings,
+        &[
+            backend_line("quiet", quiet.addr, ""),
+            backend_line("good", good.addr, ""),
+        ],
+    ))
+    .await;
+    let mut tls = tls_connect(&ca, lb.addr("svc")).await;
+    tls.write_all(b"ping").await.unwrap();
+    let mut echoed = [0u8; 4];
+    within("the echo", tls.read_exact(&mut echoed))
+        .await
+        .unwrap();
+    assert_eq!(&echoed, b"ping");
+    assert_eq!((quiet.accepted(), good.accepted()), (1, 1));
+    let timeouts = |lb: &Crossbar| {
+        lb.metric(
+            "crossbar_server_hello_timeouts_total",
+            &[("backend", "quiet")],
+        )
+    };
+    assert_eq!(timeouts(&lb), 1.0);
+    assert!(log.contains("did not answer the ClientHello within 300ms"));
+    drop(tls);
+
+    let only = Crossbar::start(&one_service(
+        "    retries: 0\n    timeouts: { server_hello: 300ms, idle: 1h }\n",
+        &[backend_line("quiet", quiet.addr, "")],
+    ))
+    .await;
+    let mut client = TcpStream::connect(only.addr("svc")).await.unwrap();
+    client
+        .write_all(&hello_fixture("openssl3_tls13.bin"))
+        .await
+        .unwrap();
+    let (got, _) = within("the client is closed", read_to_end_or_error(&mut client)).await;
+    assert!(got.is_empty(), "nothing came from the silent backend");
+    wait_until("end=server_hello_timeout logged", || {
+        log.contains("end=server_hello_timeout")
+    })
+    .await;
+    assert_eq!(timeouts(&only), 1.0);
+}
+
+// ---------------------------------------------------------------------------
+// Bytes behind the hello (0-RTT early data) reach one backend only
+
+/// A backend that reads the hello (`hello_len` bytes), closes its sending side
+/// without a byte (crossbar sees it close unanswered), then reads what else comes
+/// until crossbar lets go; sends everything it received on `got`.
+async fn unanswering_closer(
+    hello_len: usize,
+) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut got = vec![0u8; hello_len];
+            if s.read_exact(&mut got).await.is_err() {
+                continue;
+            }
+            let _ = s.shutdown().await; // ok: crossbar may be gone already
+            let _ = s.read_to_end(&mut got).await; // ok: what came is what counts
+            let _ = tx.send(got); // ok: the test may have ended
+        }
+    });
+    (addr, rx)
+}
+
+/// A client writes its ClientHello, an early-data record and an application record
+/// in one write. The first backend never answers (then, second variant, closes
+/// unanswered): the hello goes to the second backend, which answers. Only the
+/// hello may reach both: the bytes behind it go to the backend that answered, once,
+/// and the access log counts both backends (`tried=2`). Before: they were sent to
+/// both backends, and the log said `tried=1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_behind_the_hello_reach_only_the_backend_that_answered() {
+    let log = LogBuffer::install();
+    let hello = hello_fixture("openssl3_tls13.bin");
+    let mut extra = vec![0x17, 0x03, 0x03, 0x00, 0x05, 1, 2, 3, 4, 5];
+    extra.extend_from_slice(&[0x17, 0x03, 0x03, 0x00, 0x04, 9, 9, 9, 9]);
+    let sent: Vec<u8> = [hello.clone(), extra.clone()].concat();
+    let answer = std::sync::Arc::new(b"answer".to_vec());
+    let settings =
+        "    balance: first\n    retries: 1\n    timeouts: { server_hello: 300ms, idle: 1h }\n";
+    for (i, variant) in ["never answers", "closes unanswered"].iter().enumerate() {
+        let quiet = Backend::silent("quiet").await;
+        let (closer, mut closer_got) = unanswering_closer(hello.len()).await;
+        let first = if i == 0 { quiet.addr } else { closer };
+        let second = Backend::server_first("second", answer.clone()).await;
+        let lb = Crossbar::start(&one_service(
+            settings,
+            &[
+                backend_line("first", first, ""),
+                backend_line("second", second.addr, ""),
+            ],
+        ))
+        .await;
+        let from: std::net::IpAddr = format!("127.0.0.{}", 20 + i).parse().unwrap();
+        let mut client = connect_from(from, lb.addr("svc")).await;
+        client.write_all(&sent).await.unwrap();
+        let (got, _) = within("the answer", read_to_end_or_error(&mut client)).await;
+        assert_eq!(got, *answer, "{variant}");
+        drop(client);
+
+        let first_got = if i == 0 {
+            let r = quiet.next_report().await;
+            assert_eq!(r.received, hello.len() as u64, "{variant}: first backend");
+            (r.sha == sha(&hello)).then(|| hello.clone())
+        } else {
+            within("the closer's report", closer_got.recv()).await
+        };
+        assert_eq!(
+            first_got.as_deref(),
+            Some(&hello[..]),
+            "{variant}: the backend that never answered got only the hello"
+        );
+        let r = second.next_report().await;
+        assert_eq!(
+            (r.received, r.sha),
+            (sent.len() as u64, sha(&sent)),
+            "{variant}: the backend that answered got the hello and what followed, once"
+        );
+        let client = format!("client={from}:");
+        wait_until("the access-log line", || {
+            !log.lines_with(&client).is_empty()
+        })
+        .await;
+        let lines = log.lines_with(&client);
+        assert!(
+            lines[0].contains("tried=2") && lines[0].contains("backend=\"second\""),
+            "{variant}: {}",
+            lines[0]
+        );
+    }
+}
+
+/// A backend whose answer to the hello is a few bytes and a close (an alert, then
+/// FIN; this one sends both at accept, so they are usually both there when crossbar
+/// looks) has answered: the client gets those bytes and the close, and no other
+/// backend is tried. crossbar tells an answer from a close before answering by the
+/// backend socket's readiness, peeking only when it shows a close; counting that
+/// close as unanswered would hand the hello to `spare`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_answers_and_closes_at_once_has_answered() {
+    let alert = std::sync::Arc::new(vec![0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28]);
+    let answers = Backend::server_first("answers", alert.clone()).await;
+    let spare = Backend::server_first("spare", std::sync::Arc::new(b"spare".to_vec())).await;
+    let lb = Crossbar::start(&one_service(
+        "    balance: first\n    retries: 1\n",
+        &[
+            backend_line("answers", answers.addr, ""),
+            backend_line("spare", spare.addr, ""),
+        ],
+    ))
+    .await;
+    let hello = hello_fixture("openssl3_tls13.bin");
+    for round in 0..5 {
+        let mut client = TcpStream::connect(lb.addr("svc")).await.unwrap();
+        client.write_all(&hello).await.unwrap();
+        let (got, clean) = within("the answer", read_to_end_or_error(&mut client)).await;
+        assert_eq!(got, *alert, "round {round}: the first backend's answer");
+        assert!(clean, "round {round}: then its close, as a FIN");
+        drop(client);
+        let r = answers.next_report().await;
+        assert_eq!(r.received, hello.len() as u64, "round {round}");
+    }
+    assert_eq!(spare.accepted(), 0, "no hello went to the spare backend");
+    let errors = lb.metric("crossbar_connect_errors_total", &[("backend", "answers")]);
+    assert_eq!(errors, 0.0);
 }

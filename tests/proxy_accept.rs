@@ -549,18 +549,6 @@ fn raise_nofile(n: u64) {
     }
 }
 
-/// A blocking `GET path` on the admin endpoint: the status and the body.
-fn admin_get(admin: SocketAddr, path: &str) -> Option<(Option<u16>, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(admin).ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    Some((common::status_of(head), body.to_string()))
-}
-
 /// Hostile headers leave other connections alone: while 10,000 trusted connections
 /// hold half a header, an agent's TLS connection through HAProxy is served; then
 /// every slow one is closed at the header's deadline, each counted as
@@ -582,8 +570,8 @@ async fn slow_headers_do_not_block_others() {
     let config = dir.path().join("crossbar.yaml");
     std::fs::write(&config, yaml).unwrap();
     let _lb = common::process::crossbar_run(&config, None, Stdio::null());
-    wait_until("crossbar ready", || {
-        admin_get(admin, "/healthz").is_some_and(|(s, _)| s == Some(200))
+    common::wait_until_async("crossbar ready", || async move {
+        common::try_admin_get(admin, "/healthz").await.is_some()
     })
     .await;
     let start = std::time::Instant::now();
@@ -610,7 +598,7 @@ async fn slow_headers_do_not_block_others() {
     }
     let closed = start.elapsed();
     drop(slow);
-    let (_, metrics) = admin_get(admin, "/metrics").expect("/metrics");
+    let metrics = common::admin_get(admin, "/metrics").await;
     let timeouts = common::metric_value(
         &metrics,
         "crossbar_listener_refused_total",

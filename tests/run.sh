@@ -55,7 +55,7 @@ need sslscan sslscan
 need golang go
 # dnsmasq: the real DNS server (SRV, A records) tests/discovery.rs changes under load.
 need dnsmasq-base /usr/sbin/dnsmasq
-# promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/alerts.rs).
+# promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/admin.rs).
 need prometheus promtool
 # The package test .ci/run runs next (tests/package/run.sh): man-db renders
 # `man crossbar`, systemd provides systemd-analyze, adduser makes the system user,

@@ -1,6 +1,6 @@
 //! TLS scanners written by others, run against real TLS servers directly and through
 //! crossbar: every finding must be the same both ways, except the fields that name
-//! the address scanned (issue #33 item 2; docs/security.md "TLS scanners").
+//! the address scanned (docs/security.md "TLS scanners").
 //!
 //! Servers: `openssl s_server` (OpenSSL 3.0) and a JDK 17 HTTPS server
 //! (tests/java/JdkServers.java). Scanners, each in its own test: testssl.sh

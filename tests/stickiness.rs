@@ -408,7 +408,7 @@ async fn tls13_psk_sticks() {
     case(Case::Tls13).await;
 }
 
-/// Issue #26, 9: without confirmation (`confirm: false`, or `confirm_budget` spent)
+/// Without confirmation (`confirm: false`, or `confirm_budget` spent)
 /// resumptions the table can't place followed the source hint, and behind one NAT
 /// address that herded every agent onto the backend of the last full handshake
 /// (bench/confirm.sh: busiest backend 100 %). Here 24 TLS 1.3 agents behind

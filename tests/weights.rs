@@ -1,4 +1,4 @@
-//! Backend weights changed at run time (issue #30, item 3): `crossbar backend
+//! Backend weights changed at run time by the operator: `crossbar backend
 //! weight` and `POST /api/backends/{service}/{backend}/weight` against a real
 //! `crossbar run`, new connections counted per backend over real sockets, real
 //! HTTP for the API and real TLS resumption for stickiness.
@@ -164,14 +164,8 @@ async fn cli(args: Vec<String>) -> (bool, String, String) {
 /// Send a raw HTTP/1.1 request and read the answer to the server's close; (status, body).
 async fn http(addr: SocketAddr, req: &str) -> (u16, String) {
     let (status, text) = common::raw_request(addr, req.as_bytes(), common::WAIT).await;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (
-        status.unwrap_or_else(|| panic!("no HTTP answer: {text:?}")),
-        body,
-    )
+    let status = status.unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    (status, common::body_of(&text).to_string())
 }
 
 /// Client address `i` of a spread over 127.1.0.0/16 (each its own source).

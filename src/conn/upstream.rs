@@ -43,7 +43,7 @@ impl ClientWatch {
     /// peek it replaced ran on every tcp-mode connection (the client's first bytes
     /// made the socket readable). The peek then says whether bytes came before the
     /// reset: those, and the reset after them, are passed on as they would reach
-    /// the backend directly (`tests/endings.rs`). Leaves and Stirs peek once the
+    /// the backend directly (`tests/relay/endings.rs`). Leaves and Stirs peek once the
     /// socket shows readable; tokio clears a stale readable on the hello's short
     /// last read, so they make no system call when nothing happened.
     pub(super) async fn fired(self, client: &TcpStream) {

@@ -1,4 +1,4 @@
-//! How a stream ended, as one peer saw it: what tests/endings.rs and tests/netem.rs
+//! How a stream ended, as one peer saw it: what tests/relay/endings.rs and tests/netem.rs
 //! compare between a path through crossbar and its direct twin.
 use std::io::ErrorKind;
 

@@ -6,10 +6,12 @@
 //! bounded by [`WAIT`], a guard against hangs, never a performance threshold.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod api;
 pub mod ending;
 pub mod haproxy;
 pub mod hello;
 pub mod java;
+pub mod load;
 pub mod log;
 pub mod netns;
 pub mod process;
@@ -17,10 +19,17 @@ pub mod snapshot;
 pub mod tls;
 pub mod wire;
 
+#[allow(unused_imports)] // each test binary uses a different part of this module
+pub use api::{admin_get, admin_json, api_reload, body_of, try_admin_get};
+#[allow(unused_imports)] // see above
+pub use load::{load, ping, Load};
 #[allow(unused_imports)] // see above
 pub use log::LogBuffer;
-#[allow(unused_imports)] // each test binary uses a different part of this module
-pub use process::{crossbar_cli, crossbar_run, free_port};
+#[allow(unused_imports)] // see above
+pub use process::{
+    crossbar_cli, crossbar_run, echo_service, enable_admin, free_port, run_logged, serving,
+    tcp_config, terminate, wait_listening,
+};
 #[allow(unused_imports)] // see above
 pub use tls::ChildGuard;
 
@@ -76,6 +85,23 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) -> Duration 
             return started.elapsed();
         }
         tokio::time::sleep(step).await;
+    }
+    panic!("{what}: still not true after {WAIT:?}");
+}
+
+/// [`wait_until`] for a condition that must itself await (a connection, an HTTP
+/// request); bounded by [`WAIT`].
+pub async fn wait_until_async<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < WAIT {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("{what}: still not true after {WAIT:?}");
 }

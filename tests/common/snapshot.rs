@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{metric_value, raw_request, WAIT};
+use super::{admin_get as get, metric_value, WAIT};
 
 /// The metric family that counts reload attempts (left out of the compare).
 pub const ATTEMPT_METRIC: &str = "crossbar_config_reloads_total";
@@ -44,15 +44,6 @@ pub struct Snapshot {
     pub tables: Vec<String>,
     /// Unmasked table dumps, for [`Snapshot::expires_in`].
     raw_tables: Vec<Value>,
-}
-
-/// The body of `GET path` on the admin endpoint; fails the test on another status.
-pub async fn get(admin: SocketAddr, path: &str) -> String {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    let (status, text) = raw_request(admin, req.as_bytes(), WAIT).await;
-    assert_eq!(status, Some(200), "GET {path}: {text}");
-    let (_, body) = text.split_once("\r\n\r\n").expect("an HTTP body");
-    body.to_string()
 }
 
 fn mask(v: &mut Value) {

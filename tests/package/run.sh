@@ -9,7 +9,7 @@
 #
 # systemd is not PID 1 here (nor in CI): the unit is verified and scored offline, and
 # the maintainer scripts skip starting it; the reload command and the sd_notify
-# messages are tested without systemd in tests/reload_command.rs.
+# messages are tested without systemd in tests/reload/command.rs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -1,5 +1,5 @@
-//! Issue #27, trap 1: every reload path (SIGHUP, `POST /api/reload`, `crossbar
-//! reload` without `-c`) checks what `crossbar check` checks, the files the config
+//! Every reload path (SIGHUP, `POST /api/reload`, `crossbar reload` without `-c`)
+//! checks what `crossbar check` checks, the files the config
 //! names included, and probes new health settings before it commits them. A real
 //! `crossbar run` with two rustls backends checked over https with a CA file:
 //! - a missing `ca_file` is refused on each path (422, the log, the error counter,
@@ -9,14 +9,12 @@
 //!   fails every backend's check: refused, with the reason in the doctor's words;
 //! - during an outage (no backend passing now) such a reload is applied with a
 //!   warning, and so is a new service whose backends all fail.
-mod common;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::snapshot::get;
-use common::*;
+use crate::common::*;
+use crate::{crossbar, text};
 use crossbar::testbed::{BackendTls, TestCa, TlsBackend};
 use serde_json::Value;
 
@@ -61,7 +59,7 @@ impl Site {
         std::fs::write(&site.file, site.yaml("")).unwrap();
         let stderr = Stdio::from(std::fs::File::create(&site.log).unwrap());
         site.proc = crossbar_run(&site.file, None, stderr);
-        wait_for("the admin endpoint", || async {
+        wait_until_async("the admin endpoint", || async {
             tokio::net::TcpStream::connect(admin).await.is_ok()
         })
         .await;
@@ -91,19 +89,17 @@ impl Site {
     /// `POST /api/reload` of `yaml`: the status and the JSON answer.
     async fn api_reload(&self, yaml: &str) -> (Option<u16>, Value) {
         std::fs::write(&self.file, yaml).unwrap();
-        let req = b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        let (status, text) = raw_request(self.admin, req, WAIT).await;
-        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let (status, body) = api_reload(self.admin).await;
+        let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
         (status, json)
     }
 
     async fn services(&self) -> Value {
-        serde_json::from_str(&get(self.admin, "/api/services").await).unwrap()
+        serde_json::from_str(&admin_get(self.admin, "/api/services").await).unwrap()
     }
 
     async fn metrics(&self) -> String {
-        get(self.admin, "/metrics").await
+        admin_get(self.admin, "/metrics").await
     }
 
     async fn checks(&self, backend: &str, result: &str) -> f64 {
@@ -131,7 +127,7 @@ impl Site {
                 self.checks(name, "ok").await,
                 self.checks(name, "fail").await,
             );
-            wait_for(
+            wait_until_async(
                 &format!("{what}: {name} passes more checks"),
                 || async move { self.checks(name, "ok").await >= ok + MORE_PASSES },
             )
@@ -167,21 +163,6 @@ async fn backend(ca: &TestCa, name: &str) -> TlsBackend {
         .expect("a TLS backend")
 }
 
-/// Poll `cond` (bounded by [`WAIT`]) until it holds.
-async fn wait_for<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..(WAIT.as_millis() / 20) {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("{what}: not within {WAIT:?}");
-}
-
 fn backend_states(services: &Value) -> Vec<(String, String)> {
     services["services"][0]["backends"]
         .as_array()
@@ -194,19 +175,6 @@ fn backend_states(services: &Value) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-fn crossbar(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_crossbar"))
-        .args(args)
-        .env_remove("CROSSBAR_ADMIN")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run crossbar")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// The error text of the last reload, asserting it failed.
@@ -236,13 +204,19 @@ async fn a_missing_ca_file_is_refused_on_every_reload_path_and_backends_stay_up(
     // SIGHUP
     std::fs::write(&site.file, &broken).unwrap();
     site.proc.signal("HUP");
-    wait_for("the SIGHUP reload counted as failed", || async {
+    wait_until_async("the SIGHUP reload counted as failed", || async {
         site.reloads("error").await == 1.0
     })
     .await;
     assert_eq!(site.reloads("ok").await, 0.0);
     let reason = failed_reason(&site.last_reload().await);
     assert!(reason.contains(&why), "{reason}");
+    // Log lines reach the file through the writer thread: wait for the line, not a time.
+    wait_until("the refusal is logged", || {
+        site.log_text()
+            .contains("reload failed, keeping the running configuration")
+    })
+    .await;
     let log = site.log_text();
     assert!(
         log.contains("reload failed, keeping the running configuration") && log.contains(&why),
@@ -291,7 +265,7 @@ async fn a_missing_ca_file_is_refused_on_every_reload_path_and_backends_stay_up(
     assert!(failed_reason(&json["crossbar"]["last_reload"]).contains(&why));
 
     // And the status page.
-    let page = get(site.admin, "/").await;
+    let page = admin_get(site.admin, "/").await;
     assert!(
         page.contains("FAILED") && page.contains("missing.pem"),
         "{page}"
@@ -368,7 +342,7 @@ async fn an_outage_does_not_block_a_reload_but_is_warned_about() {
     let site = Site::start(&ca).await;
     site.a.stop();
     site.b.stop();
-    wait_for("both backends down", || async {
+    wait_until_async("both backends down", || async {
         backend_states(&site.services().await)
             .iter()
             .all(|(_, s)| s == "down")
@@ -410,7 +384,7 @@ async fn an_outage_does_not_block_a_reload_but_is_warned_about() {
     assert_eq!(site.reloads("ok").await, 1.0);
     let services = site.services().await;
     assert_eq!(services["services"][1]["name"], "extra", "{services}");
-    let page = get(site.admin, "/").await;
+    let page = admin_get(site.admin, "/").await;
     assert!(page.contains("with 2 warning(s)"), "{page}");
 
     // `crossbar reload` prints the warnings after `reloaded`; services whose checks

@@ -6,16 +6,14 @@
 //! aborted exchange must look aborted to its client, every other one intact.
 #![allow(unsafe_code)] // two ioctls that read a socket's queue lengths
 
-mod common;
-
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::ending::{read_all, seen, Seen};
-use common::*;
+use crate::common::ending::{read_all, seen, Seen};
+use crate::common::*;
 use crossbar::testbed::{self, BackendTls, TestCa};
 use rstest::rstest;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};

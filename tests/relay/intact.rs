@@ -1,11 +1,10 @@
-//! The byte pump through real sockets: payloads arrive intact both ways (SHA-256),
-//! in `mode: tcp` and through a real TLS session in `mode: tls`; half-closes pass
-//! through in both directions; the TLS session is the backend's own (openssl).
-mod common;
-
+//! Payloads arrive intact both ways (SHA-256), in `mode: tcp` and through a real
+//! TLS session in `mode: tls`; half-closes pass through in both directions; the TLS
+//! session is the backend's own (openssl); and a connection keeps its bytes when
+//! the process runs out of file descriptors (no splice pipes: the relay copies).
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use crossbar::testbed::{BackendTls, TestCa, TlsBackend};
 use rstest::rstest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -269,4 +268,83 @@ async fn ipv6_loopback_listener_relays_payload_intact() {
     assert_eq!(got_len, data.len() as u64);
     assert_eq!(hex(&got_sha), hex(&sha(&data)));
     assert_eq!(hex(&echo.next_report().await.sha), hex(&sha(&data)));
+}
+
+// ---------------------------------------------------------------------------
+// Out of file descriptors mid-connection
+
+/// Every descriptor number below a lowered RLIMIT_NOFILE is taken, restored on drop.
+struct FdsExhausted {
+    saved: libc::rlimit,
+    _fillers: Vec<std::fs::File>,
+}
+
+impl FdsExhausted {
+    #[allow(unsafe_code)]
+    fn now() -> FdsExhausted {
+        let mut saved = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut saved) },
+            0
+        );
+        let highest = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap();
+        let low = libc::rlimit {
+            rlim_cur: (highest + 1) as libc::rlim_t,
+            rlim_max: saved.rlim_max,
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+        // Fill the holes below the limit, so no new descriptor can be had.
+        let mut fillers = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            fillers.push(f);
+        }
+        assert!(
+            std::fs::File::open("/dev/null").is_err(),
+            "descriptors exhausted"
+        );
+        FdsExhausted {
+            saved,
+            _fillers: fillers,
+        }
+    }
+}
+
+impl Drop for FdsExhausted {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: setrlimit only reads the struct passed.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &self.saved) };
+    }
+}
+
+/// A connection established before the process ran out of descriptors carries bulk
+/// data (which wants splice pipes) both ways, intact: when pipe2 fails with EMFILE
+/// the relay copies instead of cutting the client off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_survives_running_out_of_descriptors() {
+    let echo = Backend::echo("echo", false).await;
+    let cb = Crossbar::start(&one_service(
+        "    mode: tcp\n",
+        &[backend_line("echo", echo.addr, "")],
+    ))
+    .await;
+    let mut client = TcpStream::connect(cb.addr("svc")).await.unwrap();
+    let mut buf = [0u8; 5];
+    client.write_all(b"hello").await.unwrap();
+    client.read_exact(&mut buf).await.unwrap();
+    let data = payload(8 << 20, 16);
+    let exhausted = FdsExhausted::now();
+    let (n, digest) = exchange(client, &data).await;
+    drop(exhausted);
+    assert_eq!(n, data.len() as u64, "bytes echoed");
+    assert_eq!(digest, sha(&data), "content intact");
 }

@@ -3,14 +3,13 @@
 //! ExecReload). A bad file fails the command, sends nothing to the running process
 //! and leaves the old config serving; a good one is live when the command returns,
 //! with RELOADING=1 ... READY=1 sent in between.
-mod common;
-
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::snapshot::Snapshot;
-use common::*;
+use crate::common::snapshot::Snapshot;
+use crate::common::*;
+use crate::{crossbar, text};
 
 /// The systemd side of sd_notify: a datagram socket in a temporary directory.
 struct Notify(UnixDatagram);
@@ -50,19 +49,9 @@ fn config(listen: std::net::SocketAddr, admin: std::net::SocketAddr, backend: &B
     )
 }
 
+/// `crossbar reload -c file`, to the end.
 fn reload(file: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_crossbar"))
-        .arg("reload")
-        .arg("-c")
-        .arg(file)
-        .env_remove("CROSSBAR_ADMIN")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run crossbar reload")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+    crossbar(&["reload", "-c", file.to_str().expect("a UTF-8 path")])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,20 +1,19 @@
 //! Reload as a transaction, with a real `crossbar run` process and its admin API: a
 //! reload that fails for any reason (a bad file, an unreadable one, an address in
-//! use, a listener change it can't apply) leaves `/api/services`, the `crossbar_*`
-//! metrics, the stick tables and every backend state exactly as they were, though
-//! the file would disable a backend, shorten the stick lifetimes, add a backend and
-//! lower the listener's limit. Changes a kept listen address can take (its
-//! `max_connections`, its `backlog`) apply. A FIFO at a `state_file` path blocks
-//! neither start-up nor a reload (which refuses it, as `check` does).
-mod common;
-
+//! use, a listener change it can't apply), by `POST /api/reload` or by SIGHUP,
+//! leaves `/api/services`, the `crossbar_*` metrics, the stick tables and every
+//! backend state exactly as they were, though the file would disable a backend,
+//! shorten the stick lifetimes, add a backend and lower the listener's limit.
+//! Changes a kept listen address can take (its `max_connections`, its `backlog`)
+//! apply. A FIFO at a `state_file` path blocks neither start-up nor a reload (which
+//! refuses it, as `check` does).
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::snapshot::{get, Snapshot};
-use common::*;
+use crate::common::snapshot::Snapshot;
+use crate::common::*;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
@@ -46,7 +45,7 @@ impl Running {
         let (admin, listen) = (free_port(), free_port());
         std::fs::write(&file, yaml(admin, listen)).unwrap();
         let proc = crossbar_run(&file, None, stderr);
-        get_when_up(admin, "/healthz").await;
+        wait_listening(admin).await;
         Running {
             proc,
             file,
@@ -58,8 +57,7 @@ impl Running {
 
     /// `POST /api/reload`: the status and the answer.
     async fn reload(&self) -> (Option<u16>, String) {
-        let req = b"POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-        raw_request(self.admin, req, WAIT).await
+        api_reload(self.admin).await
     }
 
     /// Write `yaml` and reload it, expecting a refusal whose answer contains `why`.
@@ -82,7 +80,7 @@ impl Running {
     }
 
     async fn metrics(&self) -> String {
-        get(self.admin, "/metrics").await
+        admin_get(self.admin, "/metrics").await
     }
 
     async fn refused_total(&self) -> f64 {
@@ -92,18 +90,6 @@ impl Running {
             &[("reason", "max_connections")],
         )
     }
-}
-
-/// Poll (bounded) until the admin endpoint at `addr` accepts a connection, then GET
-/// `path`.
-async fn get_when_up(addr: SocketAddr, path: &str) -> String {
-    for _ in 0..(WAIT.as_millis() / 10) {
-        if TcpStream::connect(addr).await.is_ok() {
-            return get(addr, path).await;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{addr} never accepted");
 }
 
 /// A connection over the listener's limit is closed before a backend answers.
@@ -346,6 +332,71 @@ async fn a_kept_listener_takes_its_new_backlog() {
     lb.reloaded(&yaml(lb.admin, lb.listen, 100)).await;
     assert_eq!(kernel_backlog(lb.listen), 100);
     assert_eq!(who(lb.listen).await.0, "a");
+}
+
+/// SIGHUP with a broken file, then with one that checks but can't be applied (an
+/// address in use) and would disable the backend and add another: each reload is
+/// attempted and fails (counted as an error), nothing of either file is applied
+/// (services, backends and metrics as they were), and the process keeps serving
+/// with the old config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sighup_reload_changes_nothing() {
+    let (_echo, _dir, listen, cfg) = echo_service("").await;
+    let admin = enable_admin(&cfg);
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    let mut p = serving(&cfg, None, listen).await;
+    wait_listening(admin).await;
+    let failed = |text: &str| {
+        metric_value(
+            text,
+            "crossbar_config_reloads_total",
+            &[("result", "error")],
+        )
+    };
+    assert_eq!(failed(&admin_get(admin, "/metrics").await), 0.0);
+    let before = Snapshot::settled(admin, &[], 0).await;
+    std::fs::write(&cfg, "services: [this is: not valid\n").unwrap();
+    p.signal("HUP");
+    wait_until_async("the reload counted as failed", || async move {
+        try_admin_get(admin, "/metrics")
+            .await
+            .is_some_and(|t| failed(&t) == 1.0)
+    })
+    .await;
+    let text = admin_get(admin, "/metrics").await;
+    assert_eq!(
+        metric_value(&text, "crossbar_config_reloads_total", &[("result", "ok")]),
+        0.0,
+        "no reload succeeded"
+    );
+    before.assert_same(&Snapshot::take(admin, &[]).await, "a bad file");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let extra = taken.local_addr().unwrap();
+    let harmful = yaml
+        .replace(
+            &format!("listen: [\"{listen}\"]"),
+            &format!("listen: [\"{listen}\", \"{extra}\"]"),
+        )
+        .replace("{ name: echo, ", "{ name: echo, disabled: true, ")
+        + &format!("      - {{ name: ghost, address: \"{extra}\" }}\n");
+    std::fs::write(&cfg, harmful).unwrap();
+    p.signal("HUP");
+    wait_until_async("the second reload counted as failed", || async move {
+        try_admin_get(admin, "/metrics")
+            .await
+            .is_some_and(|t| failed(&t) == 2.0)
+    })
+    .await;
+    before.assert_same(&Snapshot::take(admin, &[]).await, "an address in use");
+    drop(taken);
+    for _ in 0..5 {
+        ping(listen)
+            .await
+            .expect("still serving after a bad reload");
+    }
+    assert_eq!(p.0.try_wait().unwrap(), None, "still running");
+    terminate(p).await;
 }
 
 // ---------------------------------------------------------------------------
