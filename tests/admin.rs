@@ -1102,7 +1102,10 @@ async fn cli_end_to_end() {
     let header = out.lines().find(|l| l.contains("BACKEND")).unwrap();
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
-        ["BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP"]
+        [
+            "BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP", "FROM", "HEALTH", "FOR",
+            "LAST", "CHECK"
+        ]
     );
     let p1 = out
         .lines()
