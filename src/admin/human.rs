@@ -27,6 +27,11 @@ pub fn human_secs(s: u64) -> String {
     }
 }
 
+/// A row of [`columns`] from string slices (a header, a short total row).
+pub fn row(cells: &[&str]) -> Vec<String> {
+    cells.iter().map(|c| c.to_string()).collect()
+}
+
 /// Lay rows out in columns, each as wide as its widest cell; the last cell of a
 /// row is not padded (it may hold spaces: an error message).
 pub fn columns(rows: &[Vec<String>]) -> String {

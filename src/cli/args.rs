@@ -224,7 +224,7 @@ pub enum TableCommand {
         #[arg(long)]
         limit: Option<usize>,
         /// Only the entry with this key (16 hex digits, as `table show` prints it).
-        #[arg(long, value_parser = super::client::parse_key, conflicts_with = "client")]
+        #[arg(long, value_parser = parse_key, conflicts_with = "client")]
         key: Option<u64>,
         /// Only the source entry this client address falls under (`source`
         /// stickiness, or the resume hint of its last full handshake). Session,
@@ -242,7 +242,7 @@ pub enum TableCommand {
         /// Service name.
         service: String,
         /// The entry's key (16 hex digits, as `table show` prints it).
-        #[arg(long, value_parser = super::client::parse_key)]
+        #[arg(long, value_parser = parse_key)]
         key: Option<u64>,
         /// The client address whose source entry goes.
         #[arg(long, value_name = "ADDR")]
@@ -269,6 +269,14 @@ pub enum BackendAction {
     Enable,
     Disable,
     Weight,
+}
+
+/// Parse a stick key as `table show` prints it (16 hex digits).
+pub fn parse_key(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s, 16)
+        .ok()
+        .filter(|_| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| format!("expected the 16 hex digits `table show` prints, got {s:?}"))
 }
 
 /// `WEIGHT` of `crossbar backend weight`, checked before anything is sent.
@@ -305,4 +313,17 @@ pub fn admin_url_from_env(matches: &clap::ArgMatches) -> bool {
     }
     m.ids().any(|id| id == "url")
         && m.value_source("url") == Some(clap::parser::ValueSource::EnvVariable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_16_hex_digits() {
+        assert_eq!(parse_key("00000000000000ff"), Ok(255));
+        assert!(parse_key("ff").is_err());
+        assert!(parse_key("+0000000000000ff").is_err());
+        assert!(parse_key("0x000000000000ff").is_err());
+    }
 }

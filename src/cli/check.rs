@@ -25,7 +25,7 @@ pub fn check(config: &Path, config_only: bool, resolve: bool) -> ExitCode {
             }
             if resolve {
                 let mut cfg = cfg;
-                match super::runtime(None) {
+                match super::commands::runtime(None) {
                     Ok(rt) => {
                         for line in rt.block_on(crate::discovery::resolve_into(&mut cfg)) {
                             println!("{line}");

@@ -101,14 +101,6 @@ impl Pick {
     }
 }
 
-/// Parse a stick key as `table show` prints it (16 hex digits).
-pub fn parse_key(s: &str) -> Result<u64, String> {
-    u64::from_str_radix(s, 16)
-        .ok()
-        .filter(|_| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| format!("expected the 16 hex digits `table show` prints, got {s:?}"))
-}
-
 /// `?a&b` from the parameters given, or "".
 fn query(params: &[Option<String>]) -> String {
     let given: Vec<&str> = params.iter().flatten().map(String::as_str).collect();
@@ -253,9 +245,8 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
             )
         }
         Command::TableShow { pick: None, .. } => super::tables::table(&decode(p, &body)?),
-        Command::TableShow { pick: Some(p2), .. } => {
-            let v: TableView = decode(p, &body)?;
-            super::tables::picked(&v, p2)
+        Command::TableShow { pick: Some(_), .. } => {
+            super::tables::picked(&decode::<TableView>(p, &body)?)
         }
         Command::TableFlush { service } => {
             let v: FlushView = decode(p, &body)?;
@@ -303,14 +294,6 @@ fn reloaded(v: &ReloadAnswer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_are_16_hex_digits() {
-        assert_eq!(parse_key("00000000000000ff"), Ok(255));
-        assert!(parse_key("ff").is_err());
-        assert!(parse_key("+0000000000000ff").is_err());
-        assert!(parse_key("0x000000000000ff").is_err());
-    }
 
     #[test]
     fn a_missing_field_is_an_error_naming_it() {

@@ -10,6 +10,7 @@ use super::args::{AdminArgs, BackendAction, ReportFormat, TableCommand};
 use super::client::{Command as ClientCommand, Pick};
 use super::http::CliError;
 use super::options::{options, ClientOptions};
+use super::outcome::{fail, report};
 use crate::admin::{Action, WeightAsk};
 use crate::config::Config;
 
@@ -201,21 +202,4 @@ pub(super) fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime>
         b.worker_threads(n);
     }
     b.enable_all().build().context("starting the runtime")
-}
-
-/// Exit 0, or print `error: E` with its causes and exit 1.
-pub(super) fn report(r: Result<()>) -> ExitCode {
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Print `error: E` and exit 1.
-pub(super) fn fail(e: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("error: {e}");
-    ExitCode::FAILURE
 }

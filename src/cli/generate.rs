@@ -15,7 +15,7 @@ pub fn generate(what: Generated, dir: Option<PathBuf>) -> ExitCode {
     let shell = match what {
         Generated::Man => {
             let dir = dir.unwrap_or_else(|| PathBuf::from("."));
-            return super::report(
+            return super::outcome::report(
                 man_pages(cmd, &dir)
                     .with_context(|| format!("writing man pages into {}", dir.display())),
             );

@@ -12,17 +12,17 @@ mod commands;
 mod generate;
 mod http;
 mod options;
+mod outcome;
 mod status;
 mod tables;
 mod traffic;
 
+pub use args::parse_key;
 pub use check::check;
-pub use client::{parse_key, run as run_client, Command as ClientCommand, Pick};
+pub use client::{run as run_client, Command as ClientCommand, Pick};
 pub use commands::{backend, client, demo, doctor, reload, run, table, BackendArgs};
 pub use generate::generate;
 pub use http::{request, CliError};
 pub use options::{
     admin_url, AdminSource, ClientOptions, Given, NoAdminEndpoint, DEFAULT_ADMIN_URL,
 };
-
-use commands::{fail, report, runtime};

@@ -135,7 +135,7 @@ pub fn options(
         json: args.json,
     };
     let Some(path) = args.config else {
-        return ClientOptions::new(given, None).map_err(|e| super::fail(&e));
+        return ClientOptions::new(given, None).map_err(|e| super::outcome::fail(&e));
     };
     let loaded = if check {
         Config::load_and_check_files(&path)
@@ -162,7 +162,7 @@ pub fn options(
             eprintln!("{w}");
         }
     }
-    ClientOptions::new(given, Some((&path, &cfg))).map_err(|e| super::fail(&e))
+    ClientOptions::new(given, Some((&path, &cfg))).map_err(|e| super::outcome::fail(&e))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-use crate::admin::human::{columns, human_bytes, human_secs};
+use crate::admin::human::{columns, human_bytes, human_secs, row};
 use crate::admin::page::{check_none, hit_ratio, listeners};
 use crate::admin::view::time::seconds_between;
 use crate::admin::view::{
@@ -70,17 +70,13 @@ fn service(svc: &ServiceView, flags: &str, now: SystemTime) -> String {
     let mut state = state_rows(svc);
     let mut traffic = traffic_rows(svc);
     let t = svc.totals();
-    state.push(
-        [
-            "Total",
-            "-",
-            &format!("{}/{} up", t.up, t.backends),
-            &t.active_connections.to_string(),
-            &t.weight.to_string(),
-        ]
-        .map(String::from)
-        .to_vec(),
-    );
+    state.push(row(&[
+        "Total",
+        "-",
+        &format!("{}/{} up", t.up, t.backends),
+        &t.active_connections.to_string(),
+        &t.weight.to_string(),
+    ]));
     traffic.push(vec![
         "Total".into(),
         "-".into(),
@@ -185,7 +181,7 @@ fn banner(svc: &ServiceView) -> String {
 
 /// The state table: what the operator acts on.
 fn state_rows(svc: &ServiceView) -> Vec<Vec<String>> {
-    let mut rows = vec![[
+    let mut rows = vec![row(&[
         "BACKEND",
         "ADDRESS",
         "STATE",
@@ -196,9 +192,7 @@ fn state_rows(svc: &ServiceView) -> Vec<Vec<String>> {
         "HEALTH",
         "FOR",
         "LAST CHECK",
-    ]
-    .map(String::from)
-    .to_vec()];
+    ])];
     for b in &svc.backends {
         let state = if svc.is_active(b) {
             format!("{} (active)", b.state)
@@ -227,7 +221,7 @@ fn state_rows(svc: &ServiceView) -> Vec<Vec<String>> {
 
 /// The traffic table: counters since the backend was first configured.
 fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
-    let mut rows = vec![[
+    let mut rows = vec![row(&[
         "BACKEND",
         "PEAK",
         "TOTAL",
@@ -237,9 +231,7 @@ fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
         "CHECK FAILURES",
         "RESUMED",
         "FULL",
-    ]
-    .map(String::from)
-    .to_vec()];
+    ])];
     for b in &svc.backends {
         rows.push(vec![
             b.name.clone(),

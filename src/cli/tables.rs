@@ -1,8 +1,7 @@
 //! `crossbar table show|delete`: a stick table's entries as text.
 use std::fmt::Write as _;
 
-use super::client::Pick;
-use crate::admin::human::columns;
+use crate::admin::human::{columns, row};
 use crate::admin::view::{DeleteView, EntryView, Lookup, TableView};
 
 /// `table show`: the counters, then the entries.
@@ -28,9 +27,7 @@ fn backend_cell(e: &EntryView) -> String {
 
 /// Stick entries as a table with its header.
 fn entry_rows(entries: &[EntryView]) -> String {
-    let mut rows = vec![["KIND", "KEY", "BACKEND", "AGE", "EXPIRES IN"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![row(&["KIND", "KEY", "BACKEND", "AGE", "EXPIRES IN"])];
     for e in entries {
         rows.push(vec![
             e.kind.clone(),
@@ -44,7 +41,7 @@ fn entry_rows(entries: &[EntryView]) -> String {
 }
 
 /// `table show --key/--client`: what was looked up, then the entries found.
-pub fn picked(v: &TableView, pick: &Pick) -> String {
+pub fn picked(v: &TableView) -> String {
     let mut out = match &v.lookup {
         Some(Lookup::Key { key }) => format!("{}: key {key}: ", v.service),
         Some(Lookup::Client { client, prefix }) => format!(
@@ -62,10 +59,10 @@ pub fn picked(v: &TableView, pick: &Pick) -> String {
     if !v.entries.is_empty() {
         out.push_str(&entry_rows(&v.entries));
     }
-    if let Pick::Client(ip) = pick {
+    if let Some(Lookup::Client { client, .. }) = &v.lookup {
         let _ = writeln!(
             out,
-            "(session, ticket and PSK entries keep no client address; `crossbar connections --client {ip}` shows its open connections and their backends)"
+            "(session, ticket and PSK entries keep no client address; `crossbar connections --client {client}` shows its open connections and their backends)"
         ); // ok: writing to a String
     }
     out

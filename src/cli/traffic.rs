@@ -1,6 +1,6 @@
 //! `crossbar connections` and `crossbar sources`: open connections and the
 //! busiest client sources as text.
-use crate::admin::human::columns;
+use crate::admin::human::{columns, row};
 use crate::admin::page::tokens;
 use crate::admin::view::{ConnectionsView, ListenerSourcesView, SourcesView};
 
@@ -11,7 +11,7 @@ pub fn connections(v: &ConnectionsView) -> String {
         v.total,
         v.connections.len()
     );
-    let mut rows = vec![[
+    let mut rows = vec![row(&[
         "SERVICE",
         "CLIENT",
         "BACKEND",
@@ -19,9 +19,7 @@ pub fn connections(v: &ConnectionsView) -> String {
         "C->S BYTES",
         "S->C BYTES",
         "STATE",
-    ]
-    .map(String::from)
-    .to_vec()];
+    ])];
     for c in &v.connections {
         rows.push(vec![
             c.service.clone(),
@@ -59,9 +57,7 @@ fn listener(l: &ListenerSourcesView) -> String {
         l.tracked,
         lim.table_size,
     );
-    let mut rows = vec![["SOURCE", "OPEN", "TOKENS", "ADMITTED", "REFUSED"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![row(&["SOURCE", "OPEN", "TOKENS", "ADMITTED", "REFUSED"])];
     for s in &l.sources {
         rows.push(vec![
             s.source.clone(),
