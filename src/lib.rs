@@ -22,12 +22,14 @@
 //!
 //! The layers, each using only the ones below it:
 //!
-//! - commands: [`run`] (`crossbar run`: signals, upgrades, the admin endpoint),
-//!   [`demo`] (a self-contained run with local TLS backends), [`admin_client`] (the
-//!   `crossbar status|table|backend|connections|reload` clients of the admin API), [`doctor`]
-//!   (`crossbar doctor`: every backend's certificates, TLS, stickiness and status
-//!   checked before traffic is switched);
-//! - [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz, /api) and
+//! - commands: [`cli`] (the command line: arguments, `check`, the man pages, and the
+//!   `crossbar status|table|backend|connections|sources|reload` clients of the admin
+//!   API, which read its typed views), [`run`] (`crossbar run`: signals, upgrades, the
+//!   admin endpoint), [`demo`] (a self-contained run with local TLS backends),
+//!   [`doctor`] (`crossbar doctor`: every backend's certificates, TLS, stickiness and
+//!   status checked before traffic is switched);
+//! - [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz, /api, each
+//!   document a typed view in `admin::view` that the page and the CLI read too) and
 //!   [`upgrade`] (hitless binary upgrades);
 //! - [`server`]: the running balancer: builds services, owns listeners, reload and
 //!   shutdown;
@@ -47,8 +49,8 @@
 
 // What main.rs, the tests, the benches and the fuzz targets use.
 pub mod admin;
-pub mod admin_client;
 pub mod balance;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod discovery;

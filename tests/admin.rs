@@ -1102,7 +1102,10 @@ async fn cli_end_to_end() {
     let header = out.lines().find(|l| l.contains("BACKEND")).unwrap();
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
-        ["BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP"]
+        [
+            "BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP", "FROM", "HEALTH", "FOR",
+            "LAST", "CHECK"
+        ]
     );
     let p1 = out
         .lines()
@@ -2121,4 +2124,96 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["total"], 1, "{v}");
     drop(held);
+}
+
+/// `v` without the fields that count seconds of a clock (they move between two
+/// reads of the same crossbar).
+fn without_clocks(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "uptime_seconds" | "state_seconds" | "seconds_ago"
+                    )
+                })
+                .map(|(k, v)| (k, without_clocks(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(without_clocks).collect()),
+        other => other,
+    }
+}
+
+/// `body` read into the view `V` and written again: the same JSON, so the view has
+/// every field the server writes, by the same name, and no other.
+fn reads_back_whole<V: serde::Serialize + serde::de::DeserializeOwned>(body: &str) {
+    let served: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let view: V = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(serde_json::to_value(&view).unwrap(), served);
+}
+
+/// `crossbar status --json` prints the document `GET /api/services` serves (same
+/// crossbar, traffic stopped, no health checks: only the clocks move between the
+/// two reads), with a drained backend and a run-time weight in it; and every
+/// document of the API the CLI reads (services, tables, a lookup, connections,
+/// sources, the writes' answers, an error) reads back whole into its typed view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_is_the_services_document_and_every_document_has_its_view() {
+    use crossbar::admin::view;
+    let bed = Bed::start(None).await;
+    let on = agent_from(&bed, "127.0.0.2".parse().unwrap()).await;
+    let post = |path: &'static str| call(bed.admin, Method::POST, path, None);
+    let drained = post("/api/backends/plain/p1/drain").await;
+    reads_back_whole::<view::BackendStateView>(&drained.body);
+    for _ in 0..2 {
+        assert_eq!(bed.once("plain").await, "p2");
+    }
+    let weighted = post("/api/backends/puppet/b1/weight?weight=7").await;
+    reads_back_whole::<view::WeightView>(&weighted.body);
+
+    let api = get(&bed, "/api/services").await;
+    let (ok, out, err) = cli(args(&["status", "--admin", &bed.url(), "--json"])).await;
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(without_clocks(shown), without_clocks(api.json()));
+    reads_back_whole::<view::ServicesView>(&out);
+    let v: view::ServicesView = serde_json::from_str(&out).unwrap();
+    let plain = v.services.iter().find(|s| s.name == "plain").unwrap();
+    assert_eq!(plain.backends[0].state, view::BackendState::Drain);
+    assert_eq!(plain.backends[1].connections_total, 2, "p2 took both");
+
+    let mut held = Held::open(&bed, "plain").await;
+    held.who().await;
+    for (path, read) in [
+        (
+            "/api/tables/puppet",
+            reads_back_whole::<view::TableView> as fn(&str),
+        ),
+        (
+            "/api/tables/puppet?client=127.0.0.2",
+            reads_back_whole::<view::TableView>,
+        ),
+        (
+            "/api/connections",
+            reads_back_whole::<view::ConnectionsView>,
+        ),
+        ("/api/sources", reads_back_whole::<view::SourcesView>),
+        ("/api/tables/nope", reads_back_whole::<view::ErrorView>),
+    ] {
+        read(&get(&bed, path).await.body);
+    }
+    let table: view::TableView =
+        serde_json::from_str(&get(&bed, "/api/tables/puppet?client=127.0.0.2").await.body).unwrap();
+    assert_eq!(table.entries[0].backend.as_deref(), Some(on.as_str()));
+    let connections: view::ConnectionsView =
+        serde_json::from_str(&get(&bed, "/api/connections").await.body).unwrap();
+    assert_eq!(connections.total, 1);
+    assert_eq!(connections.connections[0].state, view::ConnState::Relaying);
+    drop(held);
+    let delete = |path: &'static str| call(bed.admin, Method::DELETE, path, None);
+    reads_back_whole::<view::DeleteView>(&delete("/api/tables/puppet?client=127.0.0.2").await.body);
+    reads_back_whole::<view::FlushView>(&delete("/api/tables/puppet").await.body);
+    reads_back_whole::<view::ReloadAnswer>(&post("/api/reload").await.body);
 }

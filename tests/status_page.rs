@@ -350,6 +350,93 @@ fn output_dir() -> PathBuf {
     dir
 }
 
+/// What `crossbar status --admin http://ADMIN` prints (it must succeed).
+fn crossbar_status(admin: SocketAddr) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
+        .args(["status", "--admin", &format!("http://{admin}")])
+        .env_remove("CROSSBAR_ADMIN")
+        .env_remove("CROSSBAR_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("crossbar status runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The cells of backend `name`'s row in the state table of `crossbar status` (the
+/// first row that starts with it), split where the columns are: two spaces or more.
+fn status_row(status: &str, name: &str) -> Vec<String> {
+    let line = status
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no row of {name} in\n{status}"));
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// `crossbar status`'s state-table row of a backend against its page row (cells:
+/// Backend, Address, State, Wt, Bck, Cur, ..., Last check): the same address, state,
+/// health under DRAIN and DISABLED, weight (and the file's), backup, open
+/// connections and check result.
+fn status_agrees_with_the_page(status: &str, page_row: &[String]) {
+    let name = page_row[0].split_whitespace().next().unwrap_or("");
+    let cli = status_row(status, name);
+    let who = format!("{name}: status {cli:?}, page {page_row:?}");
+    // BACKEND ADDRESS STATE ACTIVE WEIGHT BACKUP FROM HEALTH FOR LAST CHECK
+    assert_eq!(cli[1], page_row[1], "{who}");
+    let state = page_row[2].split_whitespace().next().unwrap_or("");
+    assert!(cli[2].starts_with(&state.to_lowercase()), "{who}");
+    if page_row[2].contains("health DOWN") {
+        assert_eq!(cli[7], "DOWN", "{who}");
+    } else if page_row[2].contains("health up") {
+        assert_eq!(cli[7], "up", "{who}");
+    }
+    let digits = |s: &str| -> Vec<String> {
+        s.split(|c: char| !c.is_ascii_digit())
+            .filter(|d| !d.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(digits(&cli[4]), digits(&page_row[3]), "{who}: weight");
+    let backup = if page_row[4] == "Y" { "yes" } else { "no" };
+    assert_eq!(cli[5], backup, "{who}");
+    assert_eq!(cli[3], page_row[5], "{who}: open connections");
+    let result = |s: &str| {
+        s.split(" ago")
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(result(&cli[9]), result(&page_row[12]), "{who}: last check");
+    // The error up to any quoted peer bytes (a tls-hello check quotes the answer's
+    // first bytes, which differ at every check).
+    let error = |s: &str| {
+        let e = s.split_once(" ago: ").map_or("", |(_, e)| e);
+        e.split('"')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        error(&cli[9]),
+        error(&page_row[12]),
+        "{who}: the check's error"
+    );
+}
+
 /// A JSON counter of `b` at `key` (or a nested `key.sub`).
 fn num(b: &Value, key: &str) -> u64 {
     key.split('.')
@@ -424,7 +511,8 @@ async fn status_page_in_chromium_matches_the_api() {
     let yaml = format!(
         "admin: {{ listen: \"127.0.0.1:0\" }}\n\
          services:\n  web:\n    mode: tcp\n\
-         \x20   listen: [{{ address: \"127.0.0.1:0\", per_source: {{ max_connections: 50 }} }}]\n\
+         \x20   listen: [{{ address: \"127.0.0.1:0\", per_source: {{ max_connections: 50 }}, \
+         proxy_protocol: {{ accept_from: [\"192.0.2.0/24\"] }} }}]\n\
          \x20   balance: roundrobin\n    failback: manual\n    retries: 0\n\
          \x20   health: {{ check: tcp, interval: 100ms, timeout: 1s, rise: 1, fall: 1 }}\n\
          \x20   backends:\n\
@@ -581,6 +669,38 @@ async fn status_page_in_chromium_matches_the_api() {
         rows[3]
     );
     assert_eq!(rows[0][15], "", "no hint for a backend that is up");
+
+    // `crossbar status` shows what the page shows: the PROXY listener, each row,
+    // the hints, the per-source table.
+    assert!(
+        caption.contains("PROXY headers from 192.0.2.0/24 (required)"),
+        "{caption}"
+    );
+    let status = crossbar_status(admin);
+    assert!(
+        status.contains("  listener 127.0.0.1:0 PROXY headers from 192.0.2.0/24 (required)\n"),
+        "{status}"
+    );
+    for row in &rows {
+        status_agrees_with_the_page(&status, row);
+    }
+    for hint in ["enable web/drained", "enable web/back"] {
+        assert!(
+            status.contains(&format!(
+                "next: crossbar backend {hint} --admin http://{admin}"
+            )),
+            "{status}"
+        );
+    }
+    let per_source = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{listen}: ")))
+        .unwrap_or_else(|| panic!("no per-source line in\n{status}"));
+    assert!(
+        per_source.starts_with(&format!("{listen}: max_connections 50, rate -, burst 1; "))
+            && per_source.ends_with(" of 100000 sources tracked"),
+        "{per_source}"
+    );
 
     // Colour-coded: four states, four different colours (and the text labels above).
     let colours: Vec<&str> = page["colours"]
@@ -922,7 +1042,51 @@ async fn status_page_at_1280_shows_what_matters() {
         .as_str()
         .is_some_and(|c| !c.contains("active:")));
 
-    // 5. Failure counts red while failing, neutral once passing.
+    // 5. `crossbar status` shows the same: each row (health under drain and
+    // disabled, the last check and its error), the banner and its reasons, the
+    // active backend, the weight set at run time and the way back.
+    let status = crossbar_status(admin);
+    for svc in ["puppet", "puppetca", "puppetdb"] {
+        for r in rows(svc) {
+            let cells: Vec<String> = serde_json::from_value(r["cells"].clone()).expect("cells");
+            status_agrees_with_the_page(&status, &cells);
+        }
+    }
+    let banner_line = status
+        .lines()
+        .find(|l| l.contains("NO BACKEND AVAILABLE"))
+        .unwrap_or_else(|| panic!("no banner in\n{status}"));
+    for why in [
+        "db1 DOWN: its tls-hello check fails",
+        "db2 DISABLED by the operator (health up)",
+    ] {
+        assert!(
+            banner.contains(why) && banner_line.contains(why),
+            "{banner_line}"
+        );
+    }
+    assert_eq!(
+        status.matches("NO BACKEND AVAILABLE").count(),
+        1,
+        "puppetdb only: {status}"
+    );
+    assert!(status.contains("\n  active: ca2 "), "{status}");
+    assert_eq!(status_row(&status, "ca2")[2], "up (active)");
+    assert_eq!(status_row(&status, C1)[4], "4 (file 1)");
+    for next in [
+        format!("weight puppet/{C1} 1"),
+        format!("enable puppet/{C2}"),
+        "enable puppetdb/db2".to_string(),
+    ] {
+        assert!(
+            status.contains(&format!(
+                "next: crossbar backend {next} --admin http://{admin}"
+            )),
+            "{next}: {status}"
+        );
+    }
+
+    // 6. Failure counts red while failing, neutral once passing.
     let red = page["red"].as_str().expect("red");
     let colours = |r: &Value| -> Vec<String> {
         serde_json::from_value(r["count_colours"].clone()).expect("colours")

@@ -16,10 +16,15 @@
 //! loopback peers only. Errors are JSON: `{"error": "..."}`.
 mod api;
 mod auth;
+mod error;
+pub mod human;
 mod origin;
 pub mod page;
+mod query;
 mod slots;
 mod throttle;
+pub mod view;
+mod writes;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,16 +36,18 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde_json::{json, Value};
+use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use api::{
-    parse_weight, Action, WeightAsk, DEFAULT_CONNECTIONS_LIMIT, DEFAULT_TABLE_LIMIT,
+pub use auth::{constant_time_eq, Secret, TokenError};
+pub use error::ApiError;
+pub use query::{
+    parse_weight, WeightAsk, DEFAULT_CONNECTIONS_LIMIT, DEFAULT_SOURCES_LIMIT, DEFAULT_TABLE_LIMIT,
     MAX_TABLE_LIMIT,
 };
-pub use auth::{constant_time_eq, Secret, TokenError};
 pub use throttle::WARN_INTERVAL;
+pub use writes::Action;
 
 use crate::config::AdminConfig;
 use crate::server::Server;
@@ -292,22 +299,33 @@ fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>)
     r
 }
 
-fn json_reply(status: StatusCode, v: &Value) -> Reply {
-    let mut body = v.to_string();
-    body.push('\n');
-    reply(status, "application/json", body)
+/// A view as a 200 answer, or the error.
+fn view_reply<V: Serialize>(r: Result<V, ApiError>) -> Reply {
+    json_text(r.and_then(|v| api::json_text(&v)))
 }
 
 /// A JSON text already built, or the error.
-fn json_text(r: Result<String, api::ApiError>) -> Reply {
+fn json_text(r: Result<String, ApiError>) -> Reply {
     match r {
         Ok(body) => reply(StatusCode::OK, "application/json", body),
         Err(e) => error(e.status(), e),
     }
 }
 
+/// `{"error": msg}` ([`view::ErrorView`]) with `status`.
 fn error(status: StatusCode, msg: impl std::fmt::Display) -> Reply {
-    json_reply(status, &json!({ "error": msg.to_string() }))
+    let body = view::ErrorView {
+        error: msg.to_string(),
+    };
+    match api::json_text(&body) {
+        Ok(text) => reply(status, "application/json", text),
+        // A struct of one string always serialises; say so in plain text if not.
+        Err(e) => reply(
+            status,
+            "text/plain; charset=utf-8",
+            format!("{msg} ({e})\n"),
+        ),
+    }
 }
 
 /// The endpoints, with the methods each accepts.
@@ -511,56 +529,46 @@ fn denied_reply(d: auth::Denied) -> Reply {
 
 async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&str>) -> Reply {
     let server = &ctx.server;
-    let result = match route {
-        Route::Page => return page::response(server, query),
-        Route::Metrics => {
-            return reply(
-                StatusCode::OK,
-                METRICS_CONTENT_TYPE,
-                server.metrics().encode(),
-            )
-        }
-        Route::Healthz => {
-            return match api::healthz(server) {
-                Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
-                Err(e) => reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain; charset=utf-8",
-                    e + "\n",
-                ),
-            }
-        }
-        Route::Services => Ok(api::services(server)),
-        Route::Connections => {
-            return match api::connections_query(query) {
-                Ok(q) => json_text(api::connections_dump(server.clone(), q).await),
-                Err(e) => error(e.status(), e),
-            }
-        }
-        Route::Sources => {
-            return match api::sources_query(query) {
-                Ok(limit) => json_text(api::sources_dump(server.clone(), limit).await),
-                Err(e) => error(e.status(), e),
-            }
-        }
-        Route::Table(s) if method == Method::DELETE => {
-            api::delete_query(query).and_then(|pick| api::delete(server, s, pick))
-        }
-        Route::Table(s) => {
-            return match api::table_query(query) {
-                Ok(q) => json_text(api::table_dump(server.clone(), s.to_string(), q).await),
-                Err(e) => error(e.status(), e),
-            }
-        }
-        Route::Backend(s, b, a) => {
-            api::force_query(query).and_then(|force| api::set_backend(server, s, b, a, force))
-        }
-        Route::Weight(s, b) => api::weight_query(query)
-            .and_then(|(ask, force)| api::set_weight(server, s, b, ask, force)),
-        Route::Reload => api::reload(server).await,
-    };
-    match result {
-        Ok(v) => json_reply(StatusCode::OK, &v),
-        Err(e) => error(e.status(), e),
+    match route {
+        Route::Page => page::response(server, query),
+        Route::Metrics => reply(
+            StatusCode::OK,
+            METRICS_CONTENT_TYPE,
+            server.metrics().encode(),
+        ),
+        Route::Healthz => match api::healthz(server) {
+            Ok(()) => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                e + "\n",
+            ),
+        },
+        Route::Services => view_reply(Ok(api::services(server))),
+        Route::Connections => match query::connections_query(query) {
+            Ok(q) => json_text(api::connections_dump(server.clone(), q).await),
+            Err(e) => error(e.status(), e),
+        },
+        Route::Sources => match query::sources_query(query) {
+            Ok(limit) => json_text(api::sources_dump(server.clone(), limit).await),
+            Err(e) => error(e.status(), e),
+        },
+        Route::Table(s) if method == Method::DELETE => match query::delete_query(query) {
+            Ok(None) => view_reply(writes::flush(server, s)),
+            Ok(Some(pick)) => view_reply(writes::delete(server, s, pick)),
+            Err(e) => error(e.status(), e),
+        },
+        Route::Table(s) => match query::table_query(query) {
+            Ok(q) => json_text(api::table_dump(server.clone(), s.to_string(), q).await),
+            Err(e) => error(e.status(), e),
+        },
+        Route::Backend(s, b, a) => view_reply(
+            query::force_query(query).and_then(|force| writes::set_backend(server, s, b, a, force)),
+        ),
+        Route::Weight(s, b) => view_reply(
+            query::weight_query(query)
+                .and_then(|(ask, force)| writes::set_weight(server, s, b, ask, force)),
+        ),
+        Route::Reload => view_reply(writes::reload(server).await),
     }
 }

@@ -1,5 +1,6 @@
 //! `GET /`: the status page, one self-contained HTML table per service like
-//! HAProxy's stats page, rendered from the same JSON as `GET /api/services`.
+//! HAProxy's stats page, rendered from the views of `GET /api/services` and
+//! `GET /api/sources` ([`super::view`]), as `crossbar status` renders them.
 //!
 //! No script at all: the page reloads itself with `<meta http-equiv="refresh">`
 //! (`?refresh=N` seconds, 0 = off) and its only inline style is allowed by hash in
@@ -8,14 +9,17 @@
 use std::fmt::{self, Write};
 use std::sync::LazyLock;
 
+use super::view::time::seconds_between;
+use super::view::{
+    BackendView, Balance, CheckKind, DiscoveryView, ListenerSourcesView, ProcessView, ServiceView,
+    ServicesView, SourceLimitsView, StickTableView, Totals,
+};
+use crate::server::Server;
 use base64::Engine;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
-use serde_json::Value;
-
-use crate::server::Server;
 
 /// The page's stylesheet, inlined in a `<style>` element.
 const CSS: &str = include_str!("page.css");
@@ -46,9 +50,13 @@ pub fn response(server: &Server, query: Option<&str>) -> Response<Full<Bytes>> {
         Ok(r) => r,
         Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
     };
-    let mut data = super::api::services(server);
-    data["sources"] = super::api::sources(server, PAGE_SOURCES)["listeners"].take();
-    let html = render(&data, refresh, &cli_flags(server));
+    let services = super::api::services(server);
+    let sources = super::api::sources(server, PAGE_SOURCES);
+    let data = PageData {
+        services: &services,
+        sources: &sources.listeners,
+    };
+    let html = render(data, refresh, &cli_flags(server));
     let mut r = Response::new(Full::new(Bytes::from(html)));
     let h = r.headers_mut();
     h.insert(
@@ -147,52 +155,26 @@ impl fmt::Display for Esc<'_> {
     }
 }
 
-/// A string field of a JSON object ("" when absent).
-fn s<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key].as_str().unwrap_or("")
+pub use super::human::{human_bytes, human_secs};
+
+/// What the page shows: `/api/services` and `/api/sources` of the same moment.
+#[derive(Debug, Clone, Copy)]
+pub struct PageData<'a> {
+    /// The services document.
+    pub services: &'a ServicesView,
+    /// The per-source listeners (their top [`PAGE_SOURCES`] sources).
+    pub sources: &'a [ListenerSourcesView],
 }
 
-/// A number field of a JSON object (0 when absent).
-fn n(v: &Value, key: &str) -> u64 {
-    v[key].as_u64().unwrap_or(0)
-}
-
-/// Bytes as an operator reads them: `512 B`, `12.3 KiB`, `4.0 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
-}
-
-/// A duration in two units at most: `42s`, `12m05s`, `3h12m`, `4d03h`.
-pub fn human_secs(s: u64) -> String {
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
-        3600..=86399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
-    }
-}
-
-/// The whole page for the `/api/services` JSON `data`; `cli` is appended to the
-/// CLI commands shown as hints.
-pub fn render(data: &Value, refresh: u64, cli: &str) -> String {
+/// The whole page for `data`; `cli` is appended to the CLI commands shown as hints.
+pub fn render(data: PageData<'_>, refresh: u64, cli: &str) -> String {
     let mut out = String::with_capacity(8 * 1024);
     // Writing to a String cannot fail.
     let _ = write_page(&mut out, data, refresh, cli); // ok: fmt::Write for String is infallible
     out
 }
 
-fn write_page(o: &mut String, data: &Value, refresh: u64, cli: &str) -> fmt::Result {
-    let p = &data["crossbar"];
+fn write_page(o: &mut String, data: PageData<'_>, refresh: u64, cli: &str) -> fmt::Result {
     o.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     if refresh > 0 {
         write!(o, "<meta http-equiv=\"refresh\" content=\"{refresh}\">")?;
@@ -202,12 +184,11 @@ fn write_page(o: &mut String, data: &Value, refresh: u64, cli: &str) -> fmt::Res
         "<meta name=\"viewport\" content=\"width=device-width\">\
          <title>crossbar status</title><style>{CSS}</style></head><body>"
     )?;
-    write_header(o, p, refresh)?;
-    let empty = Vec::new();
-    for svc in data["services"].as_array().unwrap_or(&empty) {
+    write_header(o, &data.services.crossbar, refresh)?;
+    for svc in &data.services.services {
         write_service(o, svc, cli)?;
     }
-    for l in data["sources"].as_array().unwrap_or(&empty) {
+    for l in data.sources {
         write_sources(o, l)?;
     }
     write_footer(o)?;
@@ -215,44 +196,39 @@ fn write_page(o: &mut String, data: &Value, refresh: u64, cli: &str) -> fmt::Res
     Ok(())
 }
 
-fn write_header(o: &mut String, p: &Value, refresh: u64) -> fmt::Result {
+fn write_header(o: &mut String, p: &ProcessView, refresh: u64) -> fmt::Result {
     write!(
         o,
         "<header><h1>crossbar {}</h1><span>up <b id=\"uptime\">{}</b> (since {})</span>\
          <span>config <b id=\"config\">{}</b></span><span>last reload: ",
-        Esc(s(p, "version")),
-        human_secs(n(p, "uptime_seconds")),
-        Esc(s(p, "started_at")),
-        Esc(s(p, "config")),
+        Esc(&p.version),
+        human_secs(p.uptime_seconds),
+        Rfc3339(p.started_at),
+        Esc(&p.config),
     )?;
-    let r = &p["last_reload"];
-    if r.is_null() {
-        o.push_str("<span id=\"reload\">none since start</span>");
-    } else if r["ok"].as_bool() == Some(true) {
-        write!(
-            o,
-            "<span id=\"reload\" class=\"ok\">OK, {} ago</span>",
-            human_secs(n(r, "seconds_ago"))
-        )?;
-        let warnings: Vec<&str> = r["warnings"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        if !warnings.is_empty() {
+    match &p.last_reload {
+        None => o.push_str("<span id=\"reload\">none since start</span>"),
+        Some(r) if r.ok => {
             write!(
                 o,
-                " <span id=\"reload-warnings\" class=\"warn\">with {} warning(s): {}</span>",
-                warnings.len(),
-                Esc(&warnings.join("; ")),
+                "<span id=\"reload\" class=\"ok\">OK, {} ago</span>",
+                human_secs(r.seconds_ago)
             )?;
+            if !r.warnings.is_empty() {
+                write!(
+                    o,
+                    " <span id=\"reload-warnings\" class=\"warn\">with {} warning(s): {}</span>",
+                    r.warnings.len(),
+                    Esc(&r.warnings.join("; ")),
+                )?;
+            }
         }
-    } else {
-        write!(
+        Some(r) => write!(
             o,
             "<span id=\"reload\" class=\"bad\">FAILED {} ago, running config kept: {}</span>",
-            human_secs(n(r, "seconds_ago")),
-            Esc(s(r, "error")),
-        )?;
+            human_secs(r.seconds_ago),
+            Esc(r.error.as_deref().unwrap_or("")),
+        )?,
     }
     o.push_str("</span><span>refresh:");
     for c in REFRESH_CHOICES {
@@ -266,6 +242,15 @@ fn write_header(o: &mut String, p: &Value, refresh: u64) -> fmt::Result {
     }
     o.push_str("</span></header>\n");
     Ok(())
+}
+
+/// A time as the views write it (RFC 3339, whole seconds).
+struct Rfc3339(std::time::SystemTime);
+
+impl fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_seconds(self.0))
+    }
 }
 
 /// Backend table columns: (heading, tooltip).
@@ -297,191 +282,145 @@ const COLUMNS: [(&str, &str); 16] = [
     ("Operator hint", "the CLI command for the usual next step"),
 ];
 
-fn write_service(o: &mut String, svc: &Value, cli: &str) -> fmt::Result {
-    let name = s(svc, "name");
+fn write_service(o: &mut String, svc: &ServiceView, cli: &str) -> fmt::Result {
     write!(
         o,
         "<table data-service=\"{}\"><caption><b>{}</b> &middot; {} &middot; balance {} &middot; on {}",
-        Esc(name),
-        Esc(name),
-        Esc(s(svc, "mode")),
-        Esc(s(svc, "balance")),
-        Esc(&join(&svc["listeners"])),
+        Esc(&svc.name),
+        Esc(&svc.name),
+        svc.mode.as_str(),
+        svc.balance.as_str(),
+        Esc(&listeners(&svc.listeners)),
     )?;
-    for p in svc["proxy_protocol"].as_array().into_iter().flatten() {
-        write!(o, " &middot; {}", Esc(s(p, "text")))?;
+    for p in &svc.proxy_protocol {
+        write!(o, " &middot; {}", Esc(&p.text))?;
     }
-    write_stick(o, &svc["stick_table"])?;
-    write_discovery(o, &svc["discovery"])?;
-    let hs = &svc["handshakes"];
+    write_stick(o, svc.stick_table.as_ref())?;
+    if let Some(d) = &svc.discovery {
+        write_discovery(o, d)?;
+    }
     write!(
         o,
         " &middot; handshakes {} resumed / {} full &middot; queue {}/{}",
-        n(hs, "resumed"),
-        n(hs, "full"),
-        n(svc, "queued"),
-        n(svc, "queue_size"),
+        svc.handshakes.resumed, svc.handshakes.full, svc.queued, svc.queue_size,
     )?;
-    let empty = Vec::new();
-    let backends = svc["backends"].as_array().unwrap_or(&empty);
-    let active = svc["active_backend"].as_str();
-    if s(svc, "balance") == "first" {
-        match active {
+    if svc.balance == Balance::First {
+        match &svc.active_backend {
             Some(a) => write!(o, " &middot; <span class=\"act\">active: {}</span>", Esc(a))?,
             None => o.push_str(" &middot; active: none"),
         }
     }
-    write_banner(o, backends)?;
+    write_banner(o, svc)?;
     o.push_str("</caption>\n<tr>");
     for (h, tip) in COLUMNS {
         write!(o, "<th title=\"{tip}\">{h}</th>")?;
     }
     o.push_str("</tr>\n");
-    for b in backends {
-        let is_active = active.is_some_and(|a| a == s(b, "name"));
-        write_backend(o, name, b, is_active, cli)?;
+    for b in &svc.backends {
+        write_backend(o, &svc.name, b, svc.is_active(b), cli)?;
     }
-    write_total(o, backends)?;
+    write_total(o, &svc.totals())?;
     o.push_str("</table>\n");
     Ok(())
 }
 
 /// Where DNS-discovered backends come from, when the name last resolved, and a
 /// STALE mark while lookups fail (the last good set serves on).
-fn write_discovery(o: &mut String, d: &Value) -> fmt::Result {
-    if d.is_null() {
-        return Ok(());
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |t| t.as_secs());
-    let ago = d["last_resolved"]
-        .as_u64()
-        .map_or("never".to_string(), |t| {
-            format!("{} ago", human_secs(now.saturating_sub(t)))
-        });
+fn write_discovery(o: &mut String, d: &DiscoveryView) -> fmt::Result {
+    let now = std::time::SystemTime::now();
+    let ago = d.last_resolved.map_or("never".to_string(), |t| {
+        format!("{} ago", human_secs(seconds_between(t, now)))
+    });
     write!(
         o,
         " &middot; <span class=\"dns\">DNS {} <code>{}</code>: {} backend(s), resolved {ago}",
-        Esc(s(d, "kind")),
-        Esc(s(d, "name")),
-        n(d, "backends"),
+        Esc(&d.kind),
+        Esc(&d.name),
+        d.backends,
     )?;
-    if n(d, "dropped") > 0 {
+    if d.dropped > 0 {
         write!(
             o,
             ", <span class=\"warn\">{} record(s) over max_backends left out</span>",
-            n(d, "dropped")
+            d.dropped
         )?;
     }
     o.push_str("</span>");
-    if d["stale"].as_bool() == Some(true) {
+    if d.stale {
         write!(
             o,
             " <span class=\"bad\">STALE: {}; the last good set serves on</span>",
-            Esc(s(d, "error")),
+            Esc(d.error.as_deref().unwrap_or("")),
         )?;
     }
     Ok(())
 }
 
-fn write_stick(o: &mut String, t: &Value) -> fmt::Result {
-    if t.is_null() {
+fn write_stick(o: &mut String, t: Option<&StickTableView>) -> fmt::Result {
+    let Some(t) = t else {
         return o.write_str(" &middot; no stick table");
-    }
-    let ratio = t["hit_ratio"]
-        .as_f64()
-        .map_or("no lookups yet".to_string(), |r| {
-            format!("hit ratio {:.1}%", r * 100.0)
-        });
+    };
     write!(
         o,
         " &middot; stick table {}/{} entries, {} ({} hits / {} misses)",
-        n(t, "entries"),
-        n(t, "capacity"),
-        ratio,
-        n(&t["lookups"], "hit"),
-        n(&t["lookups"], "miss"),
+        t.counts.entries,
+        t.counts.capacity,
+        hit_ratio(t.hit_ratio),
+        t.lookups.hit,
+        t.lookups.miss,
     )
 }
 
-fn join(list: &Value) -> String {
-    let empty = Vec::new();
-    let parts: Vec<&str> = list
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    if parts.is_empty() {
+/// `hit ratio 96.8%`, or `no lookups yet`.
+pub fn hit_ratio(r: Option<f64>) -> String {
+    r.map_or("no lookups yet".to_string(), |r| {
+        format!("hit ratio {:.1}%", r * 100.0)
+    })
+}
+
+/// The bound addresses, or `(not bound)`.
+pub fn listeners(list: &[String]) -> String {
+    if list.is_empty() {
         "(not bound)".into()
     } else {
-        parts.join(", ")
+        list.join(", ")
     }
 }
 
 /// A red line in the caption of a service that has no backend to give a new
 /// connection to, with each backend's reason.
-fn write_banner(o: &mut String, backends: &[Value]) -> fmt::Result {
-    if backends.iter().any(takes_new) {
+fn write_banner(o: &mut String, svc: &ServiceView) -> fmt::Result {
+    if !svc.none_available() {
         return Ok(());
     }
     o.push_str(
         "<div class=\"none\" role=\"alert\"><strong>NO BACKEND AVAILABLE</strong>: \
          new connections are refused (refused:no_backend).",
     );
-    if backends.is_empty() {
+    if svc.backends.is_empty() {
         o.push_str(" The service has no backends.");
     }
-    for (i, b) in backends.iter().enumerate() {
+    for (i, b) in svc.backends.iter().enumerate() {
         let sep = if i == 0 { " " } else { "; " };
-        write!(o, "{sep}{} {}", Esc(s(b, "name")), why_unavailable(b))?;
+        write!(o, "{sep}{} {}", Esc(&b.name), Esc(&b.why_unavailable()))?;
     }
     o.push_str("</div>");
     Ok(())
 }
 
-/// Does the backend take new connections from the balancing: available, and not
-/// at weight 0 (which leaves it sticky hits only)?
-fn takes_new(b: &Value) -> bool {
-    b["available"].as_bool() == Some(true) && b["weight"].as_u64() != Some(0)
-}
-
-/// Why a backend takes no new connections, for the banner (already escaped).
-fn why_unavailable(b: &Value) -> String {
-    // The row below has the check's error in full; here, only which check.
-    let health = match (failing(b), b["last_check"]["result"] == "fail") {
-        (false, _) => "health up".to_string(),
-        (true, true) => format!("its {} check fails", Esc(s(b, "check"))),
-        (true, false) => "health DOWN".into(),
-    };
-    match s(b, "state") {
-        "down" => format!("DOWN: {health}"),
-        "drain" => format!("DRAINED by the operator ({health})"),
-        "disabled" => format!("DISABLED by the operator ({health})"),
-        "standby" => "in STANDBY: recovered, waiting for manual failback".into(),
-        "up" if b["weight"].as_u64() == Some(0) => {
-            "at WEIGHT 0 by the operator (sticky clients only)".into()
-        }
-        other => Esc(other).to_string(),
-    }
-}
-
-/// Is the backend failing now: marked down, or its last active check failed?
-fn failing(b: &Value) -> bool {
-    b["healthy"].as_bool() == Some(false) || b["last_check"]["result"] == "fail"
-}
-
-fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) -> fmt::Result {
-    let state = s(b, "state");
-    let bytes = &b["bytes"];
-    let hs = &b["handshakes"];
+fn write_backend(
+    o: &mut String,
+    svc: &str,
+    b: &BackendView,
+    active: bool,
+    cli: &str,
+) -> fmt::Result {
     let (row_class, tag) = if active {
         (" act", " <span class=\"tag\">active</span>")
     } else {
         ("", "")
     };
-    let dns = match b["dns_name"].as_str() {
+    let dns = match &b.dns_name {
         Some(from) => format!(
             " <span class=\"tag\" title=\"from DNS: {}\">dns</span>",
             Esc(from)
@@ -491,47 +430,42 @@ fn write_backend(o: &mut String, svc: &str, b: &Value, active: bool, cli: &str) 
     write!(
         o,
         "<tr class=\"{}{row_class}\"><td>{}{tag}{dns}</td><td>{}</td>",
-        Esc(state),
-        Esc(s(b, "name")),
-        Esc(s(b, "address")),
+        b.state,
+        Esc(&b.name),
+        Esc(&b.address),
     )?;
-    write_state(o, b, state)?;
-    let backup = if b["backup"].as_bool() == Some(true) {
-        "Y"
-    } else {
-        "-"
-    };
+    write_state(o, b)?;
     write_weight(o, b)?;
+    let (c2s, s2c) = (b.bytes.client_to_server, b.bytes.server_to_client);
     write!(
         o,
-        "<td>{backup}</td><td>{}</td><td>{}</td>\
-         <td>{}</td><td title=\"{}\">{}</td><td title=\"{}\">{}</td>",
-        n(b, "active_connections"),
-        n(b, "peak_connections"),
-        n(b, "connections_total"),
-        n(bytes, "client_to_server"),
-        human_bytes(n(bytes, "client_to_server")),
-        n(bytes, "server_to_client"),
-        human_bytes(n(bytes, "server_to_client")),
+        "<td>{}</td><td>{}</td><td>{}</td>\
+         <td>{}</td><td title=\"{c2s}\">{}</td><td title=\"{s2c}\">{}</td>",
+        if b.backup { "Y" } else { "-" },
+        b.active_connections,
+        b.peak_connections,
+        b.connections_total,
+        human_bytes(c2s),
+        human_bytes(s2c),
     )?;
-    let now = failing(b);
-    write_count(o, n(b, "connect_errors"), now)?;
-    write_count(o, n(b, "check_failures"), now)?;
+    let now = b.failing();
+    write_count(o, b.connect_errors, now)?;
+    write_count(o, b.check_failures, now)?;
     write_check(o, b)?;
     writeln!(
         o,
         "<td>{}</td><td>{}</td><td>{}</td></tr>",
-        n(hs, "resumed"),
-        n(hs, "full"),
-        hint(svc, b, state, cli),
+        b.handshakes.resumed,
+        b.handshakes.full,
+        hint(svc, b, cli),
     )
 }
 
 /// The weight cell: the weight, and when it was set at run time, highlighted with
 /// the file's below it.
-fn write_weight(o: &mut String, b: &Value) -> fmt::Result {
-    let (now, file) = (n(b, "weight"), n(b, "configured_weight"));
-    if now == file {
+fn write_weight(o: &mut String, b: &BackendView) -> fmt::Result {
+    let (now, file) = (b.weight, b.configured_weight);
+    if !b.weight_set_at_run_time() {
         return write!(o, "<td>{now}</td>");
     }
     write!(
@@ -544,16 +478,16 @@ fn write_weight(o: &mut String, b: &Value) -> fmt::Result {
 
 /// The state cell: state and age; under DRAIN or DISABLED also the health, since
 /// operator state and health are two things (DOWN and UP say it already).
-fn write_state(o: &mut String, b: &Value, state: &str) -> fmt::Result {
+fn write_state(o: &mut String, b: &BackendView) -> fmt::Result {
     write!(
         o,
         "<td title=\"since {}\">{} {}",
-        Esc(s(b, "state_since")),
-        Esc(&state.to_uppercase()),
-        human_secs(n(b, "state_seconds")),
+        Rfc3339(b.state_since),
+        b.state.as_str().to_uppercase(),
+        human_secs(b.state_seconds),
     )?;
-    if matches!(state, "drain" | "disabled") {
-        if failing(b) {
+    if b.state.hides_health() {
+        if b.failing() {
             o.push_str("<span class=\"hl down\">health DOWN</span>");
         } else {
             o.push_str("<span class=\"hl\">health up</span>");
@@ -576,139 +510,128 @@ fn write_count(o: &mut String, v: u64, failing_now: bool) -> fmt::Result {
     }
 }
 
-fn write_check(o: &mut String, b: &Value) -> fmt::Result {
-    let c = &b["last_check"];
-    if c.is_null() {
-        return write!(o, "<td>{}</td>", check_none(s(b, "check")));
-    }
-    let age = human_secs(n(c, "seconds_ago"));
-    match c["error"].as_str() {
+fn write_check(o: &mut String, b: &BackendView) -> fmt::Result {
+    let Some(c) = &b.last_check else {
+        return write!(o, "<td>{}</td>", check_none(b.check));
+    };
+    let age = human_secs(c.seconds_ago);
+    match &c.error {
         None => write!(
             o,
             "<td title=\"{}\">{} OK {age} ago</td>",
-            Esc(s(c, "at")),
-            Esc(s(b, "check"))
+            Rfc3339(c.at),
+            b.check
         ),
         // Wraps, up to three lines; the whole error is the tooltip.
         Some(e) => write!(
             o,
             "<td class=\"err\" title=\"{}: {}\"><div>{} FAIL {age} ago: {}</div></td>",
-            Esc(s(c, "at")),
+            Rfc3339(c.at),
             Esc(e),
-            Esc(s(b, "check")),
+            b.check,
             Esc(e)
         ),
     }
 }
 
-fn check_none(kind: &str) -> &'static str {
-    if kind == "none" {
+/// What the last-check cell says before any check ran.
+pub fn check_none(kind: CheckKind) -> &'static str {
+    if kind == CheckKind::None {
         "no active check"
     } else {
         "not run yet"
     }
 }
 
-/// The CLI command for the usual next step from `state`, if any; the reason is
+/// The CLI command for the usual next step from its state, if any; the reason is
 /// the cell's tooltip so the command stays on one line.
-fn hint(svc: &str, b: &Value, state: &str, cli: &str) -> String {
-    let target = format!("{}/{}", Esc(svc), Esc(s(b, "name")));
-    let file = n(b, "configured_weight");
-    let (why, cmd) = match state {
-        "standby" => (
-            "recovered primary held back (failback: manual); to hand traffic back",
-            format!("enable {target}"),
+fn hint(svc: &str, b: &BackendView, cli: &str) -> String {
+    match b.next_step(svc) {
+        Some(step) => format!(
+            "<code title=\"{}\">crossbar backend {}{}</code>",
+            step.why,
+            Esc(&step.command),
+            Esc(cli)
         ),
-        "drain" => (
-            "draining; to put it back in rotation",
-            format!("enable {target}"),
-        ),
-        "disabled" => (
-            "in maintenance; to put it back in rotation",
-            format!("enable {target}"),
-        ),
-        _ if n(b, "weight") != file => (
-            "weight set at run time; to return to the file's (a reload does too)",
-            format!("weight {target} {file}"),
-        ),
-        _ => return String::new(),
-    };
-    format!(
-        "<code title=\"{why}\">crossbar backend {cmd}{}</code>",
-        Esc(cli)
-    )
+        None => String::new(),
+    }
 }
 
-fn write_total(o: &mut String, backends: &[Value]) -> fmt::Result {
-    let sum = |f: &dyn Fn(&Value) -> u64| backends.iter().map(f).sum::<u64>();
-    let up = backends.iter().filter(|b| s(b, "state") == "up").count();
+fn write_total(o: &mut String, t: &Totals) -> fmt::Result {
     writeln!(
         o,
-        "<tr class=\"tot\"><td>Total</td><td></td><td>{up}/{} up</td><td>{}</td><td></td>\
+        "<tr class=\"tot\"><td>Total</td><td></td><td>{}/{} up</td><td>{}</td><td></td>\
          <td>{}</td><td></td><td>{}</td><td>{}</td><td>{}</td>\
          <td>{}</td><td>{}</td><td></td><td>{}</td><td>{}</td><td></td></tr>",
-        backends.len(),
-        sum(&|b| n(b, "weight")),
-        sum(&|b| n(b, "active_connections")),
-        sum(&|b| n(b, "connections_total")),
-        human_bytes(sum(&|b| n(&b["bytes"], "client_to_server"))),
-        human_bytes(sum(&|b| n(&b["bytes"], "server_to_client"))),
-        sum(&|b| n(b, "connect_errors")),
-        sum(&|b| n(b, "check_failures")),
-        sum(&|b| n(&b["handshakes"], "resumed")),
-        sum(&|b| n(&b["handshakes"], "full")),
+        t.up,
+        t.backends,
+        t.weight,
+        t.active_connections,
+        t.connections_total,
+        human_bytes(t.bytes.client_to_server),
+        human_bytes(t.bytes.server_to_client),
+        t.connect_errors,
+        t.check_failures,
+        t.handshakes.resumed,
+        t.handshakes.full,
     )
 }
 
 /// Top sources by open connections the page shows per listener with `per_source`.
-const PAGE_SOURCES: usize = 10;
+pub const PAGE_SOURCES: usize = 10;
 
 /// A listener's per-source table: its limits, then its top sources by open
 /// connections (`/api/sources`).
-fn write_sources(o: &mut String, l: &Value) -> fmt::Result {
-    let lim = &l["limits"];
-    let open = lim["max_connections"]
-        .as_u64()
-        .map_or("-".into(), |m| m.to_string());
-    let rate = lim["rate"]
-        .as_u64()
-        .map_or("-".into(), |r| format!("{r}/s, burst {}", n(lim, "burst")));
+fn write_sources(o: &mut String, l: &ListenerSourcesView) -> fmt::Result {
+    let lim = &l.limits;
     write!(
         o,
         "<table data-sources=\"{}\"><caption><b>sources on {}</b> &middot; per source: open {} \
          &middot; new {} &middot; {}/{} tracked</caption>\n<tr><th>Source</th>\
          <th title=\"open connections\">Open</th><th title=\"new connections it may open now\">Tokens</th>\
          <th>Admitted</th><th>Refused</th></tr>\n",
-        Esc(s(l, "listener")),
-        Esc(s(l, "listener")),
-        Esc(&open),
-        Esc(&rate),
-        n(l, "tracked"),
-        n(lim, "table_size"),
+        Esc(&l.listener),
+        Esc(&l.listener),
+        Esc(&per_source_open(lim)),
+        Esc(&per_source_rate(lim)),
+        l.tracked,
+        lim.table_size,
     )?;
-    let list = l["sources"].as_array().map_or(&[][..], Vec::as_slice);
-    if list.is_empty() {
+    if l.sources.is_empty() {
         o.push_str(
             "<tr><td colspan=\"5\">no source tracked now (a source leaves the table once it \
              has no open connection and a full bucket)</td></tr>\n",
         );
     }
-    for src in list {
-        let tokens = src["tokens"]
-            .as_f64()
-            .map_or("-".into(), |t| format!("{t:.1}"));
+    for src in &l.sources {
         writeln!(
             o,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            Esc(s(src, "source")),
-            n(src, "open"),
-            Esc(&tokens),
-            n(src, "admitted"),
-            n(src, "refused"),
+            Esc(&src.source),
+            src.open,
+            Esc(&tokens(src.tokens)),
+            src.admitted,
+            src.refused,
         )?;
     }
     o.push_str("</table>\n");
     Ok(())
+}
+
+/// `per_source`'s open-connection limit: `20`, or `-` without one.
+fn per_source_open(l: &SourceLimitsView) -> String {
+    l.max_connections.map_or("-".into(), |m| m.to_string())
+}
+
+/// `per_source`'s rate: `10/s, burst 40`, or `-` without one.
+fn per_source_rate(l: &SourceLimitsView) -> String {
+    l.rate
+        .map_or("-".into(), |r| format!("{r}/s, burst {}", l.burst))
+}
+
+/// A source's tokens to a tenth, or `-` without a rate.
+pub fn tokens(t: Option<f64>) -> String {
+    t.map_or("-".into(), |t| format!("{t:.1}"))
 }
 
 fn write_footer(o: &mut String) -> fmt::Result {
@@ -731,26 +654,32 @@ fn write_footer(o: &mut String) -> fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::view::fixture::{self, backend, failed_check, service};
+    use crate::admin::view::{BackendState, ReloadView};
+
+    fn page(services: &ServicesView, sources: &[ListenerSourcesView]) -> String {
+        render(PageData { services, sources }, 0, "")
+    }
+
+    fn one_service(svc: ServiceView) -> ServicesView {
+        ServicesView {
+            crossbar: fixture::process(),
+            services: vec![svc],
+        }
+    }
 
     #[test]
     fn sources_are_listed_with_their_limits() {
-        let l = serde_json::json!({
-            "listener": "127.0.0.1:8140",
-            "limits": { "max_connections": 4, "rate": 20, "burst": 10, "table_size": 100 },
-            "tracked": 2,
-            "sources": [
-                { "source": "<b>", "open": 4, "tokens": 0.5, "admitted": 9, "refused": 1996 },
-                { "source": "overflow", "open": 1, "tokens": null, "admitted": 1, "refused": 0 },
-            ],
-        });
+        let mut l = fixture::sources().listeners.remove(0);
+        l.sources[0].source = "<b>".into();
         let mut o = String::new();
         write_sources(&mut o, &l).unwrap();
         assert!(
-            o.contains("open 4 &middot; new 20/s, burst 10 &middot; 2/100 tracked"),
+            o.contains("open 20 &middot; new 10/s, burst 40 &middot; 1734/100000 tracked"),
             "{o}"
         );
         assert!(
-            o.contains("<td>&lt;b&gt;</td><td>4</td><td>0.5</td><td>9</td><td>1996</td>"),
+            o.contains("<td>&lt;b&gt;</td><td>20</td><td>0.0</td><td>311</td><td>18220</td>"),
             "{o}"
         );
         assert!(o.contains("<td>overflow</td><td>1</td><td>-</td>"), "{o}");
@@ -774,54 +703,49 @@ mod tests {
     }
 
     #[test]
-    fn human_units() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(5 << 30), "5.0 GiB");
-        assert_eq!(human_secs(42), "42s");
-        assert_eq!(human_secs(725), "12m05s");
-        assert_eq!(human_secs(3 * 3600 + 12 * 60), "3h12m");
-        assert_eq!(human_secs(4 * 86400 + 3 * 3600), "4d03h");
-    }
-
-    #[test]
     fn hostile_names_are_text() {
-        let data = serde_json::json!({
-            "crossbar": {"version": "1", "config": "/tmp/<b>&amp;/c.yaml", "uptime_seconds": 5,
-                         "last_reload": {"ok": false, "error": "<script>x</script>", "seconds_ago": 1}},
-            "services": [{"name": "<i>s", "listeners": [], "stick_table": null, "handshakes": {},
-                          "backends": [{"name": "\"><b", "state": "standby", "bytes": {}, "handshakes": {}}]}]
+        let mut data = one_service(service(
+            "<i>s",
+            Balance::RoundRobin,
+            vec![backend("\"><b", BackendState::Standby)],
+        ));
+        data.crossbar.config = "/tmp/<b>&amp;/c.yaml".into();
+        data.crossbar.last_reload = Some(ReloadView {
+            ok: false,
+            error: Some("<script>x</script>".into()),
+            warnings: Vec::new(),
+            ..data.crossbar.last_reload.unwrap()
         });
-        let html = render(&data, 5, "");
+        let html = render(
+            PageData {
+                services: &data,
+                sources: &[],
+            },
+            5,
+            "",
+        );
         assert!(html.contains("/tmp/&lt;b&gt;&amp;amp;/c.yaml"));
         assert!(!html.contains("<script>") && !html.contains("<i>") && !html.contains("\"><b"));
         assert!(html.contains("crossbar backend enable &lt;i&gt;s/&quot;&gt;&lt;b"));
         assert!(html.contains("content=\"5\""));
     }
 
-    fn one_service(balance: &str, active: Option<&str>, backends: Value) -> Value {
-        serde_json::json!({
-            "crossbar": {"version": "1", "last_reload": null},
-            "services": [{"name": "ca", "balance": balance, "listeners": [], "stick_table": null,
-                          "handshakes": {}, "active_backend": active, "backends": backends}]
-        })
-    }
-
     #[test]
     fn banner_only_without_an_available_backend() {
-        let failed = serde_json::json!({"result": "fail", "error": "refused <x>"});
-        let data = one_service(
-            "roundrobin",
-            None,
-            serde_json::json!([
-                {"name": "a", "state": "down", "available": false, "healthy": false,
-                 "check": "tcp", "last_check": failed},
-                {"name": "b", "state": "drain", "available": false, "healthy": false,
-                 "check": "tcp", "last_check": failed},
-                {"name": "c", "state": "disabled", "available": false, "healthy": true},
-            ]),
-        );
-        let html = render(&data, 0, "");
+        let a = BackendView {
+            check: CheckKind::Tcp,
+            last_check: failed_check("refused <x>"),
+            ..backend("a", BackendState::Down)
+        };
+        let b = BackendView {
+            check: CheckKind::Tcp,
+            healthy: false,
+            last_check: failed_check("refused <x>"),
+            ..backend("b", BackendState::Drain)
+        };
+        let c = backend("c", BackendState::Disabled);
+        let mut data = one_service(service("ca", Balance::RoundRobin, vec![a, b, c]));
+        let html = page(&data, &[]);
         assert!(html.contains(
             "<strong>NO BACKEND AVAILABLE</strong>: new connections are refused (refused:no_backend). \
              a DOWN: its tcp check fails; b DRAINED by the operator (its tcp check fails); \
@@ -829,13 +753,12 @@ mod tests {
         ));
         assert!(html.contains("DRAIN 0s<span class=\"hl down\">health DOWN</span>"));
         assert!(html.contains("DISABLED 0s<span class=\"hl\">health up</span>"));
-        let mut data = data;
-        data["services"][0]["backends"][2]["available"] = true.into();
-        assert!(!render(&data, 0, "").contains("NO BACKEND AVAILABLE"));
+        data.services[0].backends[2].available = true;
+        assert!(!page(&data, &[]).contains("NO BACKEND AVAILABLE"));
         // Up at weight 0 takes sticky clients only: no backend for new ones.
-        let c = &mut data["services"][0]["backends"][2];
-        (c["state"], c["weight"], c["configured_weight"]) = ("up".into(), 0.into(), 2.into());
-        let html = render(&data, 0, "");
+        let c = &mut data.services[0].backends[2];
+        (c.state, c.weight, c.configured_weight) = (BackendState::Up, 0, 2);
+        let html = page(&data, &[]);
         assert!(html.contains("; c at WEIGHT 0 by the operator (sticky clients only)</div>"));
         assert!(
             html.contains("crossbar backend weight ca/c 2"),
@@ -845,17 +768,20 @@ mod tests {
 
     #[test]
     fn active_backend_of_first_and_history_counts() {
-        let data = one_service(
-            "first",
-            Some("b"),
-            serde_json::json!([
-                {"name": "a", "state": "down", "available": false, "healthy": false,
-                 "check_failures": 4, "last_check": {"result": "fail", "error": "x"}},
-                {"name": "b", "state": "up", "available": true, "healthy": true,
-                 "check_failures": 7, "last_check": {"result": "ok"}},
-            ]),
-        );
-        let html = render(&data, 0, "");
+        let a = BackendView {
+            check_failures: 4,
+            last_check: failed_check("x"),
+            ..backend("a", BackendState::Down)
+        };
+        let b = BackendView {
+            check_failures: 7,
+            ..backend("b", BackendState::Up)
+        };
+        let data = one_service(ServiceView {
+            active_backend: Some("b".into()),
+            ..service("ca", Balance::First, vec![a, b])
+        });
+        let html = page(&data, &[]);
         assert!(html.contains("<span class=\"act\">active: b</span>"));
         assert!(html.contains("<tr class=\"up act\"><td>b <span class=\"tag\">active</span>"));
         assert!(!html.contains("<tr class=\"down act\""));
@@ -864,8 +790,8 @@ mod tests {
             "failing now: red"
         );
         assert!(html.contains("<td class=\"hist\" title=\"7 in the past; passing now\">7</td>"));
-        let none = one_service("first", None, serde_json::json!([]));
-        let html = render(&none, 0, "");
+        let none = one_service(service("ca", Balance::First, Vec::new()));
+        let html = page(&none, &[]);
         assert!(html.contains("active: none") && html.contains("The service has no backends."));
     }
 }

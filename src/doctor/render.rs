@@ -38,7 +38,7 @@ pub fn table(r: &Report) -> String {
     for b in &r.backends {
         rows.push(if r.wide { wide_row(b) } else { narrow_row(b) });
     }
-    let mut out = crate::admin_client::columns(&rows);
+    let mut out = crate::admin::human::columns(&rows);
     out.push_str("\nrelay:\n");
     for s in &r.relays {
         // ok: writing to a String cannot fail

@@ -1,0 +1,79 @@
+//! Why an admin API call is not answered with 200, and the HTTP status each cause
+//! gets; the message is the `error` of the JSON answer ([`super::view::ErrorView`]).
+
+/// An API call that cannot be answered with 200.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No such service.
+    #[error("unknown service {0:?}")]
+    UnknownService(String),
+    /// No such backend in the service.
+    #[error("unknown backend {backend:?} in service {service:?}")]
+    UnknownBackend {
+        /// Service.
+        service: String,
+        /// Backend.
+        backend: String,
+    },
+    /// The service has no stick table.
+    #[error("service {0:?} has no stick table (no `stick:` in its config)")]
+    NoTable(String),
+    /// A query parameter is malformed or out of range.
+    #[error("bad query: {0}")]
+    BadQuery(String),
+    /// No stick entry matched the key or client to delete.
+    #[error("no stick entry of service {service:?} for {what}")]
+    NoEntry {
+        /// Service.
+        service: String,
+        /// `key K` or `client A (prefix P)`.
+        what: String,
+    },
+    /// Draining or disabling this backend would leave its service with no backend
+    /// available, and `force` was not given.
+    #[error("{backend} is the last available backend of service {service:?}{others}: to {action} it leaves no backend for new connections (every new client is refused: no_backend); add force=true to do it anyway (crossbar backend {action} --force)")]
+    LastBackend {
+        /// Service.
+        service: String,
+        /// Backend.
+        backend: String,
+        /// `drain` or `disable`.
+        action: &'static str,
+        /// The other backends and their states, `" (others: b2 down)"`, or `""`.
+        others: String,
+    },
+    /// Setting this backend's weight to 0 would leave its service with no backend
+    /// for new connections, and `force` was not given.
+    #[error("{backend} is the last backend of service {service:?} taking new connections{others}: weight 0 leaves none for new connections (every new client is refused: no_backend; sticky hits still reach it); add force=true to do it anyway (crossbar backend weight {service}/{backend} 0 --force)")]
+    LastWeighted {
+        /// Service.
+        service: String,
+        /// Backend.
+        backend: String,
+        /// The other backends and their states, `" (others: b2 drain)"`, or `""`.
+        others: String,
+    },
+    /// The configuration file could not be reloaded; the old one keeps running.
+    #[error("reload failed, keeping the running configuration: {0}")]
+    ReloadFailed(String),
+    /// The answer could not be built (a worker thread failed).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status for this error.
+    pub fn status(&self) -> hyper::StatusCode {
+        use hyper::StatusCode as S;
+        match self {
+            ApiError::UnknownService(_)
+            | ApiError::UnknownBackend { .. }
+            | ApiError::NoTable(_)
+            | ApiError::NoEntry { .. } => S::NOT_FOUND,
+            ApiError::BadQuery(_) => S::BAD_REQUEST,
+            ApiError::LastBackend { .. } | ApiError::LastWeighted { .. } => S::CONFLICT,
+            ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
+            ApiError::Internal(_) => S::INTERNAL_SERVER_ERROR,
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! A backend in `GET /api/services`: its state, health, weight, counters and last
+//! check; and what a reader derives from them (failing now, takes new connections,
+//! why not, the operator's next step), once, so the status page and `crossbar
+//! status` say the same thing.
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::{time, Bytes, Handshakes};
+
+/// Where a backend comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendSource {
+    /// Listed in the config file.
+    #[default]
+    Config,
+    /// Found in DNS (`discover:`).
+    Dns,
+}
+
+/// A backend's state: the operator's, else its health.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendState {
+    /// Takes traffic.
+    #[default]
+    Up,
+    /// Failed its health checks.
+    Down,
+    /// No new connections, open ones finish (the operator).
+    Drain,
+    /// Maintenance (the operator).
+    Disabled,
+    /// Recovered, waiting for manual failback.
+    Standby,
+}
+
+impl BackendState {
+    /// The name on the wire: `up`, `down`, `drain`, `disabled`, `standby`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Up => "up",
+            BackendState::Down => "down",
+            BackendState::Drain => "drain",
+            BackendState::Disabled => "disabled",
+            BackendState::Standby => "standby",
+        }
+    }
+
+    /// The state from its wire name (as [`crate::balance::Backend::state_name`] says it).
+    pub fn parse(name: &str) -> Option<BackendState> {
+        [
+            BackendState::Up,
+            BackendState::Down,
+            BackendState::Drain,
+            BackendState::Disabled,
+            BackendState::Standby,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+
+    /// Set by the operator, so the state says nothing of health (drain, disabled).
+    pub fn hides_health(self) -> bool {
+        matches!(self, BackendState::Drain | BackendState::Disabled)
+    }
+}
+
+impl std::fmt::Display for BackendState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A backend's active health check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckKind {
+    /// No active check.
+    None,
+    /// A TCP connect.
+    Tcp,
+    /// A TLS handshake.
+    #[default]
+    TlsHello,
+    /// An HTTPS request.
+    Https,
+}
+
+impl CheckKind {
+    /// The name on the wire: `none`, `tcp`, `tls-hello`, `https`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckKind::None => "none",
+            CheckKind::Tcp => "tcp",
+            CheckKind::TlsHello => "tls-hello",
+            CheckKind::Https => "https",
+        }
+    }
+}
+
+impl std::fmt::Display for CheckKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A check's result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckResult {
+    /// Passed.
+    #[default]
+    Ok,
+    /// Failed (`error` says why).
+    Fail,
+}
+
+/// The last active check of a backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckView {
+    /// When it finished.
+    #[serde(with = "time::rfc3339")]
+    pub at: SystemTime,
+    /// Seconds since.
+    pub seconds_ago: u64,
+    /// Passed or failed.
+    pub result: CheckResult,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// One backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackendView {
+    /// Its name.
+    pub name: String,
+    /// `host:port`.
+    pub address: String,
+    /// Listed in the file or found in DNS.
+    pub source: BackendSource,
+    /// The DNS name it came from.
+    pub dns_name: Option<String>,
+    /// Its state.
+    pub state: BackendState,
+    /// When it entered that state.
+    #[serde(with = "time::rfc3339")]
+    pub state_since: SystemTime,
+    /// Seconds since.
+    pub state_seconds: u64,
+    /// Takes new connections (sticky hits included: weight 0 is available).
+    pub available: bool,
+    /// Passes its health checks, whatever the operator set.
+    pub healthy: bool,
+    /// Connections open now.
+    pub active_connections: u32,
+    /// Most connections open at once.
+    pub peak_connections: u32,
+    /// Connections relayed.
+    pub connections_total: u64,
+    /// The weight new connections are balanced by now.
+    pub weight: u32,
+    /// The file's weight.
+    pub configured_weight: u32,
+    /// Used only when no primary is available.
+    pub backup: bool,
+    /// Bytes relayed each way.
+    pub bytes: Bytes,
+    /// Failed connects.
+    pub connect_errors: u64,
+    /// Its active check.
+    pub check: CheckKind,
+    /// Failed active checks.
+    pub check_failures: u64,
+    /// The last active check (`null` until one ran).
+    pub last_check: Option<CheckView>,
+    /// TLS handshakes through it.
+    pub handshakes: Handshakes,
+}
+
+impl Default for BackendView {
+    fn default() -> BackendView {
+        BackendView {
+            name: String::new(),
+            address: String::new(),
+            source: BackendSource::Config,
+            dns_name: None,
+            state: BackendState::Up,
+            state_since: SystemTime::UNIX_EPOCH,
+            state_seconds: 0,
+            available: true,
+            healthy: true,
+            active_connections: 0,
+            peak_connections: 0,
+            connections_total: 0,
+            weight: 1,
+            configured_weight: 1,
+            backup: false,
+            bytes: Bytes::default(),
+            connect_errors: 0,
+            check: CheckKind::TlsHello,
+            check_failures: 0,
+            last_check: None,
+            handshakes: Handshakes::default(),
+        }
+    }
+}
+
+/// What the operator usually does next with a backend, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextStep {
+    /// Why this step (`draining; to put it back in rotation`).
+    pub why: &'static str,
+    /// The command after `crossbar backend ` (`enable puppet/compile1`).
+    pub command: String,
+}
+
+impl BackendView {
+    /// Takes new connections from the balancing: available, and not at weight 0
+    /// (which leaves it sticky hits only).
+    pub fn takes_new(&self) -> bool {
+        self.available && self.weight != 0
+    }
+
+    /// Failing now: marked down, or its last active check failed.
+    pub fn failing(&self) -> bool {
+        !self.healthy || self.last_check_failed()
+    }
+
+    fn last_check_failed(&self) -> bool {
+        self.last_check
+            .as_ref()
+            .is_some_and(|c| c.result == CheckResult::Fail)
+    }
+
+    /// Its weight was set at run time (`crossbar backend weight`).
+    pub fn weight_set_at_run_time(&self) -> bool {
+        self.weight != self.configured_weight
+    }
+
+    /// Its health in a word: `up`, or `DOWN` while failing.
+    pub fn health(&self) -> &'static str {
+        if self.failing() {
+            "DOWN"
+        } else {
+            "up"
+        }
+    }
+
+    /// Why it takes no new connection, for the no-backend banner: `DOWN: its tcp
+    /// check fails`, `DRAINED by the operator (health up)`.
+    pub fn why_unavailable(&self) -> String {
+        // The backend's row has the check's error in full; here, only which check.
+        let health = match (self.failing(), self.last_check_failed()) {
+            (false, _) => "health up".to_string(),
+            (true, true) => format!("its {} check fails", self.check),
+            (true, false) => "health DOWN".into(),
+        };
+        match self.state {
+            BackendState::Down => format!("DOWN: {health}"),
+            BackendState::Drain => format!("DRAINED by the operator ({health})"),
+            BackendState::Disabled => format!("DISABLED by the operator ({health})"),
+            BackendState::Standby => "in STANDBY: recovered, waiting for manual failback".into(),
+            BackendState::Up if self.weight == 0 => {
+                "at WEIGHT 0 by the operator (sticky clients only)".into()
+            }
+            BackendState::Up => "up".into(),
+        }
+    }
+
+    /// The CLI command for the usual next step from its state, if any.
+    pub fn next_step(&self, service: &str) -> Option<NextStep> {
+        let target = format!("{service}/{}", self.name);
+        let (why, command) = match self.state {
+            BackendState::Standby => (
+                "recovered primary held back (failback: manual); to hand traffic back",
+                format!("enable {target}"),
+            ),
+            BackendState::Drain => (
+                "draining; to put it back in rotation",
+                format!("enable {target}"),
+            ),
+            BackendState::Disabled => (
+                "in maintenance; to put it back in rotation",
+                format!("enable {target}"),
+            ),
+            _ if self.weight_set_at_run_time() => (
+                "weight set at run time; to return to the file's (a reload does too)",
+                format!("weight {target} {}", self.configured_weight),
+            ),
+            _ => return None,
+        };
+        Some(NextStep { why, command })
+    }
+}

@@ -1,0 +1,239 @@
+//! The admin API's writes: a backend's state (drain, enable, disable) and weight,
+//! stick entries deleted or a table flushed, and reload; each answers its view
+//! ([`super::view`]). Taking the last backend that takes new connections out of
+//! rotation is refused unless forced.
+use std::sync::Arc;
+
+use super::api::{entry, picked, service, state, table_of};
+use super::error::ApiError;
+use super::query::{Pick, WeightAsk};
+use super::view;
+use crate::balance::{AdminState, Backend};
+use crate::server::Server;
+use crate::service::Service;
+
+/// A backend state change requested by `POST /api/backends/{service}/{backend}/{action}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// No new connections; open ones continue; sticky entries to it are ignored.
+    Drain,
+    /// Back in rotation (also ends a manual-failback standby).
+    Enable,
+    /// Maintenance: no new connections.
+    Disable,
+}
+
+impl Action {
+    /// Parse the last path segment.
+    pub fn parse(s: &str) -> Option<Action> {
+        match s {
+            "drain" => Some(Action::Drain),
+            "enable" => Some(Action::Enable),
+            "disable" => Some(Action::Disable),
+            _ => None,
+        }
+    }
+
+    /// The path segment (`drain`, `enable`, `disable`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Drain => "drain",
+            Action::Enable => "enable",
+            Action::Disable => "disable",
+        }
+    }
+
+    fn state(self) -> AdminState {
+        match self {
+            Action::Drain => AdminState::Drain,
+            Action::Enable => AdminState::Enabled,
+            Action::Disable => AdminState::Disabled,
+        }
+    }
+}
+
+/// `DELETE /api/tables/{service}?key=|client=`: remove the entry a pick names; a
+/// pick that names nothing is [`ApiError::NoEntry`].
+pub fn delete(server: &Server, name: &str, pick: Pick) -> Result<view::DeleteView, ApiError> {
+    let svc = service(server, name)?;
+    let table = table_of(&svc, name)?;
+    let (found, lookup) = picked(&svc, table, pick, true);
+    let Some(e) = found else {
+        return Err(ApiError::NoEntry {
+            service: name.to_string(),
+            what: lookup.to_string(),
+        });
+    };
+    tracing::info!(
+        service = name,
+        kind = e.kind.as_str(),
+        key = e.hash_hex,
+        backend = e.backend.as_deref(),
+        "admin: stick entry deleted"
+    );
+    Ok(view::DeleteView {
+        service: name.to_string(),
+        lookup,
+        deleted: vec![entry(&e)],
+    })
+}
+
+/// `DELETE /api/tables/{service}`: remove every entry.
+pub fn flush(server: &Server, name: &str) -> Result<view::FlushView, ApiError> {
+    let svc = service(server, name)?;
+    let table = table_of(&svc, name)?;
+    let before = table.stats().entries;
+    table.clear();
+    tracing::info!(
+        service = name,
+        entries = before,
+        "admin: stick table flushed"
+    );
+    Ok(view::FlushView {
+        service: name.to_string(),
+        flushed: before,
+    })
+}
+
+/// Backend state changes, one at a time: two operators draining the last two
+/// backends at once must not both pass the last-backend check.
+static BACKEND_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `backend` of `svc`, or the API's 404 naming both.
+fn backend_of<'a>(svc: &'a Service, backend: &str) -> Result<&'a Arc<Backend>, ApiError> {
+    svc.pool
+        .get(backend)
+        .ok_or_else(|| ApiError::UnknownBackend {
+            service: svc.name().to_string(),
+            backend: backend.to_string(),
+        })
+}
+
+/// `POST /api/backends/{service}/{backend}/{action}`: set the operator state.
+/// Draining or disabling the last available backend of the service is refused
+/// ([`ApiError::LastBackend`]) unless `force`; enabling never is.
+pub fn set_backend(
+    server: &Server,
+    name: &str,
+    backend: &str,
+    action: Action,
+    force: bool,
+) -> Result<view::BackendStateView, ApiError> {
+    let svc = service(server, name)?;
+    let b = backend_of(&svc, backend)?;
+    let _one_at_a_time = BACKEND_CHANGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !force && action != Action::Enable {
+        last_available(&svc, b, action)?;
+    }
+    b.set_admin_state(action.state());
+    tracing::info!(
+        service = name,
+        backend,
+        state = b.state_name(),
+        "admin: backend state set"
+    );
+    Ok(view::BackendStateView {
+        service: name.to_string(),
+        backend: backend.to_string(),
+        state: state(b),
+        active_connections: b.active(),
+    })
+}
+
+/// Refuse to take `b` out of rotation when it is the only backend left that takes
+/// new connections (available, weight above 0).
+fn last_available(svc: &Service, b: &Backend, action: Action) -> Result<(), ApiError> {
+    match others_out(svc, b) {
+        None => Ok(()),
+        Some(others) => Err(ApiError::LastBackend {
+            service: svc.name().to_string(),
+            backend: b.name.to_string(),
+            action: action.as_str(),
+            others,
+        }),
+    }
+}
+
+/// `None` when `b` takes no new connections or another backend of `svc` does;
+/// else the other backends and why each takes none: `" (others: b2 down)"`, or
+/// `" (its only backend)"`.
+fn others_out(svc: &Service, b: &Backend) -> Option<String> {
+    let others: Vec<&Arc<Backend>> = svc
+        .pool
+        .backends
+        .iter()
+        .filter(|o| o.name != b.name)
+        .collect();
+    if !b.takes_new() || others.iter().any(|o| o.takes_new()) {
+        return None;
+    }
+    let list: Vec<String> = others
+        .iter()
+        .map(|o| match o.state_name() {
+            "up" => format!("{} up at weight 0", o.name),
+            state => format!("{} {state}", o.name),
+        })
+        .collect();
+    Some(if list.is_empty() {
+        " (its only backend)".to_string()
+    } else {
+        format!(" (others: {})", list.join(", "))
+    })
+}
+
+/// `POST /api/backends/{service}/{backend}/weight`: set the weight new connections
+/// are balanced by, until the next reload or restart. Weight 0 on the last backend
+/// that takes new connections is refused ([`ApiError::LastWeighted`]) unless `force`.
+pub fn set_weight(
+    server: &Server,
+    name: &str,
+    backend: &str,
+    ask: WeightAsk,
+    force: bool,
+) -> Result<view::WeightView, ApiError> {
+    let svc = service(server, name)?;
+    let b = backend_of(&svc, backend)?;
+    let weight = ask.resolve(b.config.weight)?;
+    let _one_at_a_time = BACKEND_CHANGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if weight == 0 && !force {
+        if let Some(others) = others_out(&svc, b) {
+            return Err(ApiError::LastWeighted {
+                service: name.to_string(),
+                backend: backend.to_string(),
+                others,
+            });
+        }
+    }
+    let previous = b.weight();
+    b.set_weight(weight);
+    tracing::info!(
+        service = name,
+        backend,
+        weight,
+        previous,
+        configured = b.config.weight,
+        "admin: backend weight set (until the next reload or restart)"
+    );
+    Ok(view::WeightView {
+        service: name.to_string(),
+        backend: backend.to_string(),
+        weight,
+        previous_weight: previous,
+        configured_weight: b.config.weight,
+        state: state(b),
+        active_connections: b.active(),
+    })
+}
+
+/// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.
+pub async fn reload(server: &Arc<Server>) -> Result<view::ReloadAnswer, ApiError> {
+    let warnings = server.reload_file().await.map_err(ApiError::ReloadFailed)?;
+    Ok(view::ReloadAnswer {
+        reloaded: true,
+        warnings,
+    })
+}

@@ -1,0 +1,45 @@
+//! `crossbar check`: load a configuration file as `run` would (the files it names
+//! opened too, unless `--config-only`), print its summary and warnings, or every
+//! problem with its `file:line:col`; `--resolve` also looks up its `discover` names.
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::config::Config;
+
+/// `crossbar check`: the summary and every warning, or every problem.
+pub fn check(config: &Path, config_only: bool, resolve: bool) -> ExitCode {
+    let loaded = if config_only {
+        Config::load(config)
+    } else {
+        Config::load_and_check_files(config)
+    };
+    match loaded {
+        Ok(cfg) => {
+            for w in &cfg.warnings {
+                eprintln!("{w}");
+            }
+            print!("{}", cfg.summary());
+            for s in &cfg.services {
+                let plan = crate::relay::plan(s.relay).describe();
+                println!("relay: service {} uses {plan}", s.name);
+            }
+            if resolve {
+                let mut cfg = cfg;
+                match super::commands::runtime(None) {
+                    Ok(rt) => {
+                        for line in rt.block_on(crate::discovery::resolve_into(&mut cfg)) {
+                            println!("{line}");
+                        }
+                    }
+                    Err(e) => eprintln!("no runtime to resolve names in: {e:#}"),
+                }
+            }
+            println!("{}: OK", config.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

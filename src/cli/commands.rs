@@ -1,0 +1,205 @@
+//! Each subcommand's front end: its parsed arguments into the library call, the
+//! outcome printed, and the exit code. `main.rs` parses and calls one of these.
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use super::args::{AdminArgs, BackendAction, ReportFormat, TableCommand};
+use super::client::{Command as ClientCommand, Pick};
+use super::http::CliError;
+use super::options::{options, ClientOptions};
+use super::outcome::{fail, report};
+use crate::admin::{Action, WeightAsk};
+use crate::config::Config;
+
+/// `crossbar doctor`'s exit code when the configuration itself is invalid.
+const DOCTOR_CONFIG_ERROR: u8 = 2;
+
+/// `crossbar run`: load the file, then serve until a signal stops it.
+pub fn run(config: &Path, upgrade_socket: Option<PathBuf>) -> ExitCode {
+    let cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = crate::run::RunOptions { upgrade_socket };
+    report(runtime(cfg.workers).and_then(|rt| rt.block_on(crate::run::run_with(cfg, opts))))
+}
+
+/// `crossbar demo`: local TLS backends, crossbar in front, clients; the story.
+pub fn demo(serve: bool) -> ExitCode {
+    report(runtime(None).and_then(|rt| rt.block_on(crate::demo::run(serve))))
+}
+
+/// `crossbar doctor`: the report on stdout, its verdict as the exit code.
+pub fn doctor(config: &Path, format: ReportFormat, opts: crate::doctor::Options) -> ExitCode {
+    let mut cfg = match Config::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(DOCTOR_CONFIG_ERROR);
+        }
+    };
+    let report = match runtime(None) {
+        // The backends `discover` finds today are checked like the configured ones.
+        Ok(rt) => rt.block_on(async {
+            for line in crate::discovery::resolve_into(&mut cfg).await {
+                eprintln!("{line}");
+            }
+            crate::doctor::run(&cfg, opts).await
+        }),
+        Err(e) => return self::report(Err(e)),
+    };
+    match format {
+        ReportFormat::Table => print!("{}", report.table()),
+        ReportFormat::Json => println!("{}", report.json()),
+    }
+    ExitCode::from(report.exit_code)
+}
+
+/// Run one admin API client command: its output on stdout, or the error on stderr
+/// and exit 1 (with `--json`, the server's JSON error as is).
+pub fn client(args: AdminArgs, url_from_env: bool, cmd: ClientCommand) -> ExitCode {
+    match options(args, url_from_env, false) {
+        Ok(opts) => send(&opts, &cmd),
+        Err(code) => code,
+    }
+}
+
+/// `crossbar reload [-c FILE]`: check FILE first, then reload through the admin API
+/// (which answers once the new config is live, or with the reason it was refused).
+pub fn reload(admin: AdminArgs, url_from_env: bool) -> ExitCode {
+    match options(admin, url_from_env, true) {
+        Ok(opts) => send(&opts, &ClientCommand::Reload),
+        Err(code) => code,
+    }
+}
+
+/// Send `cmd` with `opts`; print the answer or the error.
+fn send(opts: &ClientOptions, cmd: &ClientCommand) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return report(Err(e).context("starting the runtime")),
+    };
+    match rt.block_on(super::client::run(opts, cmd)) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(CliError::Api { body, .. }) if opts.json => {
+            eprint!("{body}");
+            ExitCode::FAILURE
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// `crossbar table show|delete|flush`.
+pub fn table(command: TableCommand, url_from_env: bool) -> ExitCode {
+    let pick =
+        |key: Option<u64>, addr: Option<IpAddr>| key.map(Pick::Key).or(addr.map(Pick::Client));
+    let (admin, cmd) = match command {
+        TableCommand::Show {
+            service,
+            limit,
+            key,
+            client,
+            admin,
+        } => (
+            admin,
+            ClientCommand::TableShow {
+                service,
+                limit,
+                pick: pick(key, client),
+            },
+        ),
+        TableCommand::Delete {
+            service,
+            key,
+            client,
+            admin,
+        } => match pick(key, client) {
+            Some(pick) => (admin, ClientCommand::TableDelete { service, pick }),
+            None => return fail(&"give --key KEY or --client ADDR"),
+        },
+        TableCommand::Flush { service, admin } => (admin, ClientCommand::TableFlush { service }),
+    };
+    self::client(admin, url_from_env, cmd)
+}
+
+/// What `crossbar backend ACTION SERVICE/BACKEND [WEIGHT]` asks.
+pub struct BackendArgs {
+    /// drain, enable, disable or weight.
+    pub action: BackendAction,
+    /// `SERVICE/BACKEND`.
+    pub target: String,
+    /// For `weight`.
+    pub weight: Option<WeightAsk>,
+    /// Also the last backend taking new connections.
+    pub force: bool,
+}
+
+/// `crossbar backend drain|enable|disable|weight`.
+pub fn backend(args: BackendArgs, admin: AdminArgs, url_from_env: bool) -> ExitCode {
+    match backend_command(args) {
+        Ok(cmd) => client(admin, url_from_env, cmd),
+        Err(why) => fail(&why),
+    }
+}
+
+/// The client command of `crossbar backend ...`, or why the arguments don't make one.
+fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
+    let BackendArgs {
+        action,
+        target,
+        weight,
+        force,
+    } = args;
+    let Some((service, backend)) = target.split_once('/') else {
+        return Err(format!("expected SERVICE/BACKEND, got {target:?}"));
+    };
+    let (service, backend) = (service.to_string(), backend.to_string());
+    let action = match (action, weight) {
+        (BackendAction::Weight, Some(weight)) => {
+            return Ok(ClientCommand::Weight {
+                service,
+                backend,
+                weight,
+                force,
+            })
+        }
+        (BackendAction::Weight, None) => {
+            return Err("give the weight: crossbar backend weight SERVICE/BACKEND N".into())
+        }
+        (_, Some(w)) => {
+            return Err(format!(
+                "a weight ({w}) goes with `crossbar backend weight` only"
+            ))
+        }
+        (BackendAction::Drain, None) => Action::Drain,
+        (BackendAction::Enable, None) => Action::Enable,
+        (BackendAction::Disable, None) => Action::Disable,
+    };
+    Ok(ClientCommand::Backend {
+        service,
+        backend,
+        action,
+        force,
+    })
+}
+
+/// A multi-threaded runtime, with `workers` threads (default: one per core).
+pub(super) fn runtime(workers: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        b.worker_threads(n);
+    }
+    b.enable_all().build().context("starting the runtime")
+}

@@ -1,0 +1,77 @@
+//! `crossbar generate`: shell completions, and the man pages (crossbar(1) with its
+//! examples, files and signals, and a page per subcommand), for packaging.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::CommandFactory;
+
+use super::args::{Cli, Generated, EXAMPLES};
+
+/// `crossbar generate WHAT [DIR]`: the man pages into DIR, or a completion script on stdout.
+pub fn generate(what: Generated, dir: Option<PathBuf>) -> ExitCode {
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout();
+    let shell = match what {
+        Generated::Man => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from("."));
+            return super::outcome::report(
+                man_pages(cmd, &dir)
+                    .with_context(|| format!("writing man pages into {}", dir.display())),
+            );
+        }
+        Generated::Bash => clap_complete::Shell::Bash,
+        Generated::Zsh => clap_complete::Shell::Zsh,
+        Generated::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "crossbar", &mut out);
+    ExitCode::SUCCESS
+}
+
+/// crossbar(1) and crossbar-SUBCOMMAND(1) into `dir`. The main page gets EXAMPLES
+/// kept as lines (clap_mangen would reflow them), FILES and SEE ALSO.
+fn man_pages(cmd: clap::Command, dir: &std::path::Path) -> Result<()> {
+    clap_mangen::generate_to(cmd.clone(), dir)?;
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let man = clap_mangen::Man::new(cmd);
+    let mut page = Vec::new();
+    man.render_title(&mut page)?;
+    man.render_name_section(&mut page)?;
+    man.render_synopsis_section(&mut page)?;
+    man.render_description_section(&mut page)?;
+    man.render_options_section(&mut page)?;
+    man.render_subcommands_section(&mut page)?;
+    page.extend_from_slice(MAN_TAIL.replace('-', "\\-").as_bytes());
+    let examples = EXAMPLES
+        .trim_start_matches("Examples:\n")
+        .replace('-', "\\-");
+    let page = String::from_utf8_lossy(&page).replace("@EXAMPLES@", &examples);
+    std::fs::write(dir.join("crossbar.1"), page)?;
+    Ok(())
+}
+
+/// The end of crossbar(1), in roff; `@EXAMPLES@` is replaced by [`EXAMPLES`].
+const MAN_TAIL: &str = r#".SH EXAMPLES
+.nf
+@EXAMPLES@
+.fi
+.SH FILES
+.TP
+/etc/crossbar/crossbar.yaml
+The configuration (crossbar-run, crossbar-check and crossbar-reload read it without \fB-c\fR).
+.TP
+/var/lib/crossbar/
+Stick-table state files (stick.state_file).
+.TP
+/run/crossbar/
+The hitless-upgrade socket (run \fB--upgrade-socket\fR /run/crossbar/upgrade.sock).
+.SH SIGNALS
+SIGHUP reloads the configuration file (a file that does not check, or whose new
+health settings no backend of a serving service passes, keeps the running one);
+SIGTERM and SIGINT stop accepting and drain established connections for up to
+timeouts.shutdown, a second one exits at once.
+.SH SEE ALSO
+/usr/share/doc/crossbar/ (configuration.md, operations.md, metrics.md),
+systemctl(1), journalctl(1)
+"#;
