@@ -756,3 +756,42 @@ async fn run_time_weights_survive_a_dns_change_but_not_a_reload() {
     );
     drop(dns);
 }
+
+/// A configured backend named like a discovered one (`c1.test-PORT`: backend names
+/// may hold dots) wins: the pool has it at its configured address, and the address
+/// the record gives gets no client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_backend_named_like_a_discovered_one_wins() {
+    let ca = TestCa::new("discovery CA").expect("CA");
+    let ips = ["127.0.0.51", "127.0.0.52", "127.0.0.53"];
+    let (port, _live) = compilers_on_one_port(&ca, &ips).await;
+    let ip = |i: usize| ips[i].parse::<IpAddr>().expect("ip");
+    let records =
+        a("c1", ip(0)) + &a("c2", ip(1)) + &srv("c1", port, 10, 1) + &srv("c2", port, 10, 1);
+    let dns = Dns::start(&records).await;
+    let name = format!("c1.test-{port}");
+    let extra = format!(
+        "    balance: roundrobin\n    backends:\n      - {{ name: {name}, address: \"{}:{port}\" }}\n",
+        ips[2]
+    );
+    let cb = Crossbar::start(&service_yaml(&dns, &format!("srv: {SRV}"), &extra)).await;
+    let want: BTreeSet<String> = [name.clone(), format!("c2.test-{port}")].into();
+    wait_until("the discovered backend joined", || pool(&cb, "svc") == want).await;
+    let svc = cb.server.service("svc").expect("service svc");
+    let ours = svc.pool.get(&name).expect("the configured backend");
+    assert_eq!(
+        ours.config.address.to_string(),
+        format!("{}:{port}", ips[2])
+    );
+    assert!(
+        ours.config.from_dns.is_none(),
+        "the configured one, not the record's"
+    );
+    let answered: BTreeSet<String> = place(&ca, &cb).await.into_iter().collect();
+    assert_eq!(
+        answered,
+        [ips[1].to_string(), ips[2].to_string()].into(),
+        "the record's own address for c1 gets no client"
+    );
+    drop(dns);
+}

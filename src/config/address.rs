@@ -4,11 +4,27 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use super::BackendAddress;
 
-/// Service and backend names: `[A-Za-z0-9_-]+`.
+/// Service names: `[A-Za-z0-9_-]+`.
 pub(super) fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Why a backend name is refused: it may hold letters, digits, `_`, `-` and `.`
+/// (a host name such as `compile01.dc1.example.com`, or the `target-port` name a
+/// discovered backend gets), and may not start with `.`, so that `.` and `..`,
+/// which URLs and paths resolve away, are never a name.
+pub(super) const BACKEND_NAME_RULE: &str =
+    "may only use letters, digits, `_`, `-` and `.`, and may not start with `.` \
+     (it names metrics and URLs)";
+
+/// Backend names: `[A-Za-z0-9_-][A-Za-z0-9_.-]*` (see [`BACKEND_NAME_RULE`]).
+pub(super) fn valid_backend_name(s: &str) -> bool {
+    !s.starts_with('.')
+        && !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
 /// A DNS host name: dot-separated labels of letters, digits, `-` (and `_`, seen in
@@ -136,6 +152,27 @@ mod tests {
         assert!(parse_socket_addr("10.0.0.1")
             .unwrap_err()
             .contains("missing"));
+    }
+
+    #[test]
+    fn backend_names_may_be_host_names() {
+        for good in [
+            "compile01.dc1.example.com",
+            "compile2.lab.test-8140",
+            "10.0.1.1-8140",
+            "2001-db8--1-8140",
+            "c_1",
+            "x.",
+        ] {
+            assert!(valid_backend_name(good), "{good}");
+        }
+        for bad in [
+            "", ".", "..", ".hidden", "a/b", "a b", "a%2e", "a:8140", "ä",
+        ] {
+            assert!(!valid_backend_name(bad), "{bad}");
+        }
+        // Service names keep the stricter rule: a dot is no service name.
+        assert!(!valid_name("puppet.ca") && valid_name("puppet-ca"));
     }
 
     #[test]

@@ -10,7 +10,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use super::address::{parse_backend_address, parse_socket_addr, server_name, valid_name};
+use super::address::{
+    parse_backend_address, parse_socket_addr, server_name, valid_backend_name, valid_name,
+    BACKEND_NAME_RULE,
+};
 use super::checker::{join, Checker};
 use super::health::Health;
 use super::position::PositionIndex;
@@ -705,11 +708,10 @@ impl Checker<'_> {
     }
 
     fn backend(&mut self, raw: &RawBackend, health: &Health, p: &str) -> Option<BackendConfig> {
-        if !valid_name(&raw.name) {
-            let why = "may only use letters, digits, `_` and `-` (it names metrics and URLs)";
+        if !valid_backend_name(&raw.name) {
             self.err(
                 &join(p, "name"),
-                format!("backend name `{}` {why}", raw.name),
+                format!("backend name `{}` {BACKEND_NAME_RULE}", raw.name),
             );
         }
         let weight = self.int(raw.weight, &join(p, "weight"), 1, 1, MAX_WEIGHT) as u32;

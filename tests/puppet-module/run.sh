@@ -3,20 +3,29 @@
 # root on a fresh Debian machine). Installs what it needs from Debian, then:
 #   1. metadata.json (metadata-json-lint), `puppet parser validate`, `puppet epp
 #      validate`, puppet-lint (warnings fail), REFERENCE.md as puppet-strings writes it;
-#   2. the rspec-puppet suite (spec/): rendered pieces, type errors, the validate step;
+#   2. the rspec-puppet suite (spec/): rendered pieces, type errors, the validate step,
+#      the presets against docs/puppet.md and conf/puppet.yaml; run twice, each in a
+#      private mount namespace: once with no /etc/facter/facter.conf, once with the one
+#      a Puppet server (or this machine after tests/puppet/run.sh) has;
 #   3. round trip through the real binary: `puppet apply` of tests/puppet-module/cases/*.pp
 #      writes crossbar.yaml through concat's validate_cmd (`crossbar check`); the
 #      result must hold the same data as the example it mirrors (conf/crossbar.yaml,
 #      conf/shared-listener.yaml, cases/everything.yaml) and `crossbar check` must print
 #      the same summary for both (conf/puppet.yaml from the presets: summary only);
-#      a second apply changes nothing; a change `crossbar check` refuses, or a wrong
-#      type, leaves the file as it was;
-#   4. the Debian package built from the tree, installed by the module (`package_source`,
-#      the dpkg provider) on this machine, the file written as root:crossbar 0640 and
-#      readable by the service user (`crossbar check` as `crossbar`, what ExecReload
-#      runs), a second apply with 0 changes, then purged. systemd is not PID 1 here (nor
-#      in CI): the module's `service` (reload through `systemctl reload`) is checked by
-#      rspec, not run.
+#      cases/features.pp (discover, a listener with proxy_protocol and per_source,
+#      extra keys, certname backends, the CA copied by the class) as cases/features.yaml;
+#      a second apply changes nothing; a change `crossbar check` refuses (an unknown
+#      key through `extra` included), or a wrong type, leaves the file as it was;
+#   4. the Debian package built from the tree: the README's quick start applied
+#      verbatim on this machine, the package coming from a local apt repository (the
+#      apt provider, through APT_CONFIG: nothing of the machine's apt setup changes)
+#      and the balancer's agent CA at Debian's path in a private mount namespace; then
+#      installed by the module with `package_source` (the dpkg provider). Each time the
+#      file is written root:crossbar 0640 and readable by the service user (`crossbar
+#      check` as `crossbar`, what ExecReload runs), a second apply changes nothing,
+#      then the package is purged. systemd is not PID 1 here (nor in CI): the module's
+#      `service` (reload through `systemctl reload`) is checked by rspec, not run
+#      (manage_service is false through Hiera for the quick start).
 # A missing tool is a failure. Exit 0 when everything passed, 1 otherwise.
 #
 #   CROSSBAR_BIN=target/debug/crossbar tests/puppet-module/run.sh
@@ -31,7 +40,7 @@ BIN=$(realpath -m "${CROSSBAR_BIN:-target/debug/crossbar}")
 SYSMODULES=/usr/share/puppet/modules
 MODULEPATH=$ROOT/packaging/puppet:$SYSMODULES
 PKGS=(puppet-agent ruby-rspec-puppet puppet-lint puppet-strings metadata-json-lint
-    puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-concat)
+    puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-concat dpkg-dev)
 
 T0=$(date +%s)
 PASSED=0
@@ -43,8 +52,10 @@ fail() { FAILED=$((FAILED + 1)); echo "FAIL $1: $2"; }
 die() { echo "FAIL setup: $*"; exit 1; }
 
 PKG_INSTALLED=0
+MADE_FACTER_DIR=0
 cleanup() {
     [ "$PKG_INSTALLED" = 1 ] && dpkg --purge crossbar >/dev/null 2>&1
+    [ "$MADE_FACTER_DIR" = 1 ] && rmdir /etc/facter 2>/dev/null
     if [ -n "$W" ] && [ -d "$W" ]; then
         if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
     fi
@@ -66,7 +77,7 @@ if [ ${#missing[@]} -gt 0 ]; then
           apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1; } ||
         die "apt-get install ${missing[*]} failed"
 fi
-for c in puppet puppet-lint rspec metadata-json-lint ruby openssl sha256sum; do
+for c in puppet puppet-lint rspec metadata-json-lint ruby openssl sha256sum unshare dpkg-scanpackages; do
     command -v "$c" >/dev/null || die "$c missing"
 done
 puppet strings --help >/dev/null 2>&1 || die "puppet strings missing"
@@ -106,11 +117,23 @@ if [ -f "$W/REFERENCE.md" ]; then
 fi
 
 # ------------------------------------------------------------- 2. rspec
-if (cd "$MOD" && rspec spec/classes spec/defines >"$W/rspec.log" 2>&1); then
-    pass rspec "$(grep -E '^[0-9]+ examples' "$W/rspec.log")"
-else
-    fail rspec "$(tail -60 "$W/rspec.log")"
-fi
+# rspec_in with|without: the suite in a private mount namespace whose /etc/facter
+# holds a facter.conf (as a Puppet server's, or this machine's after tests/puppet/run.sh)
+# or nothing; the machine's own /etc/facter is never changed (made empty if missing).
+[ -d /etc/facter ] || { mkdir /etc/facter && MADE_FACTER_DIR=1; }
+rspec_in() {
+    local d=$W/facter-$1
+    mkdir -p "$d"
+    [ "$1" = with ] && echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$d/facter.conf"
+    if unshare -m sh -c "mount --bind '$d' /etc/facter && cd '$MOD' && exec rspec spec" >"$W/rspec-$1.log" 2>&1; then
+        pass "rspec-$1-facter-conf" "$(grep -E '^[0-9]+ examples' "$W/rspec-$1.log")"
+    else
+        fail "rspec-$1-facter-conf" "$(tail -60 "$W/rspec-$1.log")"
+    fi
+}
+rspec_in without
+rspec_in with
+[ "$MADE_FACTER_DIR" = 1 ] && rmdir /etc/facter 2>/dev/null && MADE_FACTER_DIR=0
 
 # ------------------------------------------------------- 3. round trip
 # apply NAME OUT [SOURCE]: puppet apply of SOURCE (default cases/NAME.pp) writing OUT;
@@ -172,6 +195,27 @@ cp "$W/lb.pem" "$W/ca.pem"
 chmod 600 "$W/lb.key"
 sed "s#@W@#$W#g" "$CASES/everything.yaml" > "$W/everything-expected.yaml"
 roundtrip everything "$W/everything-expected.yaml" data
+
+# features: discover, a listener with proxy_protocol and per_source, extra keys; the
+# class copies the CA (ca_source) to where the configuration names it.
+mkdir -p "$W/etc"
+sed "s#@W@#$W#g" "$CASES/features.yaml" > "$W/features-expected.yaml"
+roundtrip features "$W/features-expected.yaml" data
+if [ -s "$W/features.yaml" ]; then
+    [ "$(stat -c '%a' "$W/etc/puppet-ca.pem")" = 644 ] && cmp -s "$W/ca.pem" "$W/etc/puppet-ca.pem" &&
+        pass ca-source "ca_source copied the CA to ca_file (0644) before the check opened it" ||
+        fail ca-source "$(stat -c '%a %U:%G' "$W/etc/puppet-ca.pem" 2>&1)"
+    before=$(sha256sum < "$W/features.yaml")
+    # A key crossbar does not know, through `extra`: the types let it pass, the check
+    # refuses it and the file stays as it was.
+    sed "s#  extra    => { 'discover' => { 'max_backends' => 16 } },#  extra    => { 'discover' => { 'max_backends' => 16 }, 'frobnicate' => true },#" \
+        "$CASES/features.pp" > "$W/unknown.src"
+    apply unknown "$W/features.yaml" "$W/unknown.src"
+    msg=$(grep -o "services\.puppet\.frobnicate[^\"]*" "$W/unknown.log" | head -1)
+    { [ "$RC" = 4 ] || [ "$RC" = 6 ]; } && [ "$before" = "$(sha256sum < "$W/features.yaml")" ] && [ -n "$msg" ] &&
+        pass refused-extra "apply exit $RC: crossbar check said \"${msg:0:100}\"; file unchanged" ||
+        fail refused-extra "apply exit $RC: $(grep -v environ "$W/unknown.log" | tail -10)"
+fi
 OUT=$W/everything.yaml
 if [ -s "$OUT" ]; then
     [ "$(stat -c %a "$W/admin.token")" = 640 ] && [ "$(cat "$W/admin.token")" = t0ken-from-hiera ] &&
@@ -223,14 +267,63 @@ if [ -s "$OUT" ]; then
 fi
 
 # ------------------------------------------- 4. the package, installed by the module
+# installed_ok NAME APPLY-LOG: after an apply that installed the package and wrote the
+# file: the file's owner and mode, and the crossbar user's own check (ExecReload's)
+installed_ok() {
+    local f=/etc/crossbar/crossbar.yaml mode check
+    mode=$(stat -c '%U:%G %a' $f 2>&1)
+    grep -q "^# crossbar configuration, managed by Puppet" $f && [ "$mode" = "root:crossbar 640" ] ||
+        { fail "$1" "$f: $mode: $(head -3 $f 2>&1); $(grep -v environ "$2" | tail -10)"; return 1; }
+    check=$(runuser -u crossbar -- /usr/bin/crossbar check 2>&1) ||
+        { fail "$1" "crossbar check as the crossbar user (what ExecReload runs): $check"; return 1; }
+}
+
+# The README's quick start, verbatim (the puppet block between its markers), on this
+# machine as on a fresh balancer: the package from a repository (a local one, through
+# APT_CONFIG), /etc/crossbar and /var/lib/crossbar from the package and the module,
+# the balancer's agent CA where Debian's agent keeps it (a tmpfs over /var/lib/puppet
+# in a private mount namespace), `crossbar_admin_token` and manage_service => false
+# (no systemd here) from Hiera.
+quickstart() {
+    local deb=$1 repo=$W/repo rc
+    sed -n '/^<!-- quick start: begin -->$/,/^<!-- quick start: end -->$/p' "$MOD/README.md" |
+        sed -n '/^```puppet$/,/^```$/p' | sed '1d;$d' > "$W/quickstart.pp"
+    grep -q "^class { 'crossbar':" "$W/quickstart.pp" ||
+        { fail quickstart "no quick start block between the markers of $MOD/README.md"; return; }
+    mkdir -p "$repo/lists/partial" "$repo/parts" "$repo/cache/archives/partial" "$W/hiera/data"
+    cp "$ROOT/$deb" "$repo/"
+    (cd "$repo" && dpkg-scanpackages --multiversion . /dev/null > Packages 2>"$W/scanpackages.log") ||
+        { fail quickstart "dpkg-scanpackages: $(cat "$W/scanpackages.log")"; return; }
+    echo "deb [trusted=yes] file:$repo ./" > "$repo/sources.list"
+    cat > "$repo/apt.conf" <<EOF
+Dir::Etc::SourceList "$repo/sources.list";
+Dir::Etc::SourceParts "$repo/parts";
+Dir::State::Lists "$repo/lists";
+Dir::Cache "$repo/cache";
+DPkg::Lock::Timeout "900";
+EOF
+    export APT_CONFIG=$repo/apt.conf
+    apt-get update > "$W/quickstart-apt.log" 2>&1 || { unset APT_CONFIG; fail quickstart "apt-get update of the local repository: $(tail -5 "$W/quickstart-apt.log")"; return; }
+    printf -- "---\nversion: 5\ndefaults:\n  datadir: %s/hiera/data\n  data_hash: yaml_data\nhierarchy:\n  - name: test\n    path: test.yaml\n" "$W" > "$W/hiera/hiera.yaml"
+    printf -- "---\ncrossbar_admin_token: from-hiera\ncrossbar::manage_service: false\n" > "$W/hiera/data/test.yaml"
+    local run="mount -t tmpfs -o mode=0750 tmpfs /var/lib/puppet && mkdir -p /var/lib/puppet/ssl/certs"
+    run+=" && cp '$W/ca.pem' /var/lib/puppet/ssl/certs/ca.pem && exec puppet apply --strict=error"
+    run+=" --detailed-exitcodes --color=false --modulepath='$MODULEPATH' --hiera_config='$W/hiera/hiera.yaml' '$W/quickstart.pp'"
+    unshare -m sh -c "$run" > "$W/quickstart.log" 2>&1
+    rc=$?
+    dpkg -s crossbar >/dev/null 2>&1 && PKG_INSTALLED=1
+    [ "$rc" = 2 ] || { unset APT_CONFIG; fail quickstart "puppet apply exit $rc: $(grep -v environ "$W/quickstart.log" | tail -20)"; return; }
+    installed_ok quickstart "$W/quickstart.log" || { unset APT_CONFIG; return; }
+    cmp -s "$W/ca.pem" /etc/crossbar/puppet-ca.pem || { unset APT_CONFIG; fail quickstart "/etc/crossbar/puppet-ca.pem is not the agent's CA"; return; }
+    unshare -m sh -c "$run" > "$W/quickstart2.log" 2>&1
+    rc=$?
+    unset APT_CONFIG
+    [ "$rc" = 0 ] || { fail quickstart "second apply exit $rc (0 = no change): $(grep -v environ "$W/quickstart2.log" | tail -20)"; return; }
+    pass quickstart "README.md's quick start applied verbatim: the apt provider installed $(basename "$deb") from a repository, the module made /var/lib/crossbar and copied the agent's CA before crossbar check read them, wrote /etc/crossbar/crossbar.yaml (root:crossbar 640) that the crossbar user checks OK; second apply: no change"
+}
+
 pkgtest() {
-    if dpkg -s crossbar >/dev/null 2>&1; then
-        fail package "a crossbar package is already installed; remove it first (dpkg --purge crossbar)"
-        return
-    fi
-    local deb
-    deb=$(CROSSBAR_BIN="$BIN" packaging/build-deb.sh 2>"$W/build-deb.log") ||
-        { fail package "packaging/build-deb.sh: $(tail -5 "$W/build-deb.log")"; return; }
+    local deb=$1
     cat > "$W/package.pp" <<EOF
 class { 'crossbar':
   package_source => '$ROOT/$deb',
@@ -240,8 +333,7 @@ class { 'crossbar':
     'puppet' => {
       'preset'   => 'puppet',
       'listen'   => ['127.0.0.1:18140'],
-      'stick'    => { 'state_file' => '/var/lib/crossbar/puppet.table' },
-      'backends' => [{ 'name' => 'compile1', 'address' => '127.0.0.1:28140' }],
+      'backends' => [{ 'name' => 'compile1.example.com', 'address' => '127.0.0.1:28140' }],
     },
   },
 }
@@ -251,22 +343,25 @@ EOF
     local rc=$?
     dpkg -s crossbar >/dev/null 2>&1 && PKG_INSTALLED=1
     [ "$rc" = 2 ] || { fail package "puppet apply exit $rc: $(grep -v environ "$W/package.log" | tail -20)"; return; }
-    local f=/etc/crossbar/crossbar.yaml mode check
-    mode=$(stat -c '%U:%G %a' $f)
-    grep -q "^# crossbar configuration, managed by Puppet" $f && [ "$mode" = "root:crossbar 640" ] ||
-        { fail package "$f: $mode: $(head -3 $f)"; return; }
-    check=$(runuser -u crossbar -- /usr/bin/crossbar check 2>&1) ||
-        { fail package "crossbar check as the crossbar user (what ExecReload runs): $check"; return; }
+    installed_ok package "$W/package.log" || return
     puppet apply --strict=error --detailed-exitcodes --color=false --modulepath="$MODULEPATH" \
         "$W/package.pp" > "$W/package2.log" 2>&1
     rc=$?
     [ "$rc" = 0 ] || { fail package "second apply exit $rc (0 = no change): $(grep -v environ "$W/package2.log" | tail -20)"; return; }
-    pass package "the module installed $(basename "$deb") (dpkg provider), wrote $f ($mode) that the crossbar user checks OK; second apply: no change"
+    pass package "the module installed $(basename "$deb") (package_source, the dpkg provider), wrote /etc/crossbar/crossbar.yaml that the crossbar user checks OK; second apply: no change"
 }
 exec 9>/tmp/crossbar-package-test.lock
 flock 9   # the package test (tests/package/run.sh) installs the same package
-pkgtest
-dpkg --purge crossbar >/dev/null 2>&1; PKG_INSTALLED=0
+if dpkg -s crossbar >/dev/null 2>&1; then
+    fail package "a crossbar package is already installed; remove it first (dpkg --purge crossbar)"
+elif DEB=$(CROSSBAR_BIN="$BIN" packaging/build-deb.sh 2>"$W/build-deb.log"); then
+    quickstart "$DEB"
+    dpkg --purge crossbar >/dev/null 2>&1; PKG_INSTALLED=0
+    pkgtest "$DEB"
+    dpkg --purge crossbar >/dev/null 2>&1; PKG_INSTALLED=0
+else
+    fail package "packaging/build-deb.sh: $(tail -5 "$W/build-deb.log")"
+fi
 flock -u 9
 
 echo "$PASSED passed, $FAILED failed ($(( $(date +%s) - T0 ))s)"

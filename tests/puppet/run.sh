@@ -27,10 +27,14 @@
 #     certificate from the Puppet CA; the masters' terminus (puppet-terminus-puppetdb:
 #     facts, catalogs, reports, storeconfigs) reaches it through a crossbar whose
 #     `puppetdb` service (conf/puppet.yaml's preset) listens on puppetdb.xb.test:8081
-#   lb (agent lb.xb.test): applies packaging/puppet/crossbar, which collects the
-#     `@@crossbar::backend`s the masters' own agent runs exported and writes the config
-#     of a third crossbar (puppetlb.xb.test, 127.0.0.16:8140), reloaded with
-#     `crossbar reload -c` (the unit's ExecReload; no systemd here)
+#   lb (agent lb.xb.test): applies packaging/puppet/crossbar, which writes the config of
+#     a third crossbar: `puppet` (puppetlb.xb.test, 127.0.0.16:8140) from the SRV
+#     records a dnsmasq serves for the compilers (`discover`), `puppetdb` (taking over
+#     127.0.0.15:8081 from the hand-written one) from the `@@crossbar::backend` pdb1's
+#     own agent run exported, `puppetfiles` (127.0.0.17:8140) from the
+#     `@@haproxy::balancermember`s the masters' agent runs exported
+#     (crossbar::balancermembers); reloaded with `crossbar reload -c` (the unit's
+#     ExecReload; no systemd here). Agents run through it.
 # Prints "PASS name: figures" / "FAIL name: why" per check, then "N passed, M failed".
 # Exit status: 0 when every check passed, 1 otherwise, 2 on a setup error.
 
@@ -46,6 +50,7 @@ VIP_SNI=127.0.0.13
 VIP_DOWN=127.0.0.14
 VIP_PDB=127.0.0.15
 VIP_LB=127.0.0.16
+VIP_LBFILES=127.0.0.17
 IP_PDB1=127.0.0.31
 IP_COMPILE3=127.0.0.23
 IP_CA1=127.0.0.21
@@ -132,10 +137,11 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --------------------------------------------------------------- helpers
-hosts_write() { # mode: vip | sni
+hosts_write() { # mode: vip | sni | lb (file content through the module-made balancer)
     hosts_remove
     local p=$VIP_PUPPET c=$VIP_CA f=$VIP_FILES
     [ "$1" = sni ] && p=$VIP_SNI c=$VIP_SNI f=$VIP_SNI
+    [ "$1" = lb ] && f=$VIP_LBFILES
     {
         echo "$HOSTS_BEGIN"
         echo "$p puppet.$DOMAIN"
@@ -414,15 +420,17 @@ pdb_count() { # PATH [curl args]: how many results (an object counts 1 if it nam
 
 # ================================================================== setup
 [ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
-PKGS="puppetserver puppet-agent rsync puppetdb postgresql puppet-terminus-puppetdb puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-concat"
+PKGS="puppetserver puppet-agent rsync puppetdb postgresql puppet-terminus-puppetdb puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-concat puppet-module-puppetlabs-haproxy dnsmasq-base"
 if ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ] ||
    [ ! -f /usr/share/puppetdb/puppetdb.jar ] || ! command -v pg_ctlcluster >/dev/null ||
-   [ ! -f /usr/lib/ruby/vendor_ruby/puppet/indirector/catalog/puppetdb.rb ] || [ ! -d /usr/share/puppet/modules/concat ]; then
+   [ ! -f /usr/lib/ruby/vendor_ruby/puppet/indirector/catalog/puppetdb.rb ] || [ ! -d /usr/share/puppet/modules/concat ] ||
+   [ ! -d /usr/share/puppet/modules/haproxy ] || [ ! -x /usr/sbin/dnsmasq ]; then
     [ "${NO_INSTALL:-0}" = 1 ] && die "not installed: some of $PKGS"
     log "installing $PKGS"
     # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get install -y $PKGS >/dev/null 2>&1 ||
-        { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y $PKGS >/dev/null 2>&1; } ||
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1 ||
+        { apt-get -o DPkg::Lock::Timeout=900 update >/dev/null 2>&1 &&
+          DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1; } ||
         die "apt-get install $PKGS failed"
 fi
 if [ ! -x "$CROSSBAR" ]; then
@@ -444,6 +452,28 @@ LB_KEY=$W/agents/lb/ssl/private_keys/lb.$DOMAIN.pem
 javac -d "$W/java" "$ROOT/tests/puppet/JdkResume.java" > "$W/javac.log" 2>&1 || { cat "$W/javac.log" >&2; die "javac JdkResume.java"; }
 log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
 hosts_write vip
+# DNS for `discover`: Puppet's SRV records for the compile servers, from a dnsmasq on
+# a free loopback port that serves nothing else
+DNS_PORT=$(ruby -rsocket -e 'puts TCPServer.new("127.0.0.1", 0).addr[1]')
+mkdir -p "$W/dns"
+cat > "$W/dns/dnsmasq.conf" <<EOF
+port=$DNS_PORT
+listen-address=127.0.0.1
+bind-interfaces
+no-resolv
+no-hosts
+user=root
+pid-file=
+local=/$DOMAIN/
+srv-host=_x-puppet._tcp.$DOMAIN,ca1.$DOMAIN,8140,10,1
+srv-host=_x-puppet._tcp.$DOMAIN,ca2.$DOMAIN,8140,10,1
+host-record=ca1.$DOMAIN,$IP_CA1
+host-record=ca2.$DOMAIN,$IP_CA2
+EOF
+/usr/sbin/dnsmasq --keep-in-foreground --conf-file="$W/dns/dnsmasq.conf" > "$W/dns/dnsmasq.log" 2>&1 &
+PIDS[dnsmasq]=$!
+for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$DNS_PORT") 2>/dev/null && break; sleep 0.1; done
+kill -0 "${PIDS[dnsmasq]}" 2>/dev/null || die "dnsmasq did not start: $(cat "$W/dns/dnsmasq.log")"
 
 # code: one environment, one node definition, one file served by puppetfiles
 TOKEN=$(openssl rand -hex 12)
@@ -456,14 +486,28 @@ node default {
     source => 'puppet://puppetfiles.$DOMAIN/modules/demo/hello.txt',
   }
 }
-# the compile servers' own agent runs export themselves (stored in PuppetDB)
+# the compile servers' own agent runs export themselves as file servers the way a
+# site on puppetlabs-haproxy does (stored in PuppetDB)
 node /^ca[12]\\.$DOMAIN\$/ {
-  @@crossbar::backend { "puppet/\${trusted['hostname']}":
-    address => "\${trusted['certname']}:8140",
+  \$ip = { 'ca1.$DOMAIN' => '$IP_CA1', 'ca2.$DOMAIN' => '$IP_CA2' }
+  @@haproxy::balancermember { "files-\${trusted['certname']}":
+    listening_service => 'puppetfiles00',
+    server_names      => \$trusted['certname'],
+    ipaddresses       => \$ip[\$trusted['certname']],
+    ports             => '8140',
+    options           => ['check'],
+    tag               => 'xb-e2e',
+  }
+}
+# the PuppetDB node exports itself, named after its certname
+node 'pdb1.$DOMAIN' {
+  @@crossbar::backend { "puppetdb/\${trusted['certname']}":
+    address => "\${trusted['certname']}:8081",
     tag     => 'xb-e2e',
   }
 }
-# the balancer: the module collects them and writes (and checks) crossbar's config
+# the balancer: the module finds the compilers in DNS, collects PuppetDB and the file
+# servers, and writes (and checks) crossbar's config
 node 'lb.$DOMAIN' {
   class { 'crossbar':
     manage_package => false,
@@ -471,30 +515,54 @@ node 'lb.$DOMAIN' {
     config_file    => '$W/lb/crossbar.yaml',
     config_group   => 'root',
     binary         => '$CROSSBAR',
+    ca_source      => '$W/agents/lb/ssl/certs/ca.pem', # this node's own agent CA
+    ca_file        => '$W/lb/puppet-ca.pem',
+    files          => { # PuppetDB asks for a client certificate: this node's own
+      '$W/lb/client.pem' => { 'source' => '$LB_CERT' },
+      '$W/lb/client.key' => { 'source' => '$LB_KEY' },
+    },
     admin          => { 'listen' => '127.0.0.1:$ADMIN_LB_PORT' },
     defaults       => {
       'timeouts' => { 'shutdown' => '5s' },
       'health'   => {
-        'check' => 'https', 'ca_file' => '$W/ca.pem', 'interval' => '1s', 'timeout' => '3s', 'rise' => 2, 'fall' => 2,
+        'check' => 'https', 'ca_file' => '$W/lb/puppet-ca.pem', 'interval' => '1s', 'timeout' => '3s', 'rise' => 2, 'fall' => 2,
       },
     },
     services       => {
-      'puppet' => {
-        'preset'  => 'puppet',
-        'listen'  => ['$VIP_LB:8140'],
-        'names'   => ['puppetlb.$DOMAIN'],
-        'balance' => 'roundrobin', # spreads the test's few agents over the pool
-        'stick'   => { 'on' => ['session_id', 'ticket', 'psk'] },
-        'health'  => { 'server_name' => 'puppetlb.$DOMAIN' },
+      'puppet'      => {
+        'preset'   => 'puppet',
+        'listen'   => ['$VIP_LB:8140'],
+        'names'    => ['puppetlb.$DOMAIN'],
+        'balance'  => 'roundrobin', # spreads the test's few agents over the pool
+        'stick'    => { 'on' => ['session_id', 'ticket', 'psk'], 'state_file' => '$W/lb/puppet.table' },
+        'health'   => { 'server_name' => 'puppetlb.$DOMAIN' },
+        'discover' => { 'srv' => '_x-puppet._tcp.$DOMAIN', 'resolvers' => ['127.0.0.1:$DNS_PORT'], 'min_ttl' => '1s', 'max_ttl' => '5s' },
+      },
+      'puppetdb'    => {
+        'preset' => 'puppetdb',
+        'listen' => ['$VIP_PDB:8081'],
+        'names'  => ['puppetdb.$DOMAIN'],
+        'health' => {
+          'server_name' => 'puppetdb.$DOMAIN', 'client_cert' => '$W/lb/client.pem', 'client_key' => '$W/lb/client.key',
+        },
+      },
+      'puppetfiles' => {
+        'preset' => 'puppetfiles',
+        'listen' => ['$VIP_LBFILES:8140'],
+        'names'  => ['puppetfiles.$DOMAIN'],
+        'health' => { 'server_name' => 'puppetfiles.$DOMAIN' },
       },
     },
     collect_tag    => 'xb-e2e',
   }
+  # the masters' exports for puppetlabs-haproxy, as they are
+  crossbar::balancermembers { 'puppetfiles00': service => 'puppetfiles', collect_tag => 'xb-e2e' }
 }
 EOF
-# the module under test, with stdlib and concat from Debian
+# the module under test, with stdlib, concat and haproxy (whose define the masters
+# export) from Debian
 cp -r "$ROOT/packaging/puppet/crossbar" /usr/share/puppet/modules/stdlib /usr/share/puppet/modules/concat \
-    "$W/code/environments/production/modules/"
+    /usr/share/puppet/modules/haproxy "$W/code/environments/production/modules/"
 mkdir -p "$W/lb"
 chmod -R a+rX "$W/code"
 
@@ -969,79 +1037,137 @@ else
     fail puppetdb-store "${pq_detail% }; nodes: ${pq_nodes% }; connections through crossbar: $pdbc (pdb1 log: $W/pdb1/log)"
 fi
 
-# - the compile servers' own agent runs export @@crossbar::backend (ca1 first)
-for n in ca1 ca2; do
-    agent_conf $n $(( ${n#ca} + 40 ))
+# - the nodes' own agent runs export themselves: pdb1 a crossbar::backend, ca1 (first)
+#   the haproxy::balancermember a site on puppetlabs-haproxy has
+for n in ca1 ca2 pdb1; do
+    case $n in ca*) i=$(( ${n#ca} + 40 )) ;; pdb1) i=46 ;; esac
+    agent_conf $n $i
     mkdir -p "$W/agents/$n/ssl/"{certs,private_keys}
-    cp "$W/$n/ssl/certs/$n.$DOMAIN.pem" "$W/$n/ssl/certs/ca.pem" "$W/agents/$n/ssl/certs/"
-    cp "$W/$n/ssl/private_keys/$n.$DOMAIN.pem" "$W/agents/$n/ssl/private_keys/"
-    cp "$W/$n/ssl/crl.pem" "$W/agents/$n/ssl/"
+    cp "$W/$n/ssl/certs/$n.$DOMAIN.pem" "$W/agents/$n/ssl/certs/" && cp "$W/ca.pem" "$W/agents/$n/ssl/certs/ca.pem" &&
+        cp "$W/$n/ssl/private_keys/$n.$DOMAIN.pem" "$W/agents/$n/ssl/private_keys/" && cp "$W/$n/ssl/crl.pem" "$W/agents/$n/ssl/" ||
+        die "$n: certificate, key or CRL not where expected"
 done
 agent_conf lb 45
 LBF=$W/lb/crossbar.yaml
+rc_pdb1=$(agent_run pdb1)
 rc_ca1=$(agent_run ca1)
 rc_lb1=$(agent_run lb)
-lb1=$(grep -o "name: '[a-z0-9]*', address: '[^']*'" "$LBF" 2>/dev/null | tr '\n' ' ')
-if { [ "$rc_ca1" = 0 ] || [ "$rc_ca1" = 2 ]; } && [ "$rc_lb1" = 2 ] &&
-   grep -q "name: 'ca1', address: 'ca1.$DOMAIN:8140'" "$LBF" && ! grep -q "name: 'ca2'" "$LBF" &&
+lb1=$(grep -o "name: '[a-z0-9.-]*', address: '[^']*'" "$LBF" 2>/dev/null | tr '\n' ' ')
+if { [ "$rc_pdb1" = 0 ] || [ "$rc_pdb1" = 2 ]; } && { [ "$rc_ca1" = 0 ] || [ "$rc_ca1" = 2 ]; } && [ "$rc_lb1" = 2 ] &&
+   grep -q "discover: {srv: '_x-puppet._tcp.$DOMAIN'" "$LBF" &&
+   grep -q "name: 'pdb1.$DOMAIN', address: 'pdb1.$DOMAIN:8081'" "$LBF" &&
+   grep -q "name: 'ca1.$DOMAIN', address: '$IP_CA1:8140'" "$LBF" && ! grep -q "name: 'ca2.$DOMAIN'" "$LBF" &&
+   cmp -s "$W/lb/puppet-ca.pem" "$W/agents/lb/ssl/certs/ca.pem" &&
    "$CROSSBAR" check -c "$LBF" > "$W/lb/check1.txt" 2>&1; then
-    pass module-collect "ca1's agent run exported puppet/ca1 (rc $rc_ca1); lb's agent run (rc $rc_lb1) collected it through PuppetDB: the module wrote and checked $LBF with ${lb1% }"
+    pass module-collect "pdb1's agent run exported puppetdb/pdb1.$DOMAIN (rc $rc_pdb1), ca1's its haproxy::balancermember (rc $rc_ca1); lb's agent run (rc $rc_lb1) collected both through PuppetDB, copied its agent CA (ca_source) and wrote and checked $LBF: puppet from SRV _x-puppet._tcp.$DOMAIN, ${lb1% }"
 else
-    fail module-collect "ca1 run rc=$rc_ca1, lb run rc=$rc_lb1; file: $(tr '\n' '|' < "$LBF" 2>/dev/null) (logs: $W/agents/{ca1,lb}/run-*.log)"
+    fail module-collect "pdb1 run rc=$rc_pdb1, ca1 run rc=$rc_ca1, lb run rc=$rc_lb1; file: $(tr '\n' '|' < "$LBF" 2>/dev/null) (logs: $W/agents/{pdb1,ca1,lb}/run-*.log)"
 fi
+# the module-made balancer takes over puppetdb.$DOMAIN:8081 from the hand-written one
+# (the masters' terminus reconnects to it), and puppetfiles.$DOMAIN points at it
+stop_pid crossbar_pdb
 "$CROSSBAR" run -c "$LBF" > "$W/crossbar-lb.log" 2>&1 &
 PIDS[crossbar_lb]=$!
 for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN_LB/healthz" >/dev/null && break; sleep 0.2; done
-MURL=$ADMIN_LB wait_state puppet ca1 up 20 || log "crossbar-lb: ca1 not up: $(MURL=$ADMIN_LB state puppet ca1)"
+for b in "puppet ca1.$DOMAIN-8140" "puppet ca2.$DOMAIN-8140" "puppetdb pdb1.$DOMAIN" "puppetfiles ca1.$DOMAIN"; do
+    # shellcheck disable=SC2086
+    MURL=$ADMIN_LB wait_state $b up 30 || log "crossbar-lb: $b not up: $(MURL=$ADMIN_LB state $b)"
+done
+hosts_write lb
 
-# - ca2 exports itself; the balancer's next run adds it; a validated reload; agents reach it
+# catalogs KEY: per agent, catalog requests in each master's access log
+catalogs() { local n; for n in "${names[@]}"; do
+    echo "$n $(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca1/log/access.log") $(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca2/log/access.log")"
+done; }
+reports() { local n t=0; for n in "${names[@]}"; do
+    t=$(( t + $(pdb_count /pdb/query/v4/reports --get --data-urlencode "query=[\"=\",\"certname\",\"$n.$DOMAIN\"]") ))
+done; echo $t; }
+# - agents through the module-made balancer: each run's catalog compiled by the
+#   compiler crossbar chose from DNS; its report stored through crossbar's puppetdb
+#   service; its file through the file servers from the haproxy exports
+before=$(catalogs); rep0=$(reports)
+pdbc0=$(MURL=$ADMIN_LB conns puppetdb "pdb1.$DOMAIN")
+lbok=0; rm -f "$W"/out/*.txt
+for n in "${names[@]}"; do
+    rc=$(agent_run "$n" --server "puppetlb.$DOMAIN"); { [ "$rc" = 0 ] || [ "$rc" = 2 ]; } && lbok=$((lbok + 1))
+done
+after=$(catalogs)
+# PuppetDB stores reports from a queue: wait (bounded) until this round's are in
+for _ in $(seq 1 60); do rep1=$(reports); [ "$rep1" -ge $((rep0 + NAGENTS)) ] && break; sleep 1; done
+okf=0; for n in "${names[@]}"; do grep -qx "hello from crossbar e2e $TOKEN" "$W/out/$n.$DOMAIN.txt" 2>/dev/null && okf=$((okf + 1)); done
+# which compiler answered each agent: the master whose access log got its new catalog
+answered=""; one_each=1; m1=0; m2=0
+while read -r n b1 b2 && read -r _ a1 a2 <&3; do
+    d1=$((a1 - b1)); d2=$((a2 - b2))
+    answered+="$n=ca1:$d1/ca2:$d2 "
+    [ $((d1 + d2)) -ge 1 ] && { [ $d1 = 0 ] || [ $d2 = 0 ]; } || one_each=0
+    m1=$((m1 + d1)); m2=$((m2 + d2))
+done < <(echo "$before") 3< <(echo "$after")
+l1=$(MURL=$ADMIN_LB conns puppet "ca1.$DOMAIN-8140"); l2=$(MURL=$ADMIN_LB conns puppet "ca2.$DOMAIN-8140")
+pdbc=$(( $(MURL=$ADMIN_LB conns puppetdb "pdb1.$DOMAIN") - pdbc0 ))
+lf1=$(MURL=$ADMIN_LB conns puppetfiles "ca1.$DOMAIN")
+if [ $lbok = $NAGENTS ] && [ $one_each = 1 ] && [ $m1 -gt 0 ] && [ $m2 -gt 0 ] && [ "$l1" -ge $m1 ] && [ "$l2" -ge $m2 ] &&
+   [ "$pdbc" -gt 0 ] && [ "$rep1" -ge $((rep0 + NAGENTS)) ] && [ $okf = $NAGENTS ] && [ "$lf1" -gt 0 ]; then
+    pass module-agents "$lbok/$NAGENTS agent runs through puppetlb.$DOMAIN; the compiler that answered each (its catalog in that master's access log): ${answered% }; crossbar-lb's puppet connections to the discovered ca1.$DOMAIN-8140=$l1 ca2.$DOMAIN-8140=$l2; reports stored $rep0 -> $rep1 through its puppetdb service ($pdbc connections to pdb1.$DOMAIN); $okf/$NAGENTS files through its puppetfiles service (ca1.$DOMAIN: $lf1 connections)"
+else
+    fail module-agents "runs ok $lbok/$NAGENTS; catalogs ${answered% } (one compiler each: $one_each); lb puppet ca1=$l1 ca2=$l2; reports $rep0 -> $rep1, puppetdb connections $pdbc; files $okf/$NAGENTS, puppetfiles ca1=$lf1 (log: $W/crossbar-lb.log)"
+fi
+
+# - ca2 exports its member; the balancer's next run adds it; a validated reload;
+#   agents' files reach it
 rc_ca2=$(agent_run ca2)
 rc_lb2=$(agent_run lb)
 rl=$("$CROSSBAR" reload -c "$LBF" 2>&1); rrc=$?
-MURL=$ADMIN_LB wait_state puppet ca2 up 20; st2=$(MURL=$ADMIN_LB state puppet ca2)
+MURL=$ADMIN_LB wait_state puppetfiles "ca2.$DOMAIN" up 20; st2=$(MURL=$ADMIN_LB state puppetfiles "ca2.$DOMAIN")
 lbok=0
 for n in "${names[@]}"; do
     rc=$(agent_run "$n" --server "puppetlb.$DOMAIN"); { [ "$rc" = 0 ] || [ "$rc" = 2 ]; } && lbok=$((lbok + 1))
 done
-l1=$(MURL=$ADMIN_LB conns puppet ca1); l2=$(MURL=$ADMIN_LB conns puppet ca2)
+l1=$(MURL=$ADMIN_LB conns puppetfiles "ca1.$DOMAIN"); l2=$(MURL=$ADMIN_LB conns puppetfiles "ca2.$DOMAIN")
 if [ "$rc_lb2" = 2 ] && [ $rrc = 0 ] && [ "$st2" = up ] && [ $lbok = $NAGENTS ] && [ "$l2" -gt 0 ] && [ "$l1" -gt 0 ]; then
-    pass module-join "ca2's agent run exported puppet/ca2 (rc $rc_ca2); lb's next run wrote it (rc $rc_lb2), crossbar reload -c: ok, ca2 $st2; $lbok/$NAGENTS agent runs through puppetlb.$DOMAIN: ca1=$l1 ca2=$l2 connections"
+    pass module-join "ca2's agent run exported its member (rc $rc_ca2); lb's next run wrote it (rc $rc_lb2), crossbar reload -c: ok, puppetfiles/ca2.$DOMAIN $st2; $lbok/$NAGENTS agent runs through the balancer: file server connections ca1=$l1 ca2=$l2"
 else
     fail module-join "ca2 run rc=$rc_ca2, lb run rc=$rc_lb2, reload rc=$rrc ($rl), ca2 state=$st2, agent runs ok=$lbok/$NAGENTS, connections ca1=$l1 ca2=$l2"
 fi
 
-# - ca2 deactivated (puppet node deactivate): the next run drops it; connections open
-#   through the balancer at the reload keep working
-held() { # N: one TLS connection through the lb VIP, a status request every 2 s until the
-    # marker file exists (at most 150), then 3 more; the answers go to held-N.out
+# - ca2 deactivated (puppet node deactivate): the next run drops its member;
+#   connections open through the balancer at the reload keep working
+held() { # N: one TLS connection through the lb's file VIP, a status request every 2 s
+    # until the marker file exists (at most 150), then 3 more; the answers go to held-N.out
     local i=0
     { while [ ! -e "$W/lb/reloaded" ] && [ $i -lt 150 ]; do
-          printf 'GET /status/v1/simple HTTP/1.1\r\nHost: puppetlb.%s\r\n\r\n' "$DOMAIN"; sleep 2; i=$((i + 1)); done
-      for _ in 1 2 3; do printf 'GET /status/v1/simple HTTP/1.1\r\nHost: puppetlb.%s\r\n\r\n' "$DOMAIN"; sleep 2; done
-    } | timeout 400 openssl s_client -quiet -no_ign_eof -connect "$VIP_LB:8140" -servername "puppetlb.$DOMAIN" \
+          printf 'GET /status/v1/simple HTTP/1.1\r\nHost: puppetfiles.%s\r\n\r\n' "$DOMAIN"; sleep 2; i=$((i + 1)); done
+      for _ in 1 2 3; do printf 'GET /status/v1/simple HTTP/1.1\r\nHost: puppetfiles.%s\r\n\r\n' "$DOMAIN"; sleep 2; done
+    } | timeout 400 openssl s_client -quiet -no_ign_eof -connect "$VIP_LBFILES:8140" -servername "puppetfiles.$DOMAIN" \
         -CAfile "$W/ca.pem" > "$W/lb/held-$1.out" 2> "$W/lb/held-$1.err"
 }
 rm -f "$W/lb/reloaded"
 held 1 & hp1=$!
 held 2 & hp2=$!
-for _ in $(seq 1 40); do [ "$(MURL=$ADMIN_LB metric crossbar_active_connections 'service="puppet"')" -ge 2 ] && break; sleep 0.5; done
-act2=$(MURL=$ADMIN_LB metric crossbar_active_connections 'service="puppet"' 'backend="ca2"')
+for _ in $(seq 1 40); do [ "$(MURL=$ADMIN_LB metric crossbar_active_connections 'service="puppetfiles"')" -ge 2 ] && break; sleep 0.5; done
+act2=$(MURL=$ADMIN_LB metric crossbar_active_connections 'service="puppetfiles"' "backend=\"ca2.$DOMAIN\"")
 dz=$(timeout 120 puppet node deactivate "ca2.$DOMAIN" --confdir "$W/ca1/etc" --color false 2>&1); drc=$?
 rc_lb3=$(agent_run lb)
 rl3=$("$CROSSBAR" reload -c "$LBF" 2>&1); rrc3=$?
 touch "$W/lb/reloaded"
 wait $hp1 $hp2
-gone=0; grep -q "name: 'ca2'" "$LBF" || gone=1
-inpool=$(curl -s --max-time 5 "$ADMIN_LB/api/services" | grep -c '"ca2"')
+gone=0; grep -q "name: 'ca2.$DOMAIN'" "$LBF" || gone=1
+inpool=$(curl -s --max-time 5 "$ADMIN_LB/api/services" | ruby -rjson -e '
+    s = JSON.parse($stdin.read)["services"].find { |x| x["name"] == "puppetfiles" }
+    puts s["backends"].count { |b| b["name"] == ARGV[0] }' "ca2.$DOMAIN" 2>&1)
 a1=$(grep -o 'running' "$W/lb/held-1.out" | wc -l); a2=$(grep -o 'running' "$W/lb/held-2.out" | wc -l)
 n1=$(grep -o 'HTTP/1.1 [0-9]*' "$W/lb/held-1.out" | wc -l); n2=$(grep -o 'HTTP/1.1 [0-9]*' "$W/lb/held-2.out" | wc -l)
 if [ $drc = 0 ] && [ "$rc_lb3" = 2 ] && [ $gone = 1 ] && [ $rrc3 = 0 ] && [ "$inpool" = 0 ] &&
    [ "$act2" -ge 1 ] && [ "$a1" -gt 3 ] && [ "$a1" = "$n1" ] && [ "$a2" -gt 3 ] && [ "$a2" = "$n2" ]; then
-    pass module-leave "puppet node deactivate ca2; lb's next run dropped it (rc $rc_lb3), reload ok, ca2 out of the pool; the 2 connections open through the balancer ($act2 of them on ca2) answered every request across the reload: $a1/$n1 and $a2/$n2"
+    pass module-leave "puppet node deactivate ca2; lb's next run dropped its member (rc $rc_lb3), reload ok, ca2.$DOMAIN out of the puppetfiles pool; the 2 connections open through the balancer ($act2 of them on ca2) answered every request across the reload: $a1/$n1 and $a2/$n2"
 else
-    fail module-leave "deactivate rc=$drc ($dz); lb run rc=$rc_lb3, ca2 gone from file=$gone, reload rc=$rrc3 ($rl3), ca2 metric lines=$inpool; held connections (ca2 had $act2): $a1/$n1, $a2/$n2 answered ($(head -c 300 "$W/lb/held-1.err"))"
+    fail module-leave "deactivate rc=$drc ($dz); lb run rc=$rc_lb3, ca2 gone from file=$gone, reload rc=$rrc3 ($rl3), ca2 in the pool=$inpool; held connections (ca2 had $act2): $a1/$n1, $a2/$n2 answered ($(head -c 300 "$W/lb/held-1.err"))"
 fi
+# back to the hand-written balancers for the rest
 stop_pid crossbar_lb
+hosts_write vip
+"$CROSSBAR" run -c "$W/crossbar-pdb.yaml" > "$W/crossbar-pdb-2.log" 2>&1 &
+PIDS[crossbar_pdb]=$!
 [ "${STOP_AFTER:-}" = exported ] && exit
 
 # 7. CA failover and manual fail-back

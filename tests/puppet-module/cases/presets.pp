@@ -31,7 +31,6 @@ crossbar::service { 'puppet':
   preset => 'puppet',
   listen => ['10.0.0.10:8140'],
   names  => ['puppet.example.com'],
-  stick  => { 'state_file' => '/var/lib/crossbar/puppet.table' },
   health => { 'server_name' => 'puppet.example.com' },
 }
 crossbar::service { 'puppetfiles':

@@ -7,23 +7,22 @@
 # the same data always renders the same bytes (no change on the next run).
 #
 # @param value
-#   The value: a string, integer, boolean, array or hash of these.
+#   The value: a string, number, boolean, array or hash of these. A mapping key
+#   other than a plain word (letters, digits, `_`) is quoted like a string.
 # @return [String] The YAML text, on one line.
 function crossbar::flow(
-  Variant[String, Integer, Boolean, Array, Hash] $value,
+  Variant[String, Numeric, Boolean, Array, Hash] $value,
 ) >> String {
-  $order = crossbar::key_order()
   case $value {
     Hash: {
-      $keys = $value.keys.sort |$a, $b| {
-        $ia = $order.index |$k| { $k == $a }
-        $ib = $order.index |$k| { $k == $b }
-        if $ia =~ Undef and $ib =~ Undef { compare($a, $b) }
-        elsif $ia =~ Undef { 1 }
-        elsif $ib =~ Undef { -1 }
-        else { compare($ia, $ib) }
+      $keys = crossbar::sorted_keys($value)
+      $pairs = $keys.map |$k| {
+        $key = $k ? {
+          /\A[A-Za-z_][A-Za-z0-9_]*\z/ => $k,
+          default                       => crossbar::flow($k),
+        }
+        "${key}: ${crossbar::flow($value[$k])}"
       }
-      $pairs = $keys.map |$k| { "${k}: ${crossbar::flow($value[$k])}" }
       "{${pairs.join(', ')}}"
     }
     Array: {

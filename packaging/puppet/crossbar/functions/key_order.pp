@@ -3,6 +3,8 @@
 # @return [Array[String]] Key names, first first.
 function crossbar::key_order() >> Array[String] {
   [
+    # top level
+    'workers', 'confirm_budget', 'admin', 'defaults',
     # backends and listeners
     'name', 'address',
     # admin (and keepalive's `enabled`), health's `check`
@@ -10,9 +12,15 @@ function crossbar::key_order() >> Array[String] {
     # services, defaults
     'mode', 'on_non_tls', 'server_names', 'names', 'default', 'balance', 'failback',
     'stick', 'timeouts', 'keepalive', 'health', 'max_hello_size', 'retries', 'queue_size',
-    'slow_start', 'relay', 'backlog', 'freebind', 'max_connections',
-    # backends
-    'weight', 'backup', 'proxy_protocol', 'disabled',
+    'slow_start', 'relay', 'discover', 'backlog', 'freebind', 'max_connections',
+    # backends, listeners
+    'weight', 'backup', 'proxy_protocol', 'disabled', 'per_source',
+    # listen[].proxy_protocol
+    'accept_from', 'required',
+    # listen[].per_source
+    'rate', 'burst', 'allow', 'table_size',
+    # discover
+    'srv', 'host', 'port', 'resolvers', 'min_ttl', 'max_ttl', 'max_backends',
     # timeouts
     'client_hello', 'connect', 'server_hello', 'idle', 'queue', 'shutdown',
     # keepalive, health

@@ -3,11 +3,13 @@
 # The pattern of puppetlabs-haproxy's `haproxy::balancermember`: each compile
 # server (or PuppetDB node) exports itself, the balancer collects, and a new
 # server joins the pool at the balancer's next run after its own. A title of
-# the form `SERVICE/NAME` (as `crossbar backend drain puppet/compile1` names a
-# backend) sets `service` and `backend_name`.
+# the form `SERVICE/NAME` (as `crossbar backend drain puppet/compile01.example.com`
+# names a backend) sets `service` and `backend_name`. Name each backend after its
+# node's certname: unique across the site, so two sites' `compile01` under one tag
+# never collide.
 #
 # @example On each compile server
-#   @@crossbar::backend { "puppet/${facts['networking']['hostname']}":
+#   @@crossbar::backend { "puppet/${trusted['certname']}":
 #     address => "${trusted['certname']}:8140",
 #     tag     => 'crossbar-site1',
 #   }
@@ -24,7 +26,8 @@
 #   before `/`. Set it explicitly to collect by it (`<<| service == 'puppet' |>>`):
 #   a collector sees only the parameters the exporting node set.
 # @param backend_name
-#   Unique in the service; in metrics, logs and the API. Default: the part of the title after `/`.
+#   Unique in the service; in metrics, logs and the API: letters, digits, `_`, `-`
+#   and `.` (a certname fits). Default: the part of the title after `/`.
 # @param order
 #   Position among the service's backends (0..999, then by name): the order
 #   `balance: first` tries them in.
@@ -40,10 +43,13 @@
 #   This backend's health check, over the service's.
 # @param disabled
 #   Start in maintenance.
+# @param extra
+#   Keys for the backend that the module's types don't know yet (added only; checked
+#   by `crossbar check`).
 define crossbar::backend (
   Crossbar::BackendAddress $address,
   Crossbar::Name $service = $title.split('/')[0],
-  Crossbar::Name $backend_name = $title.split('/')[-1],
+  Crossbar::BackendName $backend_name = $title.split('/')[-1],
   Integer[0, 999] $order = 500,
   Optional[Integer[1, 256]] $weight = undef,
   Optional[Boolean] $backup = undef,
@@ -51,6 +57,7 @@ define crossbar::backend (
   Optional[Enum['v1', 'v2']] $proxy_protocol = undef,
   Optional[Crossbar::Health] $health = undef,
   Optional[Boolean] $disabled = undef,
+  Crossbar::Extra $extra = {},
 ) {
   unless defined(Class['crossbar']) {
     fail("Crossbar::Backend[${title}]: declare class crossbar first (include crossbar)")
@@ -72,16 +79,28 @@ define crossbar::backend (
     'health'          => $health,
     'disabled'        => $disabled,
   }.filter |$k, $v| { $v =~ NotUndef }
+  $written = crossbar::merge_extra($entry, $extra, "Crossbar::Backend[${title}]: extra")
 
   if $crossbar::manage_config {
     $piece = "crossbar backend ${service}/${backend_name}"
     if defined(Concat::Fragment[$piece]) {
-      fail("Crossbar::Backend[${title}]: service '${service}' has another backend named '${backend_name}'; set backend_name")
+      fail(@("MSG"/$L))
+        Crossbar::Backend[${title}]: service '${service}' already has a backend named '${backend_name}' \
+        (from another crossbar::backend); each needs its own name: name each after its node's certname \
+        (title "${service}/\${trusted['certname']}")
+        | MSG
+    }
+    unless defined(Concat::Fragment["crossbar service ${service} backends"]) {
+      concat::fragment { "crossbar service ${service} backends":
+        target  => $crossbar::config_file,
+        order   => crossbar::order($service, 'backends'),
+        content => "    backends:\n",
+      }
     }
     concat::fragment { $piece:
       target  => $crossbar::config_file,
-      order   => crossbar::order($service, $order, $backend_name),
-      content => epp('crossbar/backend.yaml.epp', { 'backend' => $entry }),
+      order   => crossbar::order($service, 'declared', $order, $backend_name),
+      content => epp('crossbar/backend.yaml.epp', { 'backend' => $written }),
     }
   }
 }

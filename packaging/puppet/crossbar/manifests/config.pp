@@ -31,14 +31,24 @@ class crossbar::config {
       validate_cmd   => "${crossbar::binary} check${only} -c %",
     }
 
+    if 'services' in $crossbar::extra {
+      fail(@(MSG/L))
+        Class[Crossbar]: extra.services: services come from crossbar::service (or the `services` \
+        parameter); give a service its own `extra`
+        | MSG
+    }
+    $top = {
+      'workers'        => $crossbar::workers,
+      'confirm_budget' => $crossbar::confirm_budget,
+      'admin'          => $crossbar::admin_rendered,
+      'defaults'       => $crossbar::defaults,
+    }.filter |$k, $v| { $v =~ NotUndef and !($v =~ Hash and $v.empty) }
+
     concat::fragment { 'crossbar header':
       target  => $crossbar::config_file,
       order   => '00',
       content => epp('crossbar/header.yaml.epp', {
-          'workers'        => $crossbar::workers,
-          'confirm_budget' => $crossbar::confirm_budget,
-          'admin'          => $crossbar::admin_rendered,
-          'defaults'       => $crossbar::defaults,
+          'top' => crossbar::merge_extra($top, $crossbar::extra, 'Class[Crossbar]: extra'),
       }),
     }
   }

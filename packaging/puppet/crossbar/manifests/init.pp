@@ -23,8 +23,8 @@
 #         listen   => ['10.0.0.10:8140'],
 #         names    => ['puppet.example.com'],
 #         backends => [
-#           { 'name' => 'compile1', 'address' => 'compile1.example.com:8140' },
-#           { 'name' => 'compile2', 'address' => 'compile2.example.com:8140' },
+#           { 'name' => 'compile1.example.com', 'address' => 'compile1.example.com:8140' },
+#           { 'name' => 'compile2.example.com', 'address' => 'compile2.example.com:8140' },
 #         ],
 #       },
 #     },
@@ -32,7 +32,7 @@
 #
 # @example Pools built from exported resources
 #   # on each compile server
-#   @@crossbar::backend { "puppet/${facts['networking']['hostname']}":
+#   @@crossbar::backend { "puppet/${trusted['certname']}":
 #     address => "${trusted['certname']}:8140",
 #     tag     => 'crossbar-site1',
 #   }
@@ -40,6 +40,19 @@
 #   class { 'crossbar':
 #     services    => { 'puppet' => { 'preset' => 'puppet', 'listen' => ['10.0.0.10:8140'] } },
 #     collect_tag => 'crossbar-site1',
+#   }
+#
+# @example Compilers from SRV records, the balancer's own Puppet CA to verify them
+#   class { 'crossbar':
+#     ca_source => '/var/lib/puppet/ssl/certs/ca.pem',
+#     defaults  => { 'health' => { 'check' => 'https', 'ca_file' => '/etc/crossbar/puppet-ca.pem' } },
+#     services  => {
+#       'puppet' => {
+#         'preset'   => 'puppet',
+#         'listen'   => ['10.0.0.10:8140'],
+#         'discover' => { 'srv' => '_x-puppet._tcp.example.com' },
+#       },
+#     },
 #   }
 #
 # @param manage_package
@@ -70,8 +83,29 @@
 # @param check_files
 #   Also check the files the configuration names (token file, certificates,
 #   state-file directory), as `crossbar check` does without `--config-only`.
-#   Declare those files before the class (or `before => Class['crossbar']`).
-#   The check runs as root; `systemctl reload` checks again as the `crossbar` user.
+#   Put those files in place with `ca_source`/`ca_content`, `files` or
+#   `crossbar::file`, which write them after the package made /etc/crossbar and
+#   before the check. The check runs as root; `systemctl reload` checks again as
+#   the `crossbar` user, so the files must be readable by it.
+# @param ca_file
+#   Where `ca_source` or `ca_content` puts the Puppet CA certificate (root:`config_group`,
+#   0644); name it as `health.ca_file`.
+# @param ca_source
+#   The Puppet CA certificate to copy to `ca_file` (a path on the balancer or a
+#   `puppet:///` URL). On a Puppet-managed balancer its own agent's CA is the natural
+#   one: `/var/lib/puppet/ssl/certs/ca.pem` with Debian's packages (whose
+#   /var/lib/puppet is 0750 puppet, so the `crossbar` user can't read it in place),
+#   `/etc/puppetlabs/puppet/ssl/certs/ca.pem` with Puppet's own packages.
+# @param ca_content
+#   The Puppet CA certificate's PEM text, instead of `ca_source`.
+# @param files
+#   `crossbar::file` resources to declare (path => parameters): client
+#   certificates and keys the configuration names.
+# @param extra
+#   Top-level keys for crossbar.yaml that the module's types don't know yet (and keys
+#   to add to `admin` or `defaults`). It only adds: a key a parameter sets is refused
+#   when the catalog is compiled. `crossbar check` checks what it writes like the
+#   rest.
 # @param workers
 #   Worker threads; default one per core.
 # @param confirm_budget
@@ -122,6 +156,11 @@ class crossbar (
   Hash[Crossbar::Name, Hash] $services = {},
   Hash[String[1], Hash] $backends = {},
   Optional[String[1]] $collect_tag = undef,
+  Stdlib::Absolutepath $ca_file = '/etc/crossbar/puppet-ca.pem',
+  Optional[String[1]] $ca_source = undef,
+  Optional[String[1]] $ca_content = undef,
+  Hash[Stdlib::Absolutepath, Hash] $files = {},
+  Crossbar::Extra $extra = {},
   Boolean $manage_service = true,
   String[1] $service_name = 'crossbar',
   Enum['running', 'stopped'] $service_ensure = 'running',
@@ -146,6 +185,18 @@ class crossbar (
 
   Class['crossbar::install'] -> Class['crossbar::config'] ~> Class['crossbar::daemon']
 
+  if $ca_source =~ NotUndef or $ca_content =~ NotUndef {
+    crossbar::file { $ca_file:
+      source  => $ca_source,
+      content => $ca_content,
+      mode    => '0644', # a CA certificate is public
+    }
+  }
+  $files.each |$path, $params| {
+    crossbar::file { $path:
+      * => $params,
+    }
+  }
   $services.each |$name, $params| {
     crossbar::service { $name:
       * => $params,

@@ -6,8 +6,8 @@
 # settings of conf/puppet.yaml's service of that name; what is given here wins,
 # maps (`stick`, `health`, `timeouts`, `keepalive`) key by key.
 #
-# A service must end up with at least one backend: `crossbar check` refuses an
-# empty pool, so the file is then not written and the run reports why.
+# A service must end up with at least one backend, or `discover`: `crossbar check`
+# refuses an empty pool, so the file is then not written and the run reports why.
 #
 # @example The compilers' service, its pool exported by the compilers
 #   crossbar::service { 'puppet':
@@ -17,8 +17,21 @@
 #     health => { 'ca_file' => '/etc/crossbar/puppet-ca.pem', 'server_name' => 'puppet.example.com' },
 #   }
 #
+# @example Compilers from SRV records, behind a cloud load balancer that sends PROXY headers
+#   crossbar::service { 'puppet':
+#     preset   => 'puppet',
+#     listen   => [{
+#       'address'        => '10.0.0.10:8140',
+#       'proxy_protocol' => { 'accept_from' => ['10.0.2.0/24'] },
+#       'per_source'     => { 'max_connections' => 20, 'rate' => 10 },
+#     }],
+#     discover => { 'srv' => '_x-puppet._tcp.example.com' },
+#   }
+#
 # @param listen
-#   Addresses to accept on: `ip:port` or `{ address, backlog, freebind, max_connections }`.
+#   Addresses to accept on: `ip:port` or `{ address, backlog, freebind,
+#   max_connections, proxy_protocol, per_source }` (PROXY headers from a tier in
+#   front, limits per client source: docs/configuration.md).
 # @param preset
 #   The name of an entry of `crossbar::presets`: `puppetca`, `puppet`, `puppetfiles`,
 #   `puppetdb` (docs/puppet.md, "Per-service presets").
@@ -55,6 +68,13 @@
 #   A recovered backend's weight ramps up over this period.
 # @param relay
 #   `splice-auto` or `auto`.
+# @param discover
+#   Backends from DNS: `{ srv => NAME }` or `{ host => NAME, port => N }`, plus
+#   `resolvers`, `min_ttl`, `max_ttl`, `max_backends`, `timeout`.
+# @param extra
+#   Keys for the service that the module's types don't know yet: added to what the
+#   parameters and the preset give (mappings key by key; a key they already set is
+#   refused), and checked by `crossbar check` with the rest.
 # @param backends
 #   Backends written with the service, before the `crossbar::backend` ones.
 define crossbar::service (
@@ -76,6 +96,8 @@ define crossbar::service (
   Optional[Integer[0, 1000000]] $queue_size = undef,
   Optional[Crossbar::Duration] $slow_start = undef,
   Optional[Enum['splice-auto', 'auto']] $relay = undef,
+  Optional[Crossbar::Discover] $discover = undef,
+  Crossbar::Extra $extra = {},
   Array[Crossbar::BackendOptions] $backends = [],
 ) {
   # The title is the service's name in crossbar.yaml, metrics and the API.
@@ -106,12 +128,27 @@ define crossbar::service (
     'queue_size'     => $queue_size,
     'slow_start'     => $slow_start,
     'relay'          => $relay,
+    'discover'       => $discover,
+    'extra'          => $extra,
   }
   $from_preset = $preset ? {
     undef   => {},
     default => $crossbar::presets[$preset],
   }
-  $settings = crossbar::merge_preset($from_preset, $own)
+  $merged = crossbar::merge_preset($from_preset, $own)
+  $settings = crossbar::merge_extra($merged - 'extra', $merged['extra'].lest || { {} }, "Crossbar::Service[${title}]: extra")
+  if $settings['discover'] =~ Hash {
+    $d = $settings['discover']
+    if ('srv' in $d) == ('host' in $d) {
+      fail("Crossbar::Service[${title}]: discover: give either srv (an SRV name) or host with port")
+    }
+    if 'srv' in $d and 'port' in $d {
+      fail("Crossbar::Service[${title}]: discover: an SRV record carries its own port: remove port")
+    }
+    if 'host' in $d and !('port' in $d) {
+      fail("Crossbar::Service[${title}]: discover: host needs port, the port every address is dialled on")
+    }
+  }
 
   if $crossbar::manage_config {
     concat::fragment { "crossbar service ${service_name}":
@@ -120,8 +157,25 @@ define crossbar::service (
       content => epp('crossbar/service.yaml.epp', {
           'name'     => $service_name,
           'settings' => $settings,
-          'backends' => $backends,
       }),
+    }
+    # The `backends:` key, once, by whichever comes first: this service with inline
+    # backends or a crossbar::backend of it. A service with neither (its pool from
+    # `discover` alone) has no such key.
+    if !$backends.empty and !defined(Concat::Fragment["crossbar service ${service_name} backends"]) {
+      concat::fragment { "crossbar service ${service_name} backends":
+        target  => $crossbar::config_file,
+        order   => crossbar::order($service_name, 'backends'),
+        content => "    backends:\n",
+      }
+    }
+    $backends.each |$i, $b| {
+      $entry = crossbar::merge_extra($b - 'extra', $b['extra'].lest || { {} }, "Crossbar::Service[${title}]: backends[${i}].extra")
+      concat::fragment { "crossbar service ${service_name} backend ${i}":
+        target  => $crossbar::config_file,
+        order   => crossbar::order($service_name, 'inline', $i),
+        content => epp('crossbar/backend.yaml.epp', { 'backend' => $entry }),
+      }
     }
   }
 }

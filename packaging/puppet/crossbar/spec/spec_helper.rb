@@ -1,5 +1,14 @@
 # rspec-puppet setup: this module from its own directory, stdlib and concat
 # from Debian's packages (/usr/share/puppet/modules), strict variables.
+#
+# Facter is loaded before rspec-puppet so that its gems (hocon, thor) are active,
+# their directories in $LOAD_PATH, before the first example. Puppet's test helper
+# puts $LOAD_PATH back after every example as it was before it; a gem that facter
+# activates during an example (it reads /etc/facter/facter.conf, present on a Puppet
+# server and left by tests/puppet/run.sh, with Hocon.load, which requires its parts
+# lazily) would lose its directory after that example, and every later compile
+# would fail with "cannot load such file -- hocon/config_factory".
+require 'facter'
 require 'rspec-puppet'
 
 MODULES = [

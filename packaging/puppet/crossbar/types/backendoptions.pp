@@ -1,6 +1,6 @@
 # @summary One backend as a service's inline `backends` entry (the same keys as `crossbar::backend`).
 type Crossbar::BackendOptions = Struct[{
-  name                      => Crossbar::Name,
+  name                      => Crossbar::BackendName,
   address                   => Crossbar::BackendAddress,
   Optional[weight]          => Integer[1, 256],
   Optional[backup]          => Boolean,
@@ -8,4 +8,5 @@ type Crossbar::BackendOptions = Struct[{
   Optional[proxy_protocol]  => Enum['v1', 'v2'],
   Optional[health]          => Crossbar::Health,
   Optional[disabled]        => Boolean,
+  Optional[extra]           => Crossbar::Extra,
 }]

@@ -1,4 +1,4 @@
-# @summary The settings of a service a preset may give (every key of `crossbar::service` but `listen` and `backends`).
+# @summary The settings of a service a preset may give (every parameter of `crossbar::service` but `listen`, `preset` and `backends`).
 type Crossbar::ServiceOptions = Struct[{
   Optional[mode]           => Enum['tls', 'tcp'],
   Optional[on_non_tls]     => Enum['reject', 'forward'],
@@ -15,4 +15,6 @@ type Crossbar::ServiceOptions = Struct[{
   Optional[queue_size]     => Integer[0, 1000000],
   Optional[slow_start]     => Crossbar::Duration,
   Optional[relay]          => Enum['splice-auto', 'auto'],
+  Optional[discover]       => Crossbar::Discover,
+  Optional[extra]          => Crossbar::Extra,
 }]

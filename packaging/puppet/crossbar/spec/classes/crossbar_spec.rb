@@ -54,7 +54,7 @@ describe 'crossbar' do
             listen: ['10.0.0.10:8140']
             names: ['puppet.example.com']
             balance: 'leastconn'
-            stick: {on: ['session_id', 'ticket', 'psk', 'source'], expire: '30m'}
+            stick: {on: ['session_id', 'ticket', 'psk', 'source'], expire: '30m', state_file: '/var/lib/crossbar/puppet.table'}
             health: {check: 'https', path: '/status/v1/simple/server'}
             backends:
               - {name: 'compile1', address: 'compile1.example.com:8140', max_connections: 250}
@@ -90,6 +90,56 @@ describe 'crossbar' do
           retries: 1
         services:
       YAML
+    end
+  end
+
+  context 'with extra top-level keys' do
+    let(:params) do
+      {
+        'services' => compilers,
+        'workers' => 2,
+        'defaults' => { 'retries' => 1 },
+        'extra' => { 'listeners' => { '10.0.0.10:8140' => { 'backlog' => 512 } }, 'defaults' => { 'new_default' => '5s' } },
+      }
+    end
+
+    it 'adds them: new keys after the known ones, mappings key by key' do
+      expect(fragment('crossbar header')).to end_with(<<~YAML)
+        workers: 2
+        defaults:
+          retries: 1
+          new_default: '5s'
+        listeners: {'10.0.0.10:8140': {backlog: 512}}
+        services:
+      YAML
+    end
+  end
+
+  context 'with the Puppet CA copied from the balancer\'s own agent (ca_source)' do
+    let(:params) { { 'services' => compilers, 'ca_source' => '/var/lib/puppet/ssl/certs/ca.pem' } }
+
+    it 'writes ca_file after the package made /etc/crossbar and before the check, readable by crossbar' do
+      is_expected.to contain_file('/etc/crossbar/puppet-ca.pem').with(
+        'source' => '/var/lib/puppet/ssl/certs/ca.pem', 'owner' => 'root', 'group' => 'crossbar', 'mode' => '0644',
+      ).that_requires('Class[crossbar::install]').that_comes_before('Class[crossbar::config]').that_notifies('Class[crossbar::daemon]')
+    end
+  end
+
+  context 'with the Puppet CA as text (ca_content) elsewhere' do
+    let(:params) { { 'services' => compilers, 'ca_content' => "-----BEGIN CERTIFICATE-----\n", 'ca_file' => '/etc/crossbar/ca.pem' } }
+
+    it { is_expected.to contain_file('/etc/crossbar/ca.pem').with_content("-----BEGIN CERTIFICATE-----\n") }
+  end
+
+  context 'with a client key as Hiera data (files)' do
+    let(:params) do
+      { 'services' => compilers, 'files' => { '/etc/crossbar/client.key' => { 'content' => sensitive('KEY') } } }
+    end
+
+    it 'is not readable by others and ordered like the CA' do
+      is_expected.to contain_file('/etc/crossbar/client.key').with(
+        'mode' => '0640', 'group' => 'crossbar', 'show_diff' => false, 'content' => sensitive('KEY'),
+      ).that_requires('Class[crossbar::install]').that_comes_before('Concat[/etc/crossbar/crossbar.yaml]')
     end
   end
 
@@ -138,12 +188,12 @@ describe 'crossbar' do
     let(:params) do
       {
         'services' => compilers,
-        'backends' => { 'puppet/compile2' => { 'address' => '10.0.1.2:8140', 'weight' => 3 } },
+        'backends' => { 'puppet/compile2.example.com' => { 'address' => '10.0.1.2:8140', 'weight' => 3 } },
       }
     end
 
-    it { is_expected.to contain_crossbar__backend('puppet/compile2') }
-    it { expect(rendered).to include("      - {name: 'compile2', address: '10.0.1.2:8140', weight: 3}\n") }
+    it { is_expected.to contain_crossbar__backend('puppet/compile2.example.com') }
+    it { expect(rendered).to include("      - {name: 'compile2.example.com', address: '10.0.1.2:8140', weight: 3}\n") }
   end
 
   context 'collecting exported backends by tag' do
@@ -162,6 +212,10 @@ describe 'crossbar' do
       'the retired kernel relay' => [{ 'defaults' => { 'relay' => 'kernel' } }, %r{entry 'relay' expects a match for Enum\['auto', 'splice-auto'\], got 'kernel'}],
       'a host name as admin listen address' => [{ 'admin' => { 'listen' => 'localhost:9140' } }, %r{entry 'listen' expects a match for Crossbar::ListenAddress}],
       'workers 0' => [{ 'workers' => 0 }, %r{parameter 'workers' expects a value of type Undef or Integer\[1, 1024\], got Integer\[0, 0\]}],
+      'both ca_source and ca_content' => [{ 'ca_source' => '/a', 'ca_content' => 'b' }, %r{Crossbar::File\[/etc/crossbar/puppet-ca.pem\]: give either source or content}],
+      'a file with neither source nor content' => [{ 'files' => { '/etc/crossbar/x.pem' => {} } }, %r{Crossbar::File\[/etc/crossbar/x.pem\]: give either source or content}],
+      'an extra key a parameter sets' => [{ 'workers' => 2, 'extra' => { 'workers' => 3 } }, %r{Class\[Crossbar\]: extra.workers: also set by a parameter}],
+      'extra services' => [{ 'extra' => { 'services' => {} } }, %r{Class\[Crossbar\]: extra.services: services come from crossbar::service}],
       'a service name with a dot' => [{ 'services' => { 'pup.pet' => { 'listen' => ['10.0.0.1:8140'] } } }, %r{parameter 'services' key of entry 'pup\.pet' expects a match for Crossbar::Name}],
     }.each do |what, (params, message)|
       context "with #{what}" do

@@ -33,8 +33,12 @@ describe 'crossbar::backend' do
 
     it 'sorts after its service and before the next service, whatever the names' do
       order = catalogue.resource('Concat::Fragment', 'crossbar backend puppet/compile_1')[:order]
-      expect(order).to eq('20 puppet 1 010 compile=1')
-      expect([order, '20 puppet 0', '20 puppet-0 0'].sort).to eq(['20 puppet 0', order, '20 puppet-0 0'])
+      expect(order).to eq('20 puppet 3 010 compile=1')
+      key = catalogue.resource('Concat::Fragment', 'crossbar service puppet backends')[:order]
+      expect(key).to eq('20 puppet 1')
+      inline = catalogue.resource('Concat::Fragment', 'crossbar service puppet-0 backend 0')[:order]
+      expect(inline).to eq('20 puppet-0 2 0000')
+      expect([inline, order, '20 puppet-0 0', '20 puppet 0', key].sort).to eq(['20 puppet 0', key, order, '20 puppet-0 0', inline])
     end
 
     it 'follows its service in the assembled file' do
@@ -47,6 +51,42 @@ describe 'crossbar::backend' do
             listen: ['10.0.0.20:8140']
             backends:
               - {name: 'z', address: 'z:8140'}
+      YAML
+    end
+  end
+
+  context 'titled SERVICE/CERTNAME' do
+    let(:title) { 'puppet/compile01.dc1.example.com' }
+    let(:params) { { 'address' => 'compile01.dc1.example.com:8140', 'extra' => { 'new_key' => 'x' } } }
+
+    it 'is named after the certname, extra keys after the known ones' do
+      expect(fragment('crossbar backend puppet/compile01.dc1.example.com')).to eq(
+        "      - {name: 'compile01.dc1.example.com', address: 'compile01.dc1.example.com:8140', new_key: 'x'}\n",
+      )
+    end
+
+    it 'writes the backends key once' do
+      expect(rendered.scan('backends:').size).to eq(2) # puppet's and puppet-0's
+    end
+  end
+
+  context 'of a service whose other backends come from DNS' do
+    let(:pre_condition) do
+      <<~PP
+        include crossbar
+        crossbar::service { 'puppet': listen => ['10.0.0.10:8140'], discover => { 'srv' => '_x-puppet._tcp.example.com' } }
+      PP
+    end
+    let(:title) { 'puppet/compile2.lab.test-8140' }
+    let(:params) { { 'address' => '10.0.1.9:8140' } }
+
+    it 'takes the place of the discovered backend of that name' do
+      expect(rendered).to end_with(<<~YAML)
+        \  puppet:
+            listen: ['10.0.0.10:8140']
+            discover: {srv: '_x-puppet._tcp.example.com'}
+            backends:
+              - {name: 'compile2.lab.test-8140', address: '10.0.1.9:8140'}
       YAML
     end
   end
@@ -65,7 +105,9 @@ describe 'crossbar::backend' do
       'an address without a port' => [{ 'address' => 'compile1.example.com' }, %r{parameter 'address' expects a match for Crossbar::BackendAddress}],
       'a weight above 256' => [{ 'address' => 'c:8140', 'weight' => 257 }, %r{parameter 'weight' expects a value of type Undef or Integer\[1, 256\], got Integer\[257, 257\]}],
       'an unknown PROXY version' => [{ 'address' => 'c:8140', 'proxy_protocol' => 'v3' }, %r{parameter 'proxy_protocol' expects an undef value or a match for Enum\['v1', 'v2'\], got 'v3'}],
-      'a name with a dot' => [{ 'address' => 'c:8140', 'backend_name' => 'compile1.example.com' }, %r{parameter 'backend_name' expects a match for Crossbar::Name}],
+      'a name starting with a dot' => [{ 'address' => 'c:8140', 'backend_name' => '.compile1' }, %r{parameter 'backend_name' expects a match for Crossbar::BackendName}],
+      'a name with a space' => [{ 'address' => 'c:8140', 'backend_name' => 'compile 1' }, %r{parameter 'backend_name' expects a match for Crossbar::BackendName}],
+      'an extra key a parameter sets' => [{ 'address' => 'c:8140', 'weight' => 2, 'extra' => { 'weight' => 3 } }, %r{Crossbar::Backend\[puppet/compile1\]: extra.weight: also set by a parameter}],
     }.each do |what, (params, message)|
       context "with #{what}" do
         let(:params) { params }
@@ -84,7 +126,11 @@ describe 'crossbar::backend' do
       end
       let(:params) { { 'address' => 'c:8140' } }
 
-      it { is_expected.to compile.and_raise_error(%r{Crossbar::Backend\[puppet/compile1\]: service 'puppet' has another backend named 'compile1'; set backend_name}) }
+      it 'names the fix: a name per node, its certname' do
+        is_expected.to compile.and_raise_error(
+          %r{Crossbar::Backend\[puppet/compile1\]: service 'puppet' already has a backend named 'compile1' \(from another crossbar::backend\); each needs its own name: name each after its node's certname \(title "puppet/\$\{trusted\['certname'\]\}"\)},
+        )
+      end
     end
 
     context 'for a service this node does not declare' do

@@ -20,7 +20,7 @@ describe 'crossbar::service' do
     end
 
     it 'merges the health map key by key and keeps the preset balance' do
-      expect(fragment('crossbar service puppetca')).to eq(<<~YAML)
+      expect(rendered).to end_with(<<~YAML)
         \  puppetca:
             listen: ['10.0.0.11:8140', {address: '[2001:db8::11]:8140', backlog: 512, freebind: true}]
             names: ['puppetca.example.com']
@@ -58,7 +58,7 @@ describe 'crossbar::service' do
     end
 
     it 'writes each key once, in the documented order' do
-      expect(fragment('crossbar service puppet_sni')).to eq(<<~YAML)
+      expect(rendered).to end_with(<<~YAML)
         \  puppet_sni:
             listen: ['10.0.0.10:8140']
             mode: 'tls'
@@ -88,6 +88,59 @@ describe 'crossbar::service' do
     end
   end
 
+  context 'with discover, a listener behind a PROXY tier with per-source limits, and extra keys' do
+    let(:title) { 'puppet' }
+    let(:params) do
+      {
+        'preset' => 'puppet',
+        'listen' => [{
+          'address' => '10.0.0.10:8140',
+          'proxy_protocol' => { 'accept_from' => ['10.0.2.0/24', '2001:db8:2::/64'], 'required' => false },
+          'per_source' => {
+            'max_connections' => 20, 'rate' => 10, 'burst' => 40, 'source_prefix_v4' => 32,
+            'source_prefix_v6' => 64, 'allow' => ['10.0.5.0/24'], 'table_size' => 100_000,
+          },
+        }],
+        'discover' => {
+          'srv' => '_x-puppet._tcp.example.com', 'resolvers' => ['10.0.0.2:53'], 'min_ttl' => '5s',
+          'max_ttl' => '5m', 'max_backends' => 64, 'timeout' => '2s',
+        },
+        'extra' => { 'stick' => { 'new_stick_key' => 1 }, 'discover' => { 'backend' => { 'max_connections' => 250 } }, 'new_key' => ['a', 2] },
+      }
+    end
+
+    it 'writes them, extra keys merged into the mappings and the rest after the known keys' do
+      expect(rendered).to end_with(<<~YAML)
+        services:
+          puppet:
+            listen: [{address: '10.0.0.10:8140', proxy_protocol: {accept_from: ['10.0.2.0/24', '2001:db8:2::/64'], required: false}, per_source: {max_connections: 20, rate: 10, burst: 40, allow: ['10.0.5.0/24'], table_size: 100000, source_prefix_v4: 32, source_prefix_v6: 64}}]
+            balance: 'leastconn'
+            stick: {on: ['session_id', 'ticket', 'psk', 'source'], expire: '30m', state_file: '/var/lib/crossbar/puppet.table', new_stick_key: 1}
+            health: {check: 'https', path: '/status/v1/simple/server'}
+            discover: {srv: '_x-puppet._tcp.example.com', resolvers: ['10.0.0.2:53'], min_ttl: '5s', max_ttl: '5m', max_backends: 64, timeout: '2s', backend: {max_connections: 250}}
+            new_key: ['a', 2]
+      YAML
+    end
+
+    it 'has no backends key: its pool comes from DNS alone' do
+      is_expected.not_to contain_concat__fragment('crossbar service puppet backends')
+    end
+  end
+
+  context 'with a host name to discover' do
+    let(:params) { { 'listen' => ['10.0.0.11:8140'], 'discover' => { 'host' => 'pool.example.com', 'port' => 8140 } } }
+
+    it { expect(fragment('crossbar service puppetca')).to include("    discover: {host: 'pool.example.com', port: 8140}\n") }
+  end
+
+  context 'with extra keys on an inline backend' do
+    let(:params) do
+      { 'listen' => ['10.0.0.11:8140'], 'backends' => [{ 'name' => 'ca1', 'address' => 'ca1:8140', 'extra' => { 'new_key' => true } }] }
+    end
+
+    it { expect(rendered).to end_with("    backends:\n      - {name: 'ca1', address: 'ca1:8140', new_key: true}\n") }
+  end
+
   context 'sorts before its backends' do
     let(:params) { { 'listen' => ['10.0.0.11:8140'] } }
 
@@ -106,6 +159,20 @@ describe 'crossbar::service' do
       'a backend without address' => [{ 'listen' => ['10.0.0.11:8140'], 'backends' => [{ 'name' => 'a' }] }, %r{parameter 'backends' index 0 expects a value for key 'address'}],
       'an unknown preset' => [{ 'listen' => ['10.0.0.11:8140'], 'preset' => 'haproxy' }, %r{Crossbar::Service\[puppetca\]: unknown preset 'haproxy'; crossbar::presets has: puppet, puppetca, puppetdb, puppetfiles}],
       'a newline in a value' => [{ 'listen' => ['10.0.0.11:8140'], 'health' => { 'check' => 'https', 'expect_body' => "a\nb" } }, %r{a control character}],
+      'discover with srv and host' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'host' => 'h.example.com' } }, %r{Crossbar::Service\[puppetca\]: discover: give either srv \(an SRV name\) or host with port}],
+      'discover with neither' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'min_ttl' => '5s' } }, %r{discover: give either srv}],
+      'discover with srv and a port' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'port' => 8140 } }, %r{discover: an SRV record carries its own port: remove port}],
+      'discover with host and no port' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'host' => 'h.example.com' } }, %r{discover: host needs port}],
+      'a misspelt discover key' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'ttl' => '5s' } }, %r{parameter 'discover' unrecognized key 'ttl'}],
+      'max_backends above 1024' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'max_backends' => 2000 } }, %r{parameter 'discover' entry 'max_backends' expects an Integer\[1, 1024\] value}],
+      'a resolver without a port' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'resolvers' => ['10.0.0.2'] } }, %r{parameter 'discover' entry 'resolvers' index 0 expects a match for Crossbar::ListenAddress}],
+      'proxy_protocol without accept_from' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'proxy_protocol' => { 'required' => true } }] }, %r{parameter 'listen' index 0 variant 1 entry 'proxy_protocol' expects a value for key 'accept_from'}],
+      'accept_from with a port' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'proxy_protocol' => { 'accept_from' => ['10.0.2.1:8140'] } }] }, %r{entry 'proxy_protocol' entry 'accept_from' index 0 expects a match for Crossbar::Network}],
+      'a per_source rate of 0' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'per_source' => { 'rate' => 0 } }] }, %r{entry 'per_source' entry 'rate' expects an Integer\[1, 1000000\] value, got Integer\[0, 0\]}],
+      'an unknown per_source key' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'per_source' => { 'max_conns' => 5 } }] }, %r{entry 'per_source' unrecognized key 'max_conns'}],
+      'an extra key a parameter sets' => [{ 'listen' => ['10.0.0.11:8140'], 'balance' => 'first', 'extra' => { 'balance' => 'leastconn' } }, %r{Crossbar::Service\[puppetca\]: extra.balance: also set by a parameter \(or the preset\); set it there}],
+      'an extra key the preset sets' => [{ 'listen' => ['10.0.0.11:8140'], 'preset' => 'puppet', 'extra' => { 'stick' => { 'on' => ['source'] } } }, %r{Crossbar::Service\[puppetca\]: extra.stick.on: also set by a parameter \(or the preset\)}],
+      'an extra key that is no YAML word' => [{ 'listen' => ['10.0.0.11:8140'], 'extra' => { 'Bad Key' => 1 } }, %r{parameter 'extra' key of entry 'Bad Key' expects a match for Pattern}],
     }.each do |what, (params, message)|
       context "with #{what}" do
         let(:params) { params }

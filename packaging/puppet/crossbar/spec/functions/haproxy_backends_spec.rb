@@ -1,0 +1,56 @@
+require 'spec_helper'
+
+# Exported haproxy::balancermember resources as PuppetDB returns them (only the
+# parameters the exporting node set) -> crossbar::backend titles and parameters.
+describe 'crossbar::haproxy_backends' do
+  def member(certname, params, title = certname)
+    { 'certname' => certname, 'title' => title, 'parameters' => { 'listening_service' => 'puppet00' }.merge(params) }
+  end
+
+  it 'maps the README example of puppetlabs-haproxy: one server per member' do
+    is_expected.to run.with_params(
+      [member('compile01.example.com', { 'ports' => '8140', 'server_names' => 'compile01', 'ipaddresses' => '10.0.1.1', 'options' => 'check' })],
+      'puppet',
+    ).and_return('puppet/compile01' => { 'address' => '10.0.1.1:8140' })
+  end
+
+  it 'names a member without server_names after its certname and dials the certname without ipaddresses' do
+    is_expected.to run.with_params([member('compile02.dc1.example.com', { 'ports' => 8140 })], 'puppet')
+                      .and_return('puppet/compile02.dc1.example.com' => { 'address' => 'compile02.dc1.example.com:8140' })
+  end
+
+  it 'maps backup, maxconn, weight, disabled and send-proxy-v2' do
+    is_expected.to run.with_params(
+      [
+        member('c1', { 'ports' => '8140', 'ipaddresses' => '10.0.1.1', 'options' => ['check', 'backup', 'maxconn 250', 'send-proxy-v2'] }),
+        member('c2', { 'ports' => '8140', 'ipaddresses' => '10.0.1.2', 'weight' => '3', 'options' => 'check disabled' }),
+        member('c3', { 'ports' => '8140', 'ipaddresses' => '2001:db8::3', 'options' => 'check weight 0 inter 2s rise 2 fall 3' }),
+      ],
+      'puppet',
+    ).and_return(
+      'puppet/c1' => { 'address' => '10.0.1.1:8140', 'backup' => true, 'max_connections' => 250, 'proxy_protocol' => 'v2' },
+      'puppet/c2' => { 'address' => '10.0.1.2:8140', 'weight' => 3, 'disabled' => true },
+      'puppet/c3' => { 'address' => '[2001:db8::3]:8140', 'disabled' => true },
+    )
+  end
+
+  it 'makes one backend per address (lockstep with server_names) and port, as haproxy writes one server line each' do
+    is_expected.to run.with_params(
+      [member('pe1', { 'ports' => '8140,8142', 'server_names' => ['a', 'b'], 'ipaddresses' => ['10.0.1.1', '10.0.1.2'] })],
+      'pe',
+    ).and_return(
+      'pe/a-8140' => { 'address' => '10.0.1.1:8140' }, 'pe/a-8142' => { 'address' => '10.0.1.1:8142' },
+      'pe/b-8140' => { 'address' => '10.0.1.2:8140' }, 'pe/b-8142' => { 'address' => '10.0.1.2:8142' },
+    )
+  end
+
+  it 'refuses a member without ports, naming it' do
+    is_expected.to run.with_params([member('c1', {}, 'c1-puppet')], 'puppet')
+                      .and_raise_error(%r{Haproxy::Balancermember\[c1-puppet\] of c1 has no ports})
+  end
+
+  it 'refuses a server name crossbar cannot use, naming it' do
+    is_expected.to run.with_params([member('c1', { 'ports' => '8140', 'server_names' => 'c 1' })], 'puppet')
+                      .and_raise_error(%r{'c 1' is no backend name})
+  end
+end
