@@ -153,7 +153,9 @@ impl Conn<'_> {
         // connection has lived long enough for it to matter (`relay::Timing`).
         backend.metrics.connections.inc();
         let client_ip = self.peer.ip().to_canonical();
-        if let Some(sticking) = svc.sticking() {
+        // With no handshake to watch, reaching a backend is all a connection shows;
+        // a TLS client's address is learned once it completed its side (watched.rs).
+        if let (Some(sticking), None) = (svc.sticking(), &hello) {
             sticking.learn_connect(client_ip, &backend.name);
         }
         let replayed = buf.len() as u64;
