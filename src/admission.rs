@@ -6,10 +6,16 @@
 //! The state is one bounded [`DashMap`] per listen address (its shards are the only
 //! locks on the path) and one sweeper task. An entry is removed only when it carries
 //! nothing: no open connection and a full token bucket. So a flood of distinct
-//! addresses can fill the table but never evict what it knows of a source; while
-//! the table is full, sources without an entry share one overflow entry held to the
-//! limits of a single source (so agents already tracked are untouched, and a new
-//! agent still gets a share instead of a flat refusal).
+//! addresses can never evict what the table knows of a source.
+//!
+//! A source with an open connection always has an entry of its own: those are
+//! bounded by the listener's `max_connections` already, and a flood of connections
+//! held from many sources (each within its limits) must not leave a new agent
+//! nothing. `table_size` bounds the entries *without* an open connection, kept only
+//! for their refilling bucket: while that many are kept, a new source shares one
+//! overflow entry held to the limits of a single source (what a flood of distinct
+//! sources draining their buckets leaves a newcomer), and a source whose last
+//! connection ends is forgotten rather than kept past the bound.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -77,9 +83,11 @@ pub enum Refusal {
     /// The source spent its burst and opens faster than `rate`.
     #[error("source opens connections faster than per_source.rate")]
     Rate,
-    /// The table was full and the overflow entry, shared by every untracked
-    /// source, is at its limits.
-    #[error("per_source table full and its overflow entry at its limits")]
+    /// `table_size` sources were kept without an open connection, and the overflow
+    /// entry, shared by every source without an entry then, is at its limits.
+    #[error(
+        "per_source table full (table_size sources kept) and its overflow entry at its limits"
+    )]
     Overflow,
 }
 
@@ -129,6 +137,9 @@ impl SourceMetrics {
 struct SourceState {
     /// Its connections admitted and not yet ended.
     open: u32,
+    /// Counted among the entries without an open connection ([`Admission::idle`]):
+    /// set when its last connection ended and it was kept, cleared when it opens one.
+    kept_idle: bool,
     /// Its token bucket: new connections it may open now.
     tokens: f64,
     /// When `tokens` was last brought up to date.
@@ -143,6 +154,7 @@ impl SourceState {
     fn new(limits: &PerSource, now: Instant) -> SourceState {
         SourceState {
             open: 0,
+            kept_idle: false,
             tokens: f64::from(limits.burst),
             refreshed: now,
             admitted: 0,
@@ -207,8 +219,11 @@ pub struct SourceView {
 pub struct Admission {
     limits: ArcSwap<PerSource>,
     table: DashMap<Source, SourceState>,
-    /// Entries in `table` other than the overflow (bounded by `table_size`).
+    /// Entries in `table` other than the overflow.
     tracked: AtomicUsize,
+    /// Of those, the ones kept without an open connection (`kept_idle`): bounded by
+    /// `table_size`.
+    idle: AtomicUsize,
     metrics: SourceMetrics,
 }
 
@@ -229,6 +244,7 @@ impl Admission {
             limits: ArcSwap::from_pointee(limits),
             table: DashMap::new(),
             tracked: AtomicUsize::new(0),
+            idle: AtomicUsize::new(0),
             metrics,
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -276,11 +292,21 @@ impl Admission {
         let source = Source::of(ip, &limits);
         let now = Instant::now();
         let taken = match self.table.entry(source) {
-            Entry::Occupied(mut e) => e.get_mut().take(&limits, now).map(|()| source),
-            Entry::Vacant(v) if self.reserve(limits.table_size) => {
+            Entry::Occupied(mut e) => {
+                let s = e.get_mut();
+                let r = s.take(&limits, now);
+                if r.is_ok() && std::mem::take(&mut s.kept_idle) {
+                    self.idle.fetch_sub(1, Ordering::AcqRel);
+                }
+                r.map(|()| source)
+            }
+            // A new source with a connection to hold: always tracked while fewer than
+            // `table_size` entries are kept without one.
+            Entry::Vacant(v) if self.idle.load(Ordering::Acquire) < limits.table_size => {
                 let mut s = SourceState::new(&limits, now);
                 let r = s.take(&limits, now);
                 v.insert(s);
+                self.tracked.fetch_add(1, Ordering::AcqRel);
                 r.map(|()| source)
             }
             Entry::Vacant(v) => {
@@ -306,18 +332,40 @@ impl Admission {
         }
     }
 
-    /// Room for one more tracked source?
-    fn reserve(&self, size: usize) -> bool {
-        self.tracked
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < size).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
+    /// A connection of `source` ended. Its entry, now without an open connection,
+    /// is kept (for its bucket) while fewer than `table_size` are kept so; past that
+    /// it is forgotten: its next connection finds the table as any new source does.
     fn release(&self, source: Source) {
-        if let Some(mut e) = self.table.get_mut(&source) {
-            e.open = e.open.saturating_sub(1);
+        let limits = self.limits.load();
+        let forget = match self.table.get_mut(&source) {
+            None => false,
+            Some(mut e) => {
+                e.open = e.open.saturating_sub(1);
+                if source == Source::Overflow || e.open > 0 {
+                    false
+                } else if e.idle(&limits, Instant::now()) {
+                    // A full bucket (or none): nothing to keep.
+                    true
+                } else {
+                    // Counted under the entry's lock: `admit` uncounts it under the same.
+                    e.kept_idle = self
+                        .idle
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                            (n < limits.table_size).then_some(n + 1)
+                        })
+                        .is_ok();
+                    !e.kept_idle
+                }
+            }
+        };
+        // Unless a new connection took it meanwhile.
+        if forget
+            && self
+                .table
+                .remove_if(&source, |_, s| s.open == 0 && !s.kept_idle)
+                .is_some()
+        {
+            self.tracked.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -325,14 +373,16 @@ impl Admission {
     pub fn sweep(&self) {
         let limits = self.limits.load();
         let now = Instant::now();
-        let mut removed = 0;
+        let (mut removed, mut removed_idle) = (0, 0);
         self.table.retain(|source, s| {
             let keep = !s.idle(&limits, now);
             if !keep && *source != Source::Overflow {
                 removed += 1;
+                removed_idle += usize::from(s.kept_idle);
             }
             keep
         });
+        self.idle.fetch_sub(removed_idle, Ordering::AcqRel);
         let left = self.tracked.fetch_sub(removed, Ordering::AcqRel) - removed;
         self.metrics
             .tracked
@@ -515,27 +565,49 @@ mod tests {
         assert_eq!(got[2].1, 4);
     }
 
-    /// A full table never evicts a live entry: newcomers share the overflow entry,
-    /// held to one source's limits; idle entries go at the next sweep.
+    /// Sources holding connections never fill the table: `table_size` 3, and ten
+    /// sources each hold one, each with an entry of its own and its own limits.
     #[test]
-    fn a_full_table_sends_newcomers_to_the_overflow() {
+    fn held_connections_never_send_a_newcomer_to_the_overflow() {
         let a = table(limits(Some(2), None, 1, 3));
-        let held: Vec<_> = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
-            .iter()
-            .map(|s| a.admit(ip(s)).unwrap())
+        let held: Vec<_> = (1..=10u8)
+            .map(|i| a.admit(IpAddr::from([192, 0, 2, i])).unwrap())
             .collect();
-        let o1 = a.admit(ip("198.51.100.1")).unwrap();
-        let _o2 = a.admit(ip("198.51.100.2")).unwrap();
-        assert_eq!(a.admit(ip("198.51.100.3")).unwrap_err(), Refusal::Overflow);
-        assert_eq!(a.tracked(), 3);
-        let again = a.admit(ip("192.0.2.1")).unwrap();
-        assert!(again.is_some(), "a tracked source is untouched");
-        a.sweep();
-        assert_eq!(a.tracked(), 3, "live entries stay");
+        assert!(held
+            .iter()
+            .all(|s| s.as_ref().is_some_and(|s| s.source != Source::Overflow)));
+        assert_eq!(a.tracked(), 10);
+        let _second = a.admit(ip("192.0.2.1")).unwrap();
+        assert_eq!(a.admit(ip("192.0.2.1")).unwrap_err(), Refusal::Connections);
+        // Ended without a rate: nothing to keep, forgotten at once.
         drop(held);
-        drop(o1);
-        a.sweep();
         assert_eq!(a.tracked(), 1, "192.0.2.1 still holds one");
-        assert!(a.admit(ip("198.51.100.3")).is_ok());
+    }
+
+    /// What `table_size` bounds: sources kept without an open connection, for their
+    /// refilling bucket. Once that many are kept, a newcomer shares the overflow
+    /// entry (held to one source's limits) and a source whose last connection ends is
+    /// forgotten; a tracked source is never evicted.
+    #[test]
+    fn kept_buckets_fill_the_table_and_newcomers_share_the_overflow() {
+        let a = table(limits(Some(2), Some(1), 1, 3));
+        for i in 1..=3u8 {
+            drop(a.admit(IpAddr::from([192, 0, 2, i])).unwrap());
+        }
+        assert_eq!((a.tracked(), a.idle.load(Ordering::Relaxed)), (3, 3));
+        // A drained bucket is kept: its source is still held to its rate.
+        assert_eq!(a.admit(ip("192.0.2.1")).unwrap_err(), Refusal::Rate);
+        let o1 = a.admit(ip("198.51.100.1")).unwrap().unwrap();
+        assert_eq!(o1.source, Source::Overflow);
+        assert_eq!(a.admit(ip("198.51.100.2")).unwrap_err(), Refusal::Overflow);
+        // Past the bound a source's entry is forgotten when its connection ends.
+        let b = table(limits(Some(2), Some(1), 1, 1));
+        let first = b.admit(ip("192.0.2.1")).unwrap();
+        let second = b.admit(ip("192.0.2.2")).unwrap();
+        drop(first);
+        drop(second);
+        assert_eq!((b.tracked(), b.idle.load(Ordering::Relaxed)), (1, 1));
+        assert!(b.top(5).iter().all(|v| v.source.to_string() == "192.0.2.1"));
+        drop(o1);
     }
 }

@@ -635,13 +635,15 @@ impl BackendMetrics {
 }
 
 /// Why the admin endpoint refused a request (`crossbar_admin_requests_refused_total`).
-pub const ADMIN_REFUSED_REASONS: [&str; 6] = [
+pub const ADMIN_REFUSED_REASONS: [&str; 8] = [
     "host",
     "origin",
     "fetch_site",
     "form_content_type",
     "not_loopback",
     "token",
+    "bad_host",
+    "body",
 ];
 
 /// The admin endpoint's own counters: refused requests, and its connection slots.
@@ -662,7 +664,7 @@ impl AdminMetrics {
             r,
             "crossbar_admin_requests_refused_total",
             "Admin requests refused by reason (host, origin, fetch_site, \
-             form_content_type, not_loopback, token).",
+             form_content_type, not_loopback, token, bad_host, body).",
             &["reason"],
         );
         for reason in ADMIN_REFUSED_REASONS {

@@ -2217,3 +2217,261 @@ async fn status_json_is_the_services_document_and_every_document_has_its_view() 
     reads_back_whole::<view::FlushView>(&delete("/api/tables/puppet").await.body);
     reads_back_whole::<view::ReloadAnswer>(&post("/api/reload").await.body);
 }
+
+// ---------------------------------------------------------------------------
+// Declared bodies, and the Host a request names (issue #42, items 2 and 5)
+
+/// Connections of the body flood: as many as the issue's (64 `/api/services` and 10
+/// `/healthz`), more than every regular and reserved slot together.
+const BODY_FLOOD_SERVICES: usize = 64;
+const BODY_FLOOD_HEALTHZ: usize = 10;
+/// How long a flood client waits for an answer before it gives up and reconnects:
+/// shorter than the old 10 s wait for the body, so before the fix it never got one.
+const BODY_FLOOD_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(5);
+/// A flood client's pause between connections (bounds the flood's rate once each
+/// answer comes at once: at most 74 x 5 connections a second).
+const BODY_FLOOD_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+/// Probes of each kind, one every [`PROBE_EVERY`], as the issue's 30 + 30.
+const PROBES: usize = 30;
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// A probe's whole budget: what a health checker such as keepalived gives a check.
+const PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One raw request on a fresh connection: the status of its answer, or `None` when
+/// none came within `limit`.
+async fn raw_status(addr: SocketAddr, request: &str, limit: std::time::Duration) -> Option<u16> {
+    common::raw_request(addr, request.as_bytes(), limit).await.0
+}
+
+/// What became of one request of the body flood.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum FloodAnswer {
+    /// Answered with this status.
+    Status(u16),
+    /// Closed (or reset) without a byte: the connection was closed to make room
+    /// before its request was read (a fresh connection holds its slot idle).
+    Closed,
+    /// Nothing within [`BODY_FLOOD_GIVE_UP`]: the request was left waiting.
+    GaveUp,
+}
+
+/// Send `request` on a fresh connection and wait for the answer, up to the flood
+/// client's give-up time.
+async fn flood_request(addr: SocketAddr, request: &str) -> FloodAnswer {
+    use tokio::io::AsyncReadExt;
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return FloodAnswer::Closed;
+    };
+    if s.write_all(request.as_bytes()).await.is_err() {
+        return FloodAnswer::Closed;
+    }
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(BODY_FLOOD_GIVE_UP, s.read_to_end(&mut out)).await;
+    match common::status_of(&String::from_utf8_lossy(&out)) {
+        Some(status) => FloodAnswer::Status(status),
+        None if read.is_ok() => FloodAnswer::Closed,
+        None => FloodAnswer::GaveUp,
+    }
+}
+
+/// Issue #42, 2: 74 connections that each declare a 1,000-byte body no endpoint
+/// takes and never send it, reconnecting after each give-up, kept `/healthz` and
+/// `/api` unreachable (1 of 30 and 0 of 30 answered): a request held its slot as
+/// "busy" while crossbar waited 10 s for the body. Now a declared body is answered
+/// 413 at once, without reading it, and the connection closed: every probe of
+/// `/healthz` and `/api/services` is answered 200 during the flood, and every
+/// flood request gets its 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_bodies_are_refused_at_once_and_health_checks_get_through() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let bed = common::admin_bed("", None).await;
+    let addr = bed.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut flood = tokio::task::JoinSet::new();
+    for i in 0..BODY_FLOOD_SERVICES + BODY_FLOOD_HEALTHZ {
+        let path = if i < BODY_FLOOD_SERVICES {
+            "/api/services"
+        } else {
+            "/healthz"
+        };
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n");
+        let (stop, sent) = (stop.clone(), sent.clone());
+        flood.spawn(async move {
+            let mut answers: BTreeMap<FloodAnswer, usize> = BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                sent.fetch_add(1, Ordering::Relaxed);
+                let answer = flood_request(addr, &request).await;
+                *answers.entry(answer).or_default() += 1;
+                tokio::time::sleep(BODY_FLOOD_PAUSE).await;
+            }
+            answers
+        });
+    }
+    let total = BODY_FLOOD_SERVICES + BODY_FLOOD_HEALTHZ;
+    common::wait_until("every flood client sent its first request", || {
+        sent.load(Ordering::Relaxed) >= total
+    })
+    .await;
+    let mut probes = tokio::task::JoinSet::new();
+    for i in 0..2 * PROBES {
+        let path = if i % 2 == 0 {
+            "/healthz"
+        } else {
+            "/api/services"
+        };
+        probes.spawn(async move {
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+            (path, raw_status(addr, &request, PROBE_LIMIT).await)
+        });
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+    let mut answered: BTreeMap<&str, usize> = BTreeMap::new();
+    while let Some(r) = probes.join_next().await {
+        let (path, status) = r.unwrap();
+        *answered.entry(path).or_default() += usize::from(status == Some(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut flood_answers: BTreeMap<FloodAnswer, usize> = BTreeMap::new();
+    while let Some(r) = flood.join_next().await {
+        for (status, n) in r.unwrap() {
+            *flood_answers.entry(status).or_default() += n;
+        }
+    }
+    println!(
+        "body flood: {} requests declaring a body, answered {flood_answers:?}; probes answered 200: {answered:?} of {PROBES} each",
+        sent.load(Ordering::Relaxed)
+    );
+    assert_eq!(answered.get("/healthz"), Some(&PROBES), "{answered:?}");
+    assert_eq!(answered.get("/api/services"), Some(&PROBES), "{answered:?}");
+    // Each declared body refused at once, but for connections closed to make room
+    // before their request was read (counted as such).
+    let closed = flood_answers
+        .get(&FloodAnswer::Closed)
+        .copied()
+        .unwrap_or(0);
+    let evicted = bed
+        .cb
+        .metric("crossbar_admin_connections_evicted_total", &[]);
+    assert!(
+        flood_answers
+            .keys()
+            .all(|a| matches!(a, FloodAnswer::Status(413) | FloodAnswer::Closed)),
+        "every declared body refused at once: {flood_answers:?}"
+    );
+    assert!(
+        closed as f64 <= evicted,
+        "{closed} closed unanswered, {evicted} closed to make room"
+    );
+    assert_eq!(
+        bed.cb.metric("crossbar_admin_requests_in_progress", &[]),
+        0.0,
+        "nothing left in progress"
+    );
+}
+
+/// A body declared by `Content-Length` (sent or not) or by chunked encoding is
+/// answered 413 at once and the connection closed; `Content-Length: 0` is no body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_body_gets_413_without_being_waited_for() {
+    let bed = common::admin_bed("", None).await;
+    let limit = PROBE_LIMIT;
+    for (what, request, want) in [
+        (
+            "a body declared and never sent",
+            "POST /api/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\n",
+            Some(413),
+        ),
+        (
+            "a chunked body that never comes",
+            "POST /api/reload HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Some(413),
+        ),
+        (
+            "a small body sent along",
+            "DELETE /api/tables/svc HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello",
+            Some(413),
+        ),
+        (
+            "a health check declaring a body",
+            "GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n",
+            Some(413),
+        ),
+        (
+            "an empty body",
+            "GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            Some(200),
+        ),
+    ] {
+        let (status, text) = common::raw_request(bed.addr, request.as_bytes(), limit).await;
+        assert_eq!(status, want, "{what}: {text}");
+        if want == Some(413) {
+            assert!(text.contains("connection: close"), "{what}: {text}");
+        }
+    }
+    assert_eq!(
+        bed.cb.metric(
+            "crossbar_admin_requests_refused_total",
+            &[("reason", "body")]
+        ),
+        4.0
+    );
+}
+
+/// Issue #42, 5 (RFC 9112 3.2, 3.2.2): two `Host` header lines are a bad request,
+/// whatever they say (the first decided before); a request in absolute form is
+/// checked by its target's authority, and its `Host` is ignored (before, the
+/// target's authority was ignored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_hosts_are_bad_requests_and_absolute_targets_name_the_host() {
+    let bed = common::admin_bed("", None).await;
+    let port = bed.addr.port();
+    let limit = PROBE_LIMIT;
+    let cases = [
+        (
+            "two Host lines naming this endpoint",
+            "GET /api/services HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\nConnection: close\r\n\r\n".to_string(),
+            400,
+        ),
+        (
+            "two Host lines on a health check",
+            "GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: attacker.example\r\nConnection: close\r\n\r\n".to_string(),
+            400,
+        ),
+        (
+            "a Host that is no host",
+            "GET /api/services HTTP/1.1\r\nHost: x y\r\nConnection: close\r\n\r\n".to_string(),
+            400,
+        ),
+        (
+            "an absolute target naming another host",
+            "GET http://attacker.example/api/services HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".to_string(),
+            403,
+        ),
+        (
+            "a write to an absolute target naming another host",
+            format!("POST http://attacker.example:{port}/api/backends/svc/e1/drain?force=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+            403,
+        ),
+        (
+            "an absolute target naming this endpoint",
+            format!("GET http://127.0.0.1:{port}/api/services HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"),
+            200,
+        ),
+    ];
+    for (what, request, want) in cases {
+        let (status, text) = common::raw_request(bed.addr, request.as_bytes(), limit).await;
+        assert_eq!(status, Some(want), "{what}: {text}");
+    }
+    assert_eq!(bed.cb.backend("svc", "e1").state_name(), "up");
+    assert_eq!(
+        bed.cb.metric(
+            "crossbar_admin_requests_refused_total",
+            &[("reason", "bad_host")]
+        ),
+        3.0
+    );
+}

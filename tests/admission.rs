@@ -187,8 +187,9 @@ async fn released(admin: SocketAddr, source: IpAddr) -> bool {
 
 /// Thousands of distinct source addresses, each draining its bucket, fill the table
 /// but evict nothing: a source holding its two connections keeps its count (its
-/// third is still refused for `source_connections`), the table never grows past
-/// its size, and sources beyond it share the overflow entry.
+/// third is still refused for `source_connections`), the table never keeps more
+/// than its size of sources without an open connection (plus that one source,
+/// which holds two), and sources beyond it share the overflow entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_sources_cannot_evict_a_tracked_source() {
     const DISTINCT: usize = 3_000;
@@ -209,15 +210,23 @@ async fn distinct_sources_cannot_evict_a_tracked_source() {
         assert_eq!(common::read_name(&mut s).await, "e1");
         kept.push(s);
     }
+    let tasks = xb.open_tasks();
     let start = Instant::now();
     for i in 0..DISTINCT {
         let from = IpAddr::from([127, 1 + (i / 250) as u8, 0, 1 + (i % 250) as u8]);
         drop(try_connect(from, addr).await);
     }
     println!("{DISTINCT} distinct sources in {:?}", start.elapsed());
+    // Every flood connection ended in crossbar too (each released its source).
+    let server = xb.server.clone();
+    wait_until("the flood's connections ended", || {
+        server.open_tasks() <= tasks
+    })
+    .await;
     let l = sources(admin.addr).await;
-    assert!(
-        l["tracked"].as_u64().unwrap() <= SIZE as u64,
+    assert_eq!(
+        l["tracked"].as_u64().unwrap(),
+        SIZE as u64 + 1,
         "{}",
         l["tracked"]
     );
@@ -372,4 +381,82 @@ async fn behind_a_proxy_tier_the_agents_are_limited_not_the_tier() {
     }
     assert_eq!(entry(&l, &agent(0).to_string()).unwrap()["refused"], 1);
     drop(held);
+}
+
+/// Issue #42, 4: `per_source: { max_connections: 3, table_size: 50 }`, 53
+/// connections held from 53 sources (the first 50 filled the table, the last 3 the
+/// overflow entry, held to one source's limits), then 10 new agents with one
+/// connection each: all 10 were refused `source_overflow`, against the promise that
+/// a new agent still gets a share. Now a source with an open connection always has
+/// its own entry (those are bounded by the listener's `max_connections`);
+/// `table_size` bounds the sources kept without one: the 10 agents are served,
+/// each tracked with its connection, and an agent's fourth connection is still
+/// refused `source_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_sources_get_their_share_beside_held_connections_from_many_sources() {
+    const TABLE: usize = 50;
+    const HELD: usize = 53;
+    const NEW: usize = 10;
+    let echo = Backend::echo("e1", true).await;
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen:\n      - address: \"127.0.0.1:0\"\n        \
+         per_source: {{ max_connections: 3, table_size: {TABLE} }}\n    mode: tcp\n    health: {{ check: none }}\n    backends:\n{}",
+        backend_line("e1", echo.addr, "")
+    );
+    let xb = Crossbar::start(&yaml).await;
+    let admin = xb.serve_admin(None).await;
+    let addr = xb.addr("svc");
+    let from = |i: usize| IpAddr::from([127, 0, 6 + (i / 250) as u8, 1 + (i % 250) as u8]);
+    let mut held = Vec::new();
+    for i in 0..HELD {
+        let mut s = connect_from(from(i), addr).await;
+        assert_eq!(common::read_name(&mut s).await, "e1", "held connection {i}");
+        held.push(s);
+    }
+    let mut admitted = 0;
+    let mut agents = Vec::new();
+    for i in 0..NEW {
+        let Some(mut s) = try_connect(agent(200 + i), addr).await else {
+            continue;
+        };
+        let mut name = [0u8; 3];
+        if within("the agent's answer", s.read_exact(&mut name))
+            .await
+            .is_ok()
+            && &name == b"e1\n"
+        {
+            admitted += 1;
+            agents.push(s);
+        }
+    }
+    let overflow = xb.metric(
+        "crossbar_listener_refused_total",
+        &[("reason", "source_overflow")],
+    );
+    println!("{HELD} held from {HELD} sources, table_size {TABLE}: {admitted}/{NEW} new agents admitted, {overflow} refused source_overflow");
+    assert_eq!(
+        admitted, NEW,
+        "new agents admitted beside the held connections"
+    );
+    assert_eq!(overflow, 0.0);
+    let l = sources(admin.addr).await;
+    assert_eq!(l["tracked"], (HELD + NEW) as u64, "{l}");
+    // Each still held to its own limits.
+    let a = agent(200);
+    let mut more = Vec::new();
+    for _ in 0..2 {
+        let mut s = connect_from(a, addr).await;
+        assert_eq!(common::read_name(&mut s).await, "e1");
+        more.push(s);
+    }
+    let mut fourth = connect_from(a, addr).await;
+    assert!(closed(&mut fourth).await, "a fourth connection is refused");
+    assert_eq!(
+        xb.metric(
+            "crossbar_listener_refused_total",
+            &[("reason", "source_connections")],
+        ),
+        1.0
+    );
+    drop((held, agents, more));
 }

@@ -11,6 +11,35 @@ fn crossbar(args: &[&str]) -> Output {
         .expect("running the crossbar binary")
 }
 
+/// Where the Debian package keeps its files: what conf/crossbar.yaml names lives
+/// there on a machine where the package is installed.
+const PACKAGE_DIRS: [&str; 2] = ["/etc/crossbar", "/var/lib/crossbar"];
+
+/// `crossbar ARGS` as on a machine without the Debian package: where the package's
+/// directories exist, they are hidden behind empty tmpfs mounts in a private mount
+/// namespace (`unshare -m`, root), so the test sees the same files everywhere.
+fn crossbar_without_package(args: &[&str]) -> Output {
+    let present: Vec<&str> = PACKAGE_DIRS
+        .into_iter()
+        .filter(|d| Path::new(d).exists())
+        .collect();
+    if present.is_empty() {
+        return crossbar(args);
+    }
+    let mounts: String = present
+        .iter()
+        .map(|d| format!("mount -t tmpfs none {d} && "))
+        .collect();
+    Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg(format!(r#"{mounts}exec "$0" "$@""#))
+        .arg(env!("CARGO_BIN_EXE_crossbar"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare (util-linux) runs")
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -226,10 +255,11 @@ fn version_and_help() {
 fn check_opens_the_files_the_config_names_and_names_their_lines() {
     // conf/crossbar.yaml names /etc/crossbar/admin.token (line 15), a CA bundle
     // (line 67) and a state file under /var/lib/crossbar (line 56), none of which
-    // exist on a build machine; --config-only skips them (previous test).
+    // exist on a build machine, nor here where the package's directories are hidden
+    // (the package installs the token); --config-only skips them (previous test).
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/crossbar.yaml");
     let path = conf.to_str().unwrap();
-    let out = crossbar(&["check", "-c", path]);
+    let out = crossbar_without_package(&["check", "-c", path]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -246,19 +276,7 @@ fn check_opens_the_files_the_config_names_and_names_their_lines() {
 
 #[test]
 fn check_without_c_reads_the_packaged_path() {
-    // Where the package is installed, its directory is hidden behind an empty tmpfs
-    // in a private mount namespace: the test checks the same thing on every machine.
-    let out = if Path::new("/etc/crossbar").exists() {
-        Command::new("unshare")
-            .args(["-m", "sh", "-c"])
-            .arg(r#"mount -t tmpfs none /etc/crossbar && exec "$0" check"#)
-            .arg(env!("CARGO_BIN_EXE_crossbar"))
-            .stdin(Stdio::null())
-            .output()
-            .expect("unshare (util-linux) runs")
-    } else {
-        crossbar(&["check"])
-    };
+    let out = crossbar_without_package(&["check"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend, Versions};
@@ -526,4 +526,105 @@ async fn wait_for_log(log: &Path, what: &str) {
         async move { std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&what)) }
     })
     .await;
+}
+
+/// `timeouts.shutdown` of the stalled-log test.
+const STALL_SHUTDOWN: Duration = Duration::from_secs(2);
+/// How long past `timeouts.shutdown` a process with a stalled log may take to exit:
+/// its bounded final flush (`log_writer::FINAL_FLUSH`) and a loaded machine's
+/// scheduling, with room to spare (a liveness bound, not a measurement).
+const STALL_EXIT_GRACE: Duration = Duration::from_secs(10);
+/// Most connections made to fill the log's pipe (each logs a ~250-byte line).
+const STALL_MAX_PINGS: usize = 20_000;
+
+/// Bytes waiting in the pipe behind `fifo` (FIONREAD) and its capacity
+/// (F_GETPIPE_SZ).
+#[allow(unsafe_code)]
+fn pipe_fill(fifo: &std::fs::File) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let fd = fifo.as_raw_fd();
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int to the pointer given; F_GETPIPE_SZ takes no
+    // argument. `fd` is open for the duration of the calls.
+    let (r, size) = unsafe {
+        (
+            libc::ioctl(fd, libc::FIONREAD, &mut queued),
+            libc::fcntl(fd, libc::F_GETPIPE_SZ),
+        )
+    };
+    assert!(r == 0 && size > 0, "FIONREAD/F_GETPIPE_SZ on the FIFO");
+    (queued as usize, size as usize)
+}
+
+/// Issue #42, 3: `crossbar run 2> fifo` whose reader never reads: serving goes on,
+/// but after SIGTERM the process never exited (main waited on the log writer thread,
+/// blocked in `write`), under systemd a window with nothing listening until
+/// SIGKILL. Now the final flush is bounded: what is left is dropped and counted, and
+/// the process exits 0 within `timeouts.shutdown` and a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_in_time_when_the_log_destination_stalls() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let echo = Backend::echo("echo", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_port();
+    let cfg = tcp_config(dir.path(), listen, echo.addr, "");
+    let yaml = std::fs::read_to_string(&cfg).unwrap().replace(
+        "shutdown: 10s",
+        &format!("shutdown: {}s", STALL_SHUTDOWN.as_secs()),
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    let fifo = dir.path().join("stderr.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // The reader: open (so the writer's open does not wait), never read.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let mut p = ChildGuard(
+        std::process::Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .arg("run")
+            .arg("-c")
+            .arg(&cfg)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(writer))
+            .spawn()
+            .expect("spawn crossbar"),
+    );
+    wait_listening(listen).await;
+    // Connections, each an access-log line, until the pipe is full (the log writer
+    // is then blocked in write), then as many again: those wait in its queue.
+    let mut pings = 0;
+    loop {
+        let (queued, size) = pipe_fill(&reader);
+        // A blocking write fills the pipe's pages; allow two for partial ones.
+        if queued + 2 * 4096 >= size {
+            break;
+        }
+        assert!(
+            pings < STALL_MAX_PINGS,
+            "the log never filled the pipe: {queued} of {size} bytes after {pings} connections"
+        );
+        ping(listen).await.unwrap();
+        pings += 1;
+    }
+    for _ in 0..pings {
+        ping(listen).await.unwrap();
+    }
+    let signalled = Instant::now();
+    p.signal("TERM");
+    let code = p.exited(STALL_SHUTDOWN + STALL_EXIT_GRACE).await;
+    println!(
+        "stalled log: pipe full after {pings} connections, {pings} more logged; exit {code:?} {:?} after SIGTERM",
+        signalled.elapsed()
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "exit within timeouts.shutdown ({STALL_SHUTDOWN:?}) + {STALL_EXIT_GRACE:?} of SIGTERM, stderr stalled"
+    );
+    drop(reader);
 }

@@ -701,3 +701,121 @@ async fn a_reload_changes_whose_headers_are_read() {
     })
     .await;
 }
+
+/// Issue #42, 5: with `on_non_tls: forward`, a PROXY header from a source not in
+/// `accept_from` was forwarded to the backend verbatim (the docs said it is refused
+/// as `proxy_error:untrusted`), and a second header behind a trusted tier's header
+/// was counted as `proxy_untrusted` (an alert meant for someone outside
+/// accept_from). Now the untrusted check runs first, whole or trickled, and a
+/// repeated header has its own reason, `proxy_error:repeated`, on a listener that
+/// forwards non-TLS bytes and on one that refuses them; other non-TLS bytes, even
+/// ones that start like a header, are still forwarded whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_and_repeated_headers_are_refused_before_forwarding() {
+    let log = LogBuffer::install();
+    let echo = Backend::echo("e", false).await;
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen:\n      - {{ address: \"127.0.0.1:0\", proxy_protocol: {{ accept_from: [\"127.0.0.2\"], required: false }} }}\n    \
+         on_non_tls: forward\n    timeouts: {{ client_hello: 2s }}\n    health: {{ check: none }}\n    backends:\n{}",
+        backend_line("e", echo.addr, "")
+    );
+    let lb = Crossbar::start(&yaml).await;
+    let (refusing, _echo2) = hostile_setup(true).await;
+    let v1 = b"PROXY TCP4 192.0.2.1 192.0.2.2 1000 8140\r\n".to_vec();
+    let v2h = v2(
+        0x21,
+        0x11,
+        &[192, 0, 2, 9, 127, 0, 0, 1, 0x10, 0x00, 0x1f, 0xcc],
+    );
+    let http = b"GET / HTTP/1.0\r\n\r\n".to_vec();
+    let refused = |lb: &Crossbar, reason: &str| {
+        lb.metric(
+            "crossbar_listener_refused_total",
+            &[("reason", &format!("proxy_{reason}"))],
+        )
+    };
+    let cases: Vec<(&str, &Crossbar, &str, Vec<u8>, usize)> = vec![
+        (
+            "untrusted",
+            &lb,
+            "127.0.0.3",
+            [&v1[..], &http].concat(),
+            4096,
+        ),
+        (
+            "untrusted",
+            &lb,
+            "127.0.0.3",
+            [&v2h[..], &http].concat(),
+            4096,
+        ),
+        ("untrusted", &lb, "127.0.0.3", [&v1[..], &http].concat(), 1),
+        ("untrusted", &lb, "127.0.0.3", [&v2h[..], &http].concat(), 1),
+        (
+            "repeated",
+            &lb,
+            "127.0.0.2",
+            [&v1[..], &v1, &http].concat(),
+            4096,
+        ),
+        (
+            "repeated",
+            &lb,
+            "127.0.0.2",
+            [&v2h[..], &v1, &http].concat(),
+            1,
+        ),
+        (
+            "repeated",
+            &refusing,
+            "127.0.0.2",
+            [&v2h[..], &v2h, &common::hello_fixture("openssl3_tls13.bin")].concat(),
+            4096,
+        ),
+    ];
+    for (reason, lb, from, bytes, chunk) in &cases {
+        let before = (refused(lb, reason), refused(lb, "untrusted"));
+        let end = format!("end=proxy_error:{reason}");
+        let logged = log.count(&end);
+        let got = send_and_wait_close(lb.addr("svc"), from, bytes, *chunk, true).await;
+        assert!(
+            got.is_empty(),
+            "{reason} from {from} (chunk {chunk}): answered {got:?}"
+        );
+        wait_until(&format!("{reason}: logged"), || log.count(&end) > logged).await;
+        let after = (refused(lb, reason), refused(lb, "untrusted"));
+        let want = match *reason {
+            "untrusted" => (before.0 + 1.0, before.0 + 1.0),
+            _ => (before.0 + 1.0, before.1),
+        };
+        assert_eq!(
+            after, want,
+            "{reason} from {from} (chunk {chunk}): counted once, as itself"
+        );
+    }
+    assert_eq!(echo.accepted(), 0, "no header reached the backend");
+    // Non-TLS bytes that start like a header, whole or trickled, and a trusted
+    // tier's one header: forwarded, the payload whole.
+    let mut forwarded = 0;
+    for (from, bytes, chunk, back) in [
+        (
+            "127.0.0.3",
+            b"PUT / HTTP/1.0\r\n\r\n".to_vec(),
+            1,
+            b"PUT / HTTP/1.0\r\n\r\n".to_vec(),
+        ),
+        ("127.0.0.3", b"PROXZ\r\n".to_vec(), 1, b"PROXZ\r\n".to_vec()),
+        (
+            "127.0.0.3",
+            b"\r\n\r\nhello".to_vec(),
+            1,
+            b"\r\n\r\nhello".to_vec(),
+        ),
+        ("127.0.0.2", [&v1[..], &http].concat(), 4096, http.clone()),
+    ] {
+        let got = send_and_wait_close(lb.addr("svc"), from, &bytes, chunk, true).await;
+        forwarded += 1;
+        assert_eq!(got, back, "{bytes:?} from {from} (chunk {chunk})");
+    }
+    assert_eq!(echo.accepted(), forwarded);
+}

@@ -77,12 +77,43 @@ also=""
 unshare -n true 2>/dev/null ||
     stop "cannot create a network namespace (\`unshare -n\`): the tests need root with CAP_SYS_ADMIN$also"
 
+# apt_waiting ARGS...: apt-get ARGS, waiting for another apt run (unattended-upgrades
+# on a freshly booted machine, another helper's install) to let go of its locks
+# instead of failing at once. DPkg::Lock::Timeout covers the dpkg lock an install
+# takes; apt-get update's lists lock it does not cover (apt 2.6: "Could not get lock
+# /var/lib/apt/lists/lock" at once), so a run refused for a lock is tried again
+# until APT_LOCK_WAIT seconds have passed.
+APT_LOCK_WAIT=${APT_LOCK_WAIT:-900}
+apt_waiting() {
+    local deadline=$((SECONDS + APT_LOCK_WAIT)) out said=""
+    while :; do
+        if out=$(DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" "$@" 2>&1); then
+            printf '%s\n' "$out"
+            return 0
+        fi
+        case $out in
+            *"Could not get lock"* | *"Unable to lock"* | *"Unable to acquire the dpkg frontend lock"*)
+                if [ "$SECONDS" -ge "$deadline" ]; then
+                    printf '%s\n' "$out" >&2
+                    return 1
+                fi
+                [ -n "$said" ] || echo "tests/run.sh: another apt run holds its lock; waiting (up to ${APT_LOCK_WAIT}s)" >&2
+                said=1
+                sleep 5
+                ;;
+            *)
+                printf '%s\n' "$out" >&2
+                return 1
+                ;;
+        esac
+    done
+}
+
 if [ -n "$list" ]; then
     command -v apt-get >/dev/null || stop "no apt-get to install them (a Debian machine is expected)$also"
     echo "tests/run.sh: installing $list"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
-        stop "apt-get install $list failed"
+    apt_waiting update -qq || stop "apt-get update failed"
+    apt_waiting install -y -qq "${missing[@]}" || stop "apt-get install $list failed"
 fi
 
 # proxy-protocol (PyPI): an independent PROXY protocol implementation that writes the

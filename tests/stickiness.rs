@@ -495,3 +495,315 @@ async fn unplaced_resumptions_spread_without_confirmation() {
         "herded: {answered:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// A flood of bare hellos from many addresses
+
+/// Agents of a flood case, each from an address of its own (127.8.0.x).
+const FLOOD_AGENTS: usize = 20;
+/// The stick table's `size` in a flood case.
+const FLOOD_TABLE: usize = 200;
+/// Bare hellos of a flood case, each from an address of its own (127.9.x.y): 4x the
+/// table, so the flood would have replaced every entry had it taught one each; and
+/// one more, so that it moves the balance's turn by one over the two backends: an
+/// agent whose entries were lost is then sent to the other backend by `roundrobin`
+/// (with an even count, the turn came back to each agent's own).
+const FLOOD_HELLOS: usize = 4 * FLOOD_TABLE + 1;
+/// Flood connections in flight at once: a high rate without exhausting ports or fds.
+const FLOOD_IN_FLIGHT: usize = 64;
+/// Longest a flood connection waits for the start of the backend's answer (a
+/// loopback handshake takes milliseconds; `openssl s_server` answers one at a time).
+const FLOOD_ANSWER: Duration = Duration::from_secs(10);
+
+/// One configuration a flood runs against.
+#[derive(Debug, Clone, Copy)]
+struct FloodCase {
+    /// The backends' TLS stack: `openssl s_server -tls1_2` (TLS 1.2 with tickets, as
+    /// the issue measured), or rustls speaking TLS 1.2 and 1.3 with tickets.
+    server: Peer,
+    /// The compilers' preset of docs/puppet.md (`leastconn`, `on: [session_id,
+    /// ticket, psk, source]`); else `roundrobin` with `on: [source]` alone.
+    preset: bool,
+    /// Confirmation on with its default budget; else `confirm_budget: 0`.
+    confirm: bool,
+}
+
+impl FloodCase {
+    fn yaml(self, backends: &[(String, SocketAddr)]) -> String {
+        let (balance, on) = match self.preset {
+            true => ("leastconn", "[session_id, ticket, psk, source]"),
+            false => ("roundrobin", "[source]"),
+        };
+        // The budget is global: 0 spends nothing on confirmation.
+        let budget = if self.confirm {
+            ""
+        } else {
+            "confirm_budget: 0\n"
+        };
+        // probe_interval 0s: the probe, which learns key names on a timer, would
+        // count among what the flood's time taught.
+        format!(
+            "{budget}admin: {{ enabled: false }}\nservices:\n  puppet:\n    listen: [\"127.0.0.1:0\"]\n    \
+             balance: {balance}\n    health: {{ check: none }}\n    \
+             stick: {{ on: {on}, size: {FLOOD_TABLE}, expire: 30m, probe_interval: 0s }}\n    \
+             backends:\n{}",
+            tls::backends_yaml(backends)
+        )
+    }
+}
+
+/// One agent of a flood case: its address, its session cache, its backend.
+struct FloodAgent {
+    from: std::net::IpAddr,
+    cfg: Arc<rustls::ClientConfig>,
+    home: String,
+}
+
+/// A request from `from` through crossbar, bounded.
+async fn flood_get(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    cfg: Arc<rustls::ClientConfig>,
+) -> testbed::Reply {
+    let get = testbed::get_from(Some(from), addr, tls::SNI, cfg, "/who");
+    tokio::time::timeout(RUSTLS_TIMEOUT, get)
+        .await
+        .expect("a request through crossbar timed out")
+        .expect("a request through crossbar")
+}
+
+/// `FLOOD_HELLOS` real OpenSSL TLS 1.3 ClientHellos (no session offered), each from
+/// its own address, each reading the start of the backend's answer and hanging up
+/// (the cheapest thing a client can do that a backend answers). How many were
+/// answered.
+async fn bare_hello_flood(addr: SocketAddr) -> usize {
+    let hello = common::hello_fixture("openssl3_tls13.bin");
+    let mut flood = tokio::task::JoinSet::new();
+    let mut answered = 0;
+    for i in 0..FLOOD_HELLOS {
+        let from = std::net::IpAddr::from([127, 9, (i / 250) as u8, (i % 250 + 1) as u8]);
+        let hello = hello.clone();
+        flood.spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut c = common::connect_from(from, addr).await;
+            c.write_all(&hello).await.expect("send hello");
+            let mut buf = [0u8; 4096];
+            let read = tokio::time::timeout(FLOOD_ANSWER, c.read(&mut buf)).await;
+            matches!(read, Ok(Ok(n)) if n > 0)
+        });
+        while flood.len() >= FLOOD_IN_FLIGHT {
+            answered += usize::from(flood.join_next().await.unwrap().unwrap());
+        }
+    }
+    while let Some(r) = flood.join_next().await {
+        answered += usize::from(r.unwrap());
+    }
+    answered
+}
+
+/// What a flood case saw.
+#[derive(Debug)]
+struct FloodRow {
+    case: FloodCase,
+    entries_before: usize,
+    entries_after: usize,
+    evicted: u64,
+    learned_by_flood: f64,
+    agents_entries_lost: usize,
+    answered: usize,
+    kept_before: usize,
+    kept_after: usize,
+    source_hits_after: f64,
+    /// Seconds the case took.
+    secs: f64,
+}
+
+/// Agents resume, then a flood of bare hellos, then the agents resume again.
+async fn flood_run(ca: &TestCa, case: FloodCase) -> FloodRow {
+    let started = Instant::now();
+    let names: Vec<String> = (1..=2)
+        .map(|i| format!("flood-{}{i}", case.server))
+        .collect();
+    let _openssl;
+    let _rustls;
+    let list: Vec<(String, SocketAddr)> = match case.server {
+        Peer::Openssl => {
+            let v: Vec<_> = names
+                .iter()
+                .map(|n| OpensslBackend::start(ca, n, &["-tls1_2"]).expect("s_server"))
+                .collect();
+            let list = v.iter().map(|b| (b.name.clone(), b.addr)).collect();
+            _openssl = v;
+            list
+        }
+        Peer::Rustls => {
+            let tls = BackendTls {
+                versions: Versions::Both,
+                tickets: true,
+            };
+            let v = rustls_backends(ca, &names, tls)
+                .await
+                .expect("rustls backends");
+            let list = v.iter().map(|b| (b.name.clone(), b.addr)).collect();
+            _rustls = v;
+            list
+        }
+    };
+    let xb = Crossbar::start(&case.yaml(&list)).await;
+    let addr = xb.addr("puppet");
+    let idle_tasks = xb.open_tasks();
+    let server = xb.server.clone();
+    let settled = move || server.open_tasks() <= idle_tasks;
+    let svc = xb.server.service("puppet").expect("the service");
+    let table = svc.table.clone().expect("a stick table");
+    let stick = svc.config.stick.clone().expect("stick settings");
+
+    // Real agents with tickets, a full handshake and a resumption each: TLS 1.2 (whose
+    // address is learned at the server's ChangeCipherSpec, after its Finished) and,
+    // where the backends speak it, every other one TLS 1.3 (learned once it sent its
+    // Finished after the ServerHello).
+    let mut agents = Vec::new();
+    let mut kept_before = 0;
+    for i in 0..FLOOD_AGENTS {
+        let from = std::net::IpAddr::from([127, 8, 0, (i + 1) as u8]);
+        let versions = match (case.server, i % 2) {
+            (Peer::Rustls, 1) => Versions::Tls13,
+            _ => Versions::Tls12,
+        };
+        let cfg = testbed::client_config(ca, versions, true).expect("client config");
+        let first = flood_get(from, addr, cfg.clone()).await;
+        let again = flood_get(from, addr, cfg.clone()).await;
+        kept_before += usize::from(again.resumed && again.backend == first.backend);
+        agents.push(FloodAgent {
+            from,
+            cfg,
+            home: first.backend,
+        });
+    }
+    common::wait_until("the agents' connections ended", &settled).await;
+    let keys = |t: &crossbar::stick::StickTable| -> std::collections::HashSet<String> {
+        t.entries(100_000).into_iter().map(|e| e.hash_hex).collect()
+    };
+    let before = table.stats();
+    let taught = keys(&table);
+    // Each agent's own source entry is among what they taught.
+    for a in &agents {
+        let (key, _) = crossbar::stick::source_key(&table, &stick, a.from);
+        assert!(
+            taught.contains(&format!("{:016x}", key.hash)),
+            "{case:?}: agent {} taught no source entry",
+            a.from
+        );
+    }
+    let learned = |xb: &Crossbar| xb.metric("crossbar_stick_learned_total", &[]);
+    let learned_before = learned(&xb);
+
+    let answered = bare_hello_flood(addr).await;
+    common::wait_until("the flood's connections ended", &settled).await;
+    let after = table.stats();
+    let learned_by_flood = learned(&xb) - learned_before;
+    let left = keys(&table);
+    let agents_entries_lost = taught.difference(&left).count();
+
+    let source_hits = |xb: &Crossbar| {
+        xb.metric(
+            "crossbar_stick_lookups_total",
+            &[("key", "source"), ("result", "hit")],
+        )
+    };
+    let hits_before = source_hits(&xb);
+    let mut kept_after = 0;
+    for a in &agents {
+        let r = flood_get(a.from, addr, a.cfg.clone()).await;
+        kept_after += usize::from(r.resumed && r.backend == a.home);
+    }
+    FloodRow {
+        case,
+        entries_before: before.entries,
+        entries_after: after.entries,
+        evicted: after.evicted - before.evicted,
+        learned_by_flood,
+        agents_entries_lost,
+        answered,
+        kept_before,
+        kept_after,
+        source_hits_after: source_hits(&xb) - hits_before,
+        secs: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Issue #42, 1: with `source` a stick key, the source entry was learned as soon as a
+/// backend was connected, before the client had proven anything: 4,000 bare TLS 1.3
+/// hellos from 4,000 addresses emptied a 1,000-entry table (ticket entries 41 -> 0)
+/// and 40 agents resumed 0/40 on their backend after. Now what a client teaches
+/// waits until it has completed its side of the handshake, for every key kind:
+/// here `FLOOD_AGENTS` agents from addresses of their own teach their entries and
+/// resume; `FLOOD_HELLOS` bare hellos from as many addresses (4x the table) teach
+/// nothing and evict nothing; every agent still resumes on its backend. With the
+/// compilers' preset and with `on: [source]`, OpenSSL and rustls backends,
+/// confirmation on and `confirm_budget: 0`.
+async fn flood_cases(server: Peer) {
+    let ca = TestCa::new("bare hello flood CA").expect("CA");
+    let mut rows = Vec::new();
+    for preset in [true, false] {
+        for confirm in [true, false] {
+            let case = FloodCase {
+                server,
+                preset,
+                confirm,
+            };
+            rows.push(flood_run(&ca, case).await);
+        }
+    }
+    for r in &rows {
+        println!(
+            "{:?}: entries {} -> {}, evicted {}, learned during the flood {}, agents' entries lost {}; \
+             {}/{FLOOD_HELLOS} hellos answered; agents resumed on their backend {}/{FLOOD_AGENTS} before, \
+             {}/{FLOOD_AGENTS} after ({} by their source entry); {:.1} s",
+            r.case,
+            r.entries_before,
+            r.entries_after,
+            r.evicted,
+            r.learned_by_flood,
+            r.agents_entries_lost,
+            r.answered,
+            r.kept_before,
+            r.kept_after,
+            r.source_hits_after,
+            r.secs
+        );
+    }
+    for r in &rows {
+        let case = r.case;
+        assert_eq!(
+            r.kept_before, FLOOD_AGENTS,
+            "{case:?}: agents before the flood"
+        );
+        assert!(r.answered >= FLOOD_HELLOS * 9 / 10, "{r:?}");
+        assert_eq!(
+            r.learned_by_flood, 0.0,
+            "{case:?}: the flood taught the table: {r:?}"
+        );
+        assert_eq!(r.evicted, 0, "{case:?}: the flood evicted entries: {r:?}");
+        assert_eq!(r.agents_entries_lost, 0, "{case:?}: {r:?}");
+        assert_eq!(r.entries_after, r.entries_before, "{case:?}: {r:?}");
+        assert_eq!(
+            r.kept_after, FLOOD_AGENTS,
+            "{case:?}: agents after the flood: {r:?}"
+        );
+        if !case.preset {
+            // `on: [source]`: the agents' own source entries placed them.
+            assert_eq!(r.source_hits_after, FLOOD_AGENTS as f64, "{r:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_hello_floods_evict_nothing_with_source_stickiness_openssl() {
+    flood_cases(Peer::Openssl).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_hello_floods_evict_nothing_with_source_stickiness_rustls() {
+    flood_cases(Peer::Rustls).await;
+}

@@ -3,8 +3,9 @@
 //! drain/enable/disable backends, set their weights and reload.
 //!
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
-//! header read timeout, then a timeout on the rest of the request, request bodies
-//! capped (no endpoint takes a body) and a bounded connection age. When every slot
+//! header read timeout, no request bodies (no endpoint takes one: a request that
+//! declares one is answered 413 at once, without reading it, so a body that never
+//! comes holds nothing) and a bounded connection age. When every slot
 //! is taken, the oldest connection without a request in progress makes room
 //! (`slots.rs`), and a few reserved slots still answer `/healthz` and `/metrics`
 //! while every regular one is busy, so a full admin endpoint never reads as a dead
@@ -31,9 +32,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{
+    HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
@@ -54,15 +57,14 @@ use crate::server::Server;
 use slots::{Lease, Slot, Slots};
 use throttle::Throttle;
 
-/// Largest request body accepted; no endpoint needs one, so this only bounds abuse.
-const MAX_BODY: usize = 1024;
 /// Time a client has to send a request's headers (slowloris guard).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Concurrent admin connections: a scraper, a few operators and scripts.
 pub const MAX_CONNECTIONS: usize = 64;
-/// Time a whole request has, headers and body, before it is answered 408 and its
-/// connection closed: no endpoint takes a body, so a client that declares one and
-/// stalls is holding a slot, not uploading.
+/// Time the request in progress gets to finish once its connection is to close
+/// (shutdown, or [`MAX_CONNECTION_AGE`]). Every endpoint answers from memory (a
+/// table dump at most builds 10,000 entries), so this only bounds a client that
+/// never reads its answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections beyond [`MAX_CONNECTIONS`] that may still ask `/healthz` or
 /// `/metrics` (a keepalived check, a scrape); other paths get 503 there.
@@ -376,6 +378,15 @@ impl Route<'_> {
 
 async fn handle(ctx: &Ctx, peer: Peer, req: Request<Incoming>, slot: Slot) -> Reply {
     let (parts, body) = req.into_parts();
+    // Never read: hyper drains what already arrived with the headers, else closes.
+    drop(body);
+    let host = match origin::request_host(&parts) {
+        Ok(h) => h,
+        Err(r) => {
+            let bad = closing(error(StatusCode::BAD_REQUEST, r.message()));
+            return refuse(ctx, peer, &parts, r.reason(), bad);
+        }
+    };
     let route = Route::parse(parts.uri.path());
     if slot == Slot::Reserved && !matches!(route, Some(Route::Metrics | Route::Healthz)) {
         return closing(error(
@@ -397,12 +408,9 @@ async fn handle(ctx: &Ctx, peer: Peer, req: Request<Incoming>, slot: Slot) -> Re
     let monitoring =
         matches!(route, Some(Route::Metrics | Route::Healthz)) && parts.method == Method::GET;
     if !monitoring {
-        if let Err(r) = origin::check_host(&parts.headers, peer.local, &allowed_hosts) {
+        if let Err(r) = origin::check_host(host.as_deref(), peer.local, &allowed_hosts) {
             return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
         }
-    }
-    if let Err(refused) = read_body(&parts.headers, body).await {
-        return refused;
     }
     let Some(route) = route else {
         return error(
@@ -427,12 +435,16 @@ async fn handle(ctx: &Ctx, peer: Peer, req: Request<Incoming>, slot: Slot) -> Re
         return r;
     }
     if parts.method != Method::GET {
-        if let Err(r) = origin::check_write(&parts.headers) {
+        if let Err(r) = origin::check_write(&parts.headers, host.as_deref()) {
             return refuse(ctx, peer, &parts, r.reason(), forbidden(r.message()));
         }
         if let Err(d) = auth::check_write(ctx.token.as_ref(), &parts.headers, peer.addr.ip()) {
             return refuse(ctx, peer, &parts, d.reason(), denied_reply(d));
         }
+    }
+    // Last of the refusals, none of which waits: a guard's 403 says more.
+    if declares_body(&parts.headers) {
+        return refuse(ctx, peer, &parts, BODY_REFUSED, body_refused());
     }
     dispatch(ctx, route, &parts.method, parts.uri.query()).await
 }
@@ -472,32 +484,27 @@ fn forbidden(message: &str) -> Reply {
     error(StatusCode::FORBIDDEN, message)
 }
 
-/// Read (and drop) the request body: over [`MAX_BODY`] is 413, not complete within
-/// [`REQUEST_TIMEOUT`] is 408 and the connection closes.
-async fn read_body(headers: &hyper::HeaderMap, body: Incoming) -> Result<(), Reply> {
-    let too_large = || {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body over {MAX_BODY} bytes (no endpoint takes a body)"),
-        )
-    };
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    match tokio::time::timeout(REQUEST_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(_)) => Err(too_large()),
-        Err(_) => {
-            tracing::warn!("admin: request body not received within {REQUEST_TIMEOUT:?}, closing");
-            Err(closing(error(
-                StatusCode::REQUEST_TIMEOUT,
-                format!("request not complete within {REQUEST_TIMEOUT:?}"),
-            )))
-        }
-    }
+/// The `reason` a request declaring a body is counted under.
+const BODY_REFUSED: &str = "body";
+
+/// Does the request declare a body (`Content-Length` above 0, or any
+/// `Transfer-Encoding`)? hyper has refused a malformed length already.
+fn declares_body(headers: &hyper::HeaderMap) -> bool {
+    headers.contains_key(TRANSFER_ENCODING)
+        || headers
+            .get(CONTENT_LENGTH)
+            .is_some_and(|v| v.to_str().ok().and_then(|n| n.trim().parse::<u64>().ok()) != Some(0))
+}
+
+/// 413 for a declared body, at once and without reading it (no endpoint takes one:
+/// waiting for a body that never comes held the connection's slot as busy, and 74
+/// such connections kept `/healthz` and `/api` from answering); the connection
+/// closes, since the body's bytes would follow.
+fn body_refused() -> Reply {
+    closing(error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request body refused: no endpoint takes one (not read)",
+    ))
 }
 
 /// `r` with `Connection: close`: hyper closes the connection once it is sent.

@@ -20,9 +20,15 @@
 //! A request without these headers (the `crossbar` CLI, curl, keepalived) is not a
 //! browser's and passes; a browser always sends `Host`, and `Origin` on a POST.
 //! The same rules as Go's `net/http.CrossOriginProtection`, plus the Host check.
+//!
+//! Which host a request names is RFC 9112's answer ([`request_host`]): the
+//! authority of an absolute-form target (`GET http://host/path`), which replaces
+//! `Host`, else the one `Host` line; two `Host` lines, or one that is not a host,
+//! are a bad request (400), whatever they say.
 use std::net::IpAddr;
 
 use hyper::header::{CONTENT_TYPE, HOST, ORIGIN, REFERER};
+use hyper::http::request::Parts;
 use hyper::{HeaderMap, Uri};
 
 /// Why a request was refused before it reached its endpoint.
@@ -36,6 +42,8 @@ pub enum Refused {
     FetchSite,
     /// A write with an HTML form's content type.
     FormContentType,
+    /// Two `Host` lines, or one that is not a host and port (RFC 9112 3.2: 400).
+    BadHost,
 }
 
 impl Refused {
@@ -46,6 +54,7 @@ impl Refused {
             Refused::Origin => "origin",
             Refused::FetchSite => "fetch_site",
             Refused::FormContentType => "form_content_type",
+            Refused::BadHost => "bad_host",
         }
     }
 
@@ -67,6 +76,10 @@ impl Refused {
             Refused::FormContentType => {
                 "write refused: it has an HTML form's content type; no endpoint takes a \
                  body (cross-site request guard)"
+            }
+            Refused::BadHost => {
+                "bad request: more than one Host header line, or a Host that is not a \
+                 host and port (RFC 9112 3.2)"
             }
         }
     }
@@ -125,19 +138,45 @@ impl Authority {
     }
 }
 
-/// Is `host` (from the `Host` header) one this endpoint answers as: the address the
+/// The host a request names (RFC 9112 3.2): the authority of an absolute-form
+/// target, which replaces `Host` (3.2.2: a server MUST ignore `Host` then), else
+/// the one `Host` line; `None` without either (not a browser's request). More than
+/// one `Host` line, or one whose value is not a host and optional port, is
+/// [`Refused::BadHost`]; an empty one names no host (refused by [`check_host`]).
+pub fn request_host(parts: &Parts) -> Result<Option<String>, Refused> {
+    let mut lines = parts.headers.get_all(HOST).iter();
+    let host = lines.next();
+    if lines.next().is_some() {
+        return Err(Refused::BadHost);
+    }
+    if let Some(a) = parts.uri.authority() {
+        // userinfo (`user@host`, deprecated by RFC 9110 4.2.4) is not the host.
+        let text = a.as_str();
+        return Ok(Some(text.rsplit('@').next().unwrap_or(text).to_string()));
+    }
+    let Some(value) = host else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| Refused::BadHost)?;
+    // `uri-host [ ":" port ]` (RFC 9110 7.2): RFC 3986's characters, no userinfo.
+    let valid = text.parse::<hyper::http::uri::Authority>().is_ok()
+        && !text.contains('@')
+        && Authority::parse(text).is_some();
+    if !text.is_empty() && !valid {
+        return Err(Refused::BadHost);
+    }
+    Ok(Some(text.to_string()))
+}
+
+/// Is `host` (from [`request_host`]) one this endpoint answers as: the address the
 /// client connected to (`local`), a loopback address, `localhost` or a name under
 /// it, or one of `allowed` (as `admin.allowed_hosts` normalizes them)? The port is not compared: `ssh -L`
-/// forwards from any local port. A request without `Host` is not a browser's.
-pub fn check_host(headers: &HeaderMap, local: IpAddr, allowed: &[String]) -> Result<(), Refused> {
-    let Some(value) = headers.get(HOST) else {
+/// forwards from any local port. A request that names no host is not a browser's.
+pub fn check_host(host: Option<&str>, local: IpAddr, allowed: &[String]) -> Result<(), Refused> {
+    let Some(text) = host else {
         return Ok(());
     };
-    let host = value
-        .to_str()
-        .ok()
-        .and_then(Authority::parse)
-        .ok_or(Refused::Host)?;
+    let host = Authority::parse(text).ok_or(Refused::Host)?;
     let ok = match host.ip() {
         Some(ip) => {
             let ip = ip.to_canonical();
@@ -148,9 +187,9 @@ pub fn check_host(headers: &HeaderMap, local: IpAddr, allowed: &[String]) -> Res
     ok.then_some(()).ok_or(Refused::Host)
 }
 
-/// May this write (POST, DELETE) proceed as far as its browser headers tell? See
-/// the module notes for the rules.
-pub fn check_write(headers: &HeaderMap) -> Result<(), Refused> {
+/// May this write (POST, DELETE) to `host` (from [`request_host`]) proceed as far
+/// as its browser headers tell? See the module notes for the rules.
+pub fn check_write(headers: &HeaderMap, host: Option<&str>) -> Result<(), Refused> {
     if let Some(site) = headers.get("sec-fetch-site") {
         if !matches!(site.as_bytes(), b"same-origin" | b"none") {
             return Err(Refused::FetchSite);
@@ -169,10 +208,7 @@ pub fn check_write(headers: &HeaderMap) -> Result<(), Refused> {
     let Some(source) = source else {
         return Ok(());
     };
-    let target = headers
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .and_then(Authority::parse);
+    let target = host.and_then(Authority::parse);
     match (origin_of(source.as_bytes()), target) {
         (Some(from), Some(to)) if from == to => Ok(()),
         _ => Err(Refused::Origin),
@@ -224,7 +260,7 @@ mod tests {
     fn hosts() {
         let local: IpAddr = "10.0.0.5".parse().unwrap();
         let allowed = vec!["lb1.example.com".to_string(), "192.0.2.7".to_string()];
-        let check = |host: &str| check_host(&headers(&[("host", host)]), local, &allowed);
+        let check = |host: &str| check_host(Some(host), local, &allowed);
         for ok in [
             "127.0.0.1:9140",
             "127.1.2.3",
@@ -248,13 +284,57 @@ mod tests {
         ] {
             assert_eq!(check(bad), Err(Refused::Host), "{bad}");
         }
-        assert_eq!(check_host(&HeaderMap::new(), local, &[]), Ok(()));
+        assert_eq!(check_host(None, local, &[]), Ok(()));
+    }
+
+    #[test]
+    fn the_host_a_request_names() {
+        let parts = |target: &str, hosts: &[&str]| {
+            let mut r = hyper::Request::builder().uri(target);
+            for h in hosts {
+                r = r.header(HOST, *h);
+            }
+            r.body(()).unwrap().into_parts().0
+        };
+        let host = |target: &str, hosts: &[&str]| request_host(&parts(target, hosts));
+        assert_eq!(
+            host("/api", &["localhost:9140"]),
+            Ok(Some("localhost:9140".into()))
+        );
+        assert_eq!(host("/api", &[]), Ok(None));
+        assert_eq!(host("/api", &[""]), Ok(Some(String::new())));
+        for bad in [
+            &["localhost", "localhost"][..],
+            &["a", "b"],
+            &["x y"],
+            &["h:99999"],
+            &["u@localhost"],
+            &["local<host>"],
+        ] {
+            assert_eq!(host("/api", bad), Err(Refused::BadHost), "{bad:?}");
+        }
+        // Absolute form: the target's authority, whatever Host says.
+        assert_eq!(
+            host("http://evil.example:80/api", &["localhost"]),
+            Ok(Some("evil.example:80".into()))
+        );
+        assert_eq!(
+            host("http://u@127.0.0.1/api", &["evil.example"]),
+            Ok(Some("127.0.0.1".into()))
+        );
+        assert_eq!(
+            host("http://127.0.0.1/api", &["a", "b"]),
+            Err(Refused::BadHost)
+        );
     }
 
     #[test]
     fn writes() {
         let host = ("host", "127.0.0.1:9140");
-        let ok = |h: &[(&'static str, &str)]| check_write(&headers(h));
+        let ok = |h: &[(&'static str, &str)]| {
+            let h = headers(h);
+            check_write(&h, h.get(HOST).and_then(|v| v.to_str().ok()))
+        };
         assert_eq!(ok(&[host]), Ok(()));
         assert_eq!(ok(&[]), Ok(()));
         assert_eq!(ok(&[host, ("origin", "http://127.0.0.1:9140")]), Ok(()));

@@ -33,7 +33,9 @@ pub struct PerSource {
     pub source_prefix_v6: u8,
     /// Networks never limited nor tracked (monitoring, the masters themselves).
     pub allow: Vec<IpNet>,
-    /// Most sources tracked at once; sources beyond share one overflow entry.
+    /// Most sources kept without an open connection (for their bucket); beyond, new
+    /// sources share one overflow entry. A source holding a connection is always
+    /// tracked (`admission.rs`).
     pub table_size: usize,
 }
 

@@ -153,7 +153,9 @@ impl Conn<'_> {
         // connection has lived long enough for it to matter (`relay::Timing`).
         backend.metrics.connections.inc();
         let client_ip = self.peer.ip().to_canonical();
-        if let Some(sticking) = svc.sticking() {
+        // With no handshake to watch, reaching a backend is all a connection shows;
+        // a TLS client's address is learned once it completed its side (watched.rs).
+        if let (Some(sticking), None) = (svc.sticking(), &hello) {
             sticking.learn_connect(client_ip, &backend.name);
         }
         let replayed = buf.len() as u64;
@@ -216,26 +218,34 @@ impl Conn<'_> {
             return Ok((svc.clone(), None));
         }
         let read = read_hello(&mut self.client, buf, routes.max_hello, deadline);
-        match read.await {
+        let e = match read.await {
             Ok(mut h) => {
                 self.sni = h.sni.take();
                 let Some(svc) = routes.routes.route(self.sni.as_deref()) else {
                     crate::metrics::unrouted(&self.shared.metrics, None, Some("no_route"));
                     return Err(ConnError::NoRoute(self.sni.clone()));
                 };
-                Ok((svc.clone(), Some(h)))
+                return Ok((svc.clone(), Some(h)));
             }
-            Err(e @ (HelloError::NotTls | HelloError::Malformed)) if routes.non_tls.is_some() => {
-                let svc = routes.non_tls.clone().ok_or(ConnError::Hello(e))?;
+            Err(e) => e,
+        };
+        // A PROXY header where the hello should be: from a source not trusted to send
+        // one, or a second one behind a trusted tier's. Never parsed, named as what it
+        // is, and refused before `on_non_tls` decides (forwarded, it would reach the
+        // backend as if crossbar had sent it).
+        if e == HelloError::NotTls && begins_with_header(&mut self.client, buf, deadline).await {
+            let refused = match self.log.proxied {
+                Some(_) => FrontError::Repeated,
+                None => FrontError::Untrusted,
+            };
+            return Err(ConnError::Front(refused));
+        }
+        match (e, routes.non_tls.clone()) {
+            (HelloError::NotTls | HelloError::Malformed, Some(svc)) => {
                 svc.metrics.hello_error(e.reason());
                 Ok((svc, None))
             }
-            // A PROXY header from a source not trusted to send one: never parsed, but
-            // named as what it is.
-            Err(HelloError::NotTls) if proxy_protocol::untrusted_header(buf) => {
-                Err(ConnError::Front(FrontError::Untrusted))
-            }
-            Err(e) => Err(self.hello_failed(e)),
+            _ => Err(self.hello_failed(e)),
         }
     }
 
@@ -327,6 +337,28 @@ fn set_keepalive(stream: &TcpStream, ka: Option<crate::config::Keepalive>) {
     if let Err(e) = crate::listener::set_keepalive(&socket2::SockRef::from(stream), ka) {
         tracing::debug!("TCP keepalive not set: {e}");
     }
+}
+
+/// Do the bytes read where a hello was expected begin with a PROXY header's
+/// signature ([`proxy_protocol::header_signature`])? While they are a proper prefix
+/// of one, read on, by the hello's `deadline` and never past the longest signature:
+/// a header trickled byte by byte is named as one, and other bytes that start the
+/// same way (`PUT ...`) are not. Bytes that end or stall still a prefix of one
+/// count as one (nothing shows them to be anything else).
+async fn begins_with_header(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let cap = Cap {
+        bytes: buf.len().max(proxy_protocol::SIGNATURE_MAX),
+        chunk: proxy_protocol::SIGNATURE_MAX,
+        deadline,
+    };
+    let decided = read_until(stream, buf, cap, std::future::pending(), |b, _| {
+        proxy_protocol::header_signature(b)
+    });
+    decided.await.unwrap_or(true)
 }
 
 /// Read until a complete ClientHello (or a reason to give up), by `deadline` and

@@ -12,7 +12,7 @@ use crate::access_log::{AccessLog, End};
 use crate::balance::Backend;
 use crate::connections::OpenConn;
 use crate::hello::{ClientHelloInfo, ServerHandshake, ServerWatcher};
-use crate::relay::{self, RelayCounters, RelayEnd, RelayStats, Watch};
+use crate::relay::{self, ClientHook, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::Service;
 use crate::stick::LearnWhen;
 
@@ -38,32 +38,41 @@ pub(super) async fn relay_watched(
         let seen = &mut handshake;
         let flight = &flight;
         let sticking = svc.sticking();
-        let learn = move |hs: &ServerHandshake| {
-            if let Some(s) = svc.sticking() {
-                s.learn_handshake(h, hs, ip, &backend.name);
-            }
-        };
         Box::new(Watch {
             watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
             on_handshake: Box::new(move |hs: &ServerHandshake| {
                 *seen = handshake_kind(backend, hs);
                 open.handshake_seen();
+                let Some(s) = svc.sticking() else { return };
+                s.learn_handshake(h, hs, &backend.name);
                 let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
-                match (crate::stick::learn_when(h, hs), &*f) {
-                    (LearnWhen::Now, _) => learn(hs),
-                    (LearnWhen::AfterClientFlight, Flight::Waiting) => {
-                        *f = Flight::Held(Box::new(hs.clone()));
+                *f = match crate::stick::learn_when(h, hs) {
+                    LearnWhen::Now => {
+                        s.learn_source(hs, ip, &backend.name);
+                        Flight::Done
                     }
-                    _ => {}
-                }
+                    LearnWhen::AfterClientFlight => Flight::Held(Box::new(hs.clone())),
+                    LearnWhen::Never => Flight::Done,
+                };
             }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
             on_client: sticking.map(|_| {
                 Box::new(move || {
                     let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
-                    if let Flight::Held(hs) = std::mem::replace(&mut *f, Flight::ClientSpoke) {
-                        learn(&hs);
+                    match std::mem::replace(&mut *f, Flight::Done) {
+                        // Bytes before the server's handshake answered nothing.
+                        Flight::Waiting => {
+                            *f = Flight::Waiting;
+                            false
+                        }
+                        Flight::Held(hs) => {
+                            if let Some(s) = svc.sticking() {
+                                s.learn_source(&hs, ip, &backend.name);
+                            }
+                            true
+                        }
+                        Flight::Done => true,
                     }
-                }) as Box<dyn FnOnce() + Send + '_>
+                }) as ClientHook<'_>
             }),
         })
     });
@@ -108,17 +117,15 @@ pub(super) async fn relay_watched(
     Ok((stats, handshake))
 }
 
-/// Where a connection is in proving its TLS 1.3 full handshake
-/// ([`crate::stick::learn_when`]): what the server's handshake teaches waits for the
-/// client's next flight.
+/// Where a connection is in proving its handshake ([`crate::stick::learn_when`]):
+/// what it teaches of the client's address waits for the client's next flight.
 enum Flight {
-    /// Neither the server's handshake nor a client byte seen yet.
+    /// The server's handshake not seen yet: client bytes now answer nothing.
     Waiting,
-    /// The server's handshake, held until the client answers it.
+    /// The server's handshake, held until the client sends bytes after it.
     Held(Box<ServerHandshake>),
-    /// The client has sent a byte during the relay (before the server's handshake
-    /// showed, that byte answered nothing: then it teaches nothing).
-    ClientSpoke,
+    /// Learned, or nothing to learn.
+    Done,
 }
 
 /// Count a server handshake as full or resumed; its access-log word.

@@ -38,6 +38,12 @@ pub enum FrontError {
     /// bytes were read as a ClientHello and were not one).
     #[error("a PROXY header from a source not in this listener's accept_from")]
     Untrusted,
+    /// A second PROXY header behind the one a trusted tier sent (never parsed): the
+    /// tier relays a header it was sent, or sends two. Its own reason, so that the
+    /// alert on `proxy_untrusted` (someone outside accept_from sends headers) does
+    /// not fire for a tier's bug.
+    #[error("a second PROXY header after the trusted tier's header")]
+    Repeated,
 }
 
 impl FrontError {
@@ -49,6 +55,7 @@ impl FrontError {
             FrontError::Timeout => "timeout",
             FrontError::Truncated => "truncated",
             FrontError::Untrusted => "untrusted",
+            FrontError::Repeated => "repeated",
         }
     }
 }
@@ -103,14 +110,25 @@ pub async fn read_front<S: AsyncRead + Unpin>(
     }
 }
 
-/// Do the bytes read from an untrusted source (as a ClientHello, which they were
-/// not) begin like a PROXY header? Only the signature is compared, never parsed.
-pub fn untrusted_header(buf: &[u8]) -> bool {
-    let like = |sig: &[u8]| {
+/// The longest PROXY signature (v2's): what [`header_signature`] needs at most.
+pub const SIGNATURE_MAX: usize = V2_SIGNATURE.len();
+
+/// Do bytes read where a ClientHello was expected (and which were not one) begin
+/// with a PROXY header's signature, v1's `PROXY ` or v2's 12 bytes? Only the
+/// signature is compared, never parsed. `None` while they are a proper prefix of
+/// one: more bytes decide.
+pub fn header_signature(buf: &[u8]) -> Option<bool> {
+    let mut undecided = false;
+    for sig in [&V1_PREFIX[..], &V2_SIGNATURE[..]] {
         let n = buf.len().min(sig.len());
-        n > 0 && buf[..n] == sig[..n]
-    };
-    like(V1_PREFIX) || like(&V2_SIGNATURE)
+        if buf.get(..n) == sig.get(..n) {
+            if n == sig.len() {
+                return Some(true);
+            }
+            undecided = true;
+        }
+    }
+    (!undecided).then_some(false)
 }
 
 #[cfg(test)]
@@ -202,9 +220,15 @@ mod tests {
         // A header cut short.
         let (r, _) = front_of(&header[..20], "127.0.0.2:5", Some(&policy(false)), 3).await;
         assert_eq!(r, Err(FrontError::Truncated));
-        assert!(untrusted_header(b"PROXY TCP4"));
-        assert!(untrusted_header(&V2_SIGNATURE[..5]));
-        assert!(!untrusted_header(HELLO));
+        assert_eq!(header_signature(b"PROXY TCP4"), Some(true));
+        assert_eq!(header_signature(&V2_SIGNATURE), Some(true));
+        assert_eq!(header_signature(&V2_SIGNATURE[..5]), None);
+        assert_eq!(header_signature(b"PRO"), None);
+        assert_eq!(header_signature(b""), None);
+        assert_eq!(header_signature(b"PUT /"), Some(false));
+        assert_eq!(header_signature(b"PROXZ"), Some(false));
+        assert_eq!(header_signature(b"\r\n\r\nhello"), Some(false));
+        assert_eq!(header_signature(HELLO), Some(false));
     }
 
     #[tokio::test]

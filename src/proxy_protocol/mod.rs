@@ -8,7 +8,7 @@ mod accept;
 mod receive;
 mod send;
 
-pub use accept::{read_front, untrusted_header, Front, FrontError};
+pub use accept::{header_signature, read_front, Front, FrontError, SIGNATURE_MAX};
 pub use receive::{parse, ProxyError, ProxyHeader, ProxyParse, MAX_HEADER, V1_MAX};
 pub use send::{header, local};
 

@@ -29,10 +29,14 @@ pub struct Watch<'a> {
     pub watcher: ServerWatcher,
     /// Called once when the watcher is done.
     pub on_handshake: Box<dyn FnOnce(&ServerHandshake) + Send + 'a>,
-    /// Called once when the client's first byte has been relayed (not at its EOF):
-    /// its answer to what the server sent, which proves more than its hello did.
-    pub on_client: Option<Box<dyn FnOnce() + Send + 'a>>,
+    /// Called each time the client's direction has relayed more bytes (not at its
+    /// EOF), until it returns true: the client's answers to what the server sent,
+    /// which prove more than its hello did.
+    pub on_client: Option<ClientHook<'a>>,
 }
+
+/// See [`Watch::on_client`]: true once it needs to hear no more.
+pub type ClientHook<'a> = Box<dyn FnMut() -> bool + Send + 'a>;
 
 /// Relay `src` (the socket of `from.0`) to `dst` until EOF, then half-close `dst`,
 /// unless `from.1` says the other direction found an abort: then `dst` is to be

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::config::Keepalive;
 
-use super::copy::{self, Watch};
+use super::copy::{self, ClientHook, Watch};
 use super::ending::{self, Abort, Ending, Ends, Peer};
 use super::hard_stop::HardStop;
 use super::meter::{Activity, Meter, RelayCounters};
@@ -71,7 +71,7 @@ pub async fn relay(
         let (sr, sw) = server.split();
         let c2s = copy::pump(cr, sw, &c2s_meter, (Peer::Client, &ends), None);
         tokio::pin!(c2s);
-        let c2s = once_moved(c2s, &c2s_meter, on_client);
+        let c2s = on_moved(c2s, &c2s_meter, on_client);
         let s2c = copy::pump(sr, cw, &s2c_meter, (Peer::Backend, &ends), watch);
         tokio::pin!(c2s, s2c);
         let clocks = (idle, keepalive);
@@ -84,19 +84,25 @@ pub async fn relay(
     RelayStats::new(totals, end, abort)
 }
 
-/// `pump`, running `hook` once as soon as its direction has moved a byte (checked
-/// after each poll: bytes are counted before a pump waits again). Not an `async fn`,
-/// which would hold the pump's future twice for the connection's life.
-fn once_moved<'a, F: Future>(
+/// `pump`, running `hook` each time its direction has moved more bytes (checked
+/// after each poll: bytes are counted before a pump waits again), until the hook
+/// says it has heard enough. Not an `async fn`, which would hold the pump's future
+/// twice for the connection's life.
+fn on_moved<'a, F: Future>(
     mut pump: Pin<&'a mut F>,
     meter: &'a Meter<'a>,
-    mut hook: Option<Box<dyn FnOnce() + Send + 'a>>,
+    mut hook: Option<ClientHook<'a>>,
 ) -> impl Future<Output = F::Output> + 'a {
+    let mut seen = 0;
     std::future::poll_fn(move |cx| {
         let polled = pump.as_mut().poll(cx);
-        if hook.is_some() && meter.moved() > 0 {
-            if let Some(hook) = hook.take() {
-                hook();
+        if let Some(h) = hook.as_mut() {
+            let moved = meter.moved();
+            if moved > seen {
+                seen = moved;
+                if h() {
+                    hook = None;
+                }
             }
         }
         polled

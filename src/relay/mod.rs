@@ -28,7 +28,7 @@ mod plan;
 #[cfg(target_os = "linux")]
 mod splice;
 
-pub use copy::Watch;
+pub use copy::{ClientHook, Watch};
 pub use drive::{relay, Timing};
 pub use ending::{Abort, Ending, Peer};
 pub use hard_stop::HardStop;

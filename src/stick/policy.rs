@@ -49,33 +49,45 @@ impl Placement {
     }
 }
 
-/// When what a server's handshake shows may be learned ([`learn_when`]).
+/// When a connection may teach the table where its client's address goes (the
+/// `source` key, or the resume hint): see [`learn_when`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LearnWhen {
-    /// As soon as it is seen.
+    /// As soon as the server's handshake shows.
     Now,
-    /// Once the client has sent its next flight after it.
+    /// Once the client has sent bytes after the server's handshake showed.
     AfterClientFlight,
     /// Not at all.
     Never,
 }
 
-/// When a server's handshake may teach the table: only once the client has proven
-/// more than that it can send a hello, which costs nothing from any address.
+/// When a server's handshake may teach the table its client's address: only once
+/// the client has completed its side of the handshake, or as near as crossbar can
+/// see, since a ClientHello costs nothing from any address. Without that, bare
+/// hellos from many addresses each taught a `source` entry (or a resume hint) and
+/// evicted what completed clients had taught.
 ///
-/// TLS <= 1.2: a full handshake teaches at the server's ChangeCipherSpec, which
-/// follows the client's Finished ([`Sticking::learn_handshake`]); a resumption at
-/// the server's acceptance of the session. TLS 1.3: a resumption teaches at the
-/// ServerHello, since the server accepted the PSK only after checking the client's
-/// binder over the hello. A full handshake's ServerHello answers a bare hello: what
-/// it teaches (the source hint) waits for the client's next flight (its Finished,
-/// encrypted), so bare hellos from many addresses create no entry and evict none.
-/// Client bytes that come before the ServerHello (0-RTT early data, a second hello
-/// after a HelloRetryRequest) are no answer to it: nothing is learned then.
+/// TLS <= 1.2 full handshake: at the server's ChangeCipherSpec, which follows the
+/// client's Finished (the server checked it); never without it. Every other
+/// handshake (TLS 1.3, or a resumption, where the server answers the hello alone):
+/// once the client has sent bytes after the server's handshake showed (a TLS 1.3
+/// client's Finished, encrypted; a TLS 1.2 client's ChangeCipherSpec and Finished).
+/// crossbar can't check that encrypted flight, so any record counts: it costs the
+/// client a round trip and a connection held, not a bare hello and a hang-up.
+/// Client bytes before the server's handshake (a second hello after a
+/// HelloRetryRequest) answer nothing and count for nothing; a hello that announced
+/// 0-RTT early data never teaches its address (its bytes after the ServerHello may
+/// be early data sent before it). What the session state itself teaches (session
+/// ID, ticket, PSK) has rules of its own ([`Sticking::learn_handshake`]).
 pub fn learn_when(h: &ClientHelloInfo, hs: &ServerHandshake) -> LearnWhen {
-    if hs.version != Some(hello::version::TLS13) || hs.resumed != Some(false) {
-        LearnWhen::Now
-    } else if h.early_data || hs.hello_retry {
+    if hs.alert || hs.resumed.is_none() {
+        LearnWhen::Never
+    } else if hs.version != Some(hello::version::TLS13) && hs.resumed == Some(false) {
+        match hs.server_ccs {
+            true => LearnWhen::Now,
+            false => LearnWhen::Never,
+        }
+    } else if h.early_data {
         LearnWhen::Never
     } else {
         LearnWhen::AfterClientFlight
@@ -155,22 +167,34 @@ impl Sticking<'_> {
         })
     }
 
-    /// A connection reached `backend`: with `source` a stick key, that is where this
-    /// client address goes from now on.
+    /// A connection with no handshake to watch (`mode: tcp`, or non-TLS bytes
+    /// forwarded) reached `backend`: with `source` a stick key, that is where this
+    /// client address goes from now on. A TLS connection's address is learned from
+    /// its handshake instead, once the client completed it ([`Sticking::learn_source`]).
     pub fn learn_connect(&self, ip: IpAddr, backend: &str) {
         if self.sticks_on(StickOn::Source) {
             self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
         }
     }
 
-    /// Learn from what the server chose: never from what the client merely claimed.
-    pub fn learn_handshake(
-        &self,
-        h: &ClientHelloInfo,
-        hs: &ServerHandshake,
-        ip: IpAddr,
-        backend: &str,
-    ) {
+    /// The client at `ip` completed its side of a handshake with `backend`
+    /// ([`learn_when`]): with `source` a stick key, that is where this address goes
+    /// from now on; else a full handshake records the short resume hint for the
+    /// client's first resumption, unless the address is evidently many clients
+    /// (NAT), see `StickTable::learn_hint`: following one hint there herded them all.
+    pub fn learn_source(&self, hs: &ServerHandshake, ip: IpAddr, backend: &str) {
+        if self.sticks_on(StickOn::Source) {
+            self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+        } else if hs.resumed == Some(false) {
+            let key = self.table.key(KeyKind::Source, &self.source_bytes(ip));
+            self.table.learn_hint(key, backend);
+            self.metrics.learned(KeyKind::Source);
+        }
+    }
+
+    /// Learn the session state from what the server chose: never from what the
+    /// client merely claimed. (The client's address waits for [`learn_when`].)
+    pub fn learn_handshake(&self, h: &ClientHelloInfo, hs: &ServerHandshake, backend: &str) {
         let tls13 = hs.version == Some(hello::version::TLS13);
         if hs.alert || hs.resumed.is_none() {
             return;
@@ -208,14 +232,6 @@ impl Sticking<'_> {
                     self.learn_prefix(id, backend);
                 }
             }
-        }
-        // A full handshake: remember where this client went, briefly, for its first
-        // resumption; unless the address is evidently many clients (NAT), see
-        // `StickTable::learn_hint`: following one hint there herded them all.
-        if hs.resumed == Some(false) && !self.sticks_on(StickOn::Source) {
-            let key = self.table.key(KeyKind::Source, &self.source_bytes(ip));
-            self.table.learn_hint(key, backend);
-            self.metrics.learned(KeyKind::Source);
         }
     }
 
@@ -414,7 +430,7 @@ mod tests {
         // First hello `[forged, real]`, HRR, second hello `[real]`, selected_identity 0.
         h.psk_identities = vec![forged.clone(), real.clone()];
         hs.hello_retry = true;
-        s.learn_handshake(&h, &hs, IpAddr::from([127, 0, 0, 1]), "b1");
+        s.learn_handshake(&h, &hs, "b1");
         for id in [&forged, &real] {
             assert_eq!(s.hit(KeyKind::Psk, id), None);
             assert_eq!(s.hit(KeyKind::TicketPrefix, s.prefix(id).unwrap()), None);
@@ -435,13 +451,57 @@ mod tests {
             hs.session_id, h.session_id,
             "the server echoes the client's ID"
         );
-        s.learn_handshake(&h, &hs, IpAddr::from([127, 0, 0, 1]), "b1");
+        s.learn_handshake(&h, &hs, "b1");
         assert_eq!(s.hit(KeyKind::SessionId, &hs.session_id), None);
         // The accepted ticket itself is still learned.
         assert_eq!(
             s.hit(KeyKind::Ticket, h.ticket.as_deref().unwrap()),
             Some(0)
         );
+    }
+
+    /// When a handshake may teach the client's address, on captured real flights:
+    /// a TLS 1.2 full handshake at the server's ChangeCipherSpec (after the client's
+    /// Finished), never before it; TLS 1.3 and resumptions once the client sent its
+    /// next flight; never after early data or an alert.
+    #[test]
+    fn the_address_waits_for_the_client_to_complete_its_side() {
+        let (h12, full12) = captured("openssl3_tls12_full");
+        assert!(full12.server_ccs && full12.resumed == Some(false));
+        assert_eq!(learn_when(&h12, &full12), LearnWhen::Now);
+        let mut bare = full12.clone();
+        bare.server_ccs = false;
+        assert_eq!(
+            learn_when(&h12, &bare),
+            LearnWhen::Never,
+            "a bare TLS 1.2 hello"
+        );
+        let (h, resumed12) = captured("openssl3_tls12_resumed");
+        assert_eq!(learn_when(&h, &resumed12), LearnWhen::AfterClientFlight);
+        for name in ["openssl3_tls13_full", "openssl3_tls13_resumed"] {
+            let (mut h, mut hs) = captured(name);
+            assert_eq!(learn_when(&h, &hs), LearnWhen::AfterClientFlight, "{name}");
+            hs.hello_retry = true;
+            assert_eq!(learn_when(&h, &hs), LearnWhen::AfterClientFlight, "{name}");
+            h.early_data = true;
+            assert_eq!(learn_when(&h, &hs), LearnWhen::Never, "{name} with 0-RTT");
+            h.early_data = false;
+            hs.alert = true;
+            assert_eq!(
+                learn_when(&h, &hs),
+                LearnWhen::Never,
+                "{name} then an alert"
+            );
+        }
+        // Session state is another matter: a full TLS 1.2 handshake's ticket is
+        // learned at its ChangeCipherSpec, the address with it.
+        let (config, table) = (stick_config(), table());
+        let s = sticking(&table, &config);
+        s.learn_handshake(&h12, &full12, "b1");
+        let ticket = full12.new_ticket.as_deref().unwrap();
+        assert_eq!(s.hit(KeyKind::Ticket, ticket), Some(0));
+        s.learn_handshake(&h12, &bare, "b1");
+        assert_eq!(table.stats().entries, 2, "the ticket and its prefix, once");
     }
 
     #[test]
