@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::balance::{Pool, PoolParams};
 use crate::config::{Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn};
-use crate::connections::OpenConnections;
 use crate::log_writer::LogLimiter;
 use crate::metrics::{Metrics, ServiceMetrics};
+use crate::open_connections::OpenConnections;
 use crate::route::Routes;
 use crate::stick::{
     BackendIndex, KeyKind, StickMetrics, StickTable, Sticking, TableParams, RESUME_HINT_TTL,

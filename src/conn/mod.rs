@@ -23,9 +23,9 @@ use tokio::net::TcpStream;
 
 use crate::access_log::AccessLog;
 use crate::balance::Lease;
-use crate::connections::Opening;
 use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse};
 use crate::listener::{Accepted, InheritedOptions};
+use crate::open_connections::Opening;
 use crate::proxy_protocol::{self, FrontError};
 use crate::service::{ListenerRoutes, ProcessWide, Service};
 

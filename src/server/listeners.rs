@@ -20,7 +20,7 @@ use crate::service::{ListenerRoutes, ProcessWide, Service};
 
 /// Sockets bound off to the side for the addresses the running config does not
 /// listen on yet; nobody accepts on them before the commit.
-pub(super) type Fresh = HashMap<ListenKey, tokio::net::TcpListener>;
+pub(super) type NewSockets = HashMap<ListenKey, tokio::net::TcpListener>;
 
 /// Identifies a listener across reloads: its address, or for port 0 (an ephemeral
 /// port, used by tests and the demo) the service and position that asked for it,
@@ -167,7 +167,7 @@ impl Listeners {
         &self,
         groups: &[ListenGroup],
         inherited: &mut HashMap<SocketAddr, std::net::TcpListener>,
-    ) -> Result<Fresh, BindError> {
+    ) -> Result<NewSockets, BindError> {
         let mut fresh = HashMap::new();
         for g in groups.iter().filter(|g| !self.handles.contains_key(&g.key)) {
             let l = &g.config;
@@ -188,7 +188,7 @@ impl Listeners {
     pub(super) fn commit(
         &mut self,
         groups: Vec<ListenGroup>,
-        mut fresh: Fresh,
+        mut fresh: NewSockets,
         services: &[Arc<Service>],
     ) {
         let mut listeners = HashMap::new();
@@ -229,7 +229,7 @@ impl Listeners {
 
     /// A listener's per-source table under the new config: the running one kept
     /// (open connections stay counted), a new one, or none.
-    fn admission(&self, g: &ListenGroup, fresh: &Fresh) -> Option<Arc<Admission>> {
+    fn admission(&self, g: &ListenGroup, fresh: &NewSockets) -> Option<Arc<Admission>> {
         let running = self.handles.get(&g.key);
         let old = running.and_then(|h| h.routes.load().admission.clone());
         let local = running

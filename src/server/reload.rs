@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::listeners::{listen_groups, FreebindChanged, Fresh, ListenGroup, Listeners};
+use super::listeners::{listen_groups, FreebindChanged, ListenGroup, Listeners, NewSockets};
 use super::running::{Published, Running};
 use super::services::{self, Probe};
 use crate::config::{Config, ConfigError};
@@ -131,7 +131,7 @@ struct Prepared {
     tables: Vec<Option<PreparedTable>>,
     groups: Vec<ListenGroup>,
     /// Sockets bound for the addresses the running config does not listen on.
-    fresh: Fresh,
+    fresh: NewSockets,
     /// First lookups of new or changed `discover` settings.
     discovered: Vec<FirstLookup>,
     /// A DNS change, not the operator's reload: run-time weights carry over.
