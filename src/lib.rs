@@ -44,12 +44,13 @@
 //! - decisions and state: [`balance`], `admission`, [`stick`], [`route`],
 //!   [`access_log`], [`metrics`] (with [`live`]: since-when, peaks, last check and
 //!   reload for the status page) and [`open_connections`];
-//! - inputs: [`config`] (YAML -> validated model) and [`discovery`] (DNS: backends
-//!   found by name, each watcher sending its changes to the reload task);
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`], [`log_writer`] (the bounded queue in front of stderr),
 //!   `shard` (per-thread shards of the structures connections write); [`testbed`]
-//!   holds the TLS peers tests and benches share.
+//!   holds the TLS peers tests and benches share;
+//! - inputs, which every layer reads: [`config`] (YAML -> validated model) and
+//!   [`discovery`] (DNS: backends found by name, each watcher sending its changes
+//!   to the reload task).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
