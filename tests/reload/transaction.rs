@@ -35,7 +35,9 @@ impl Running {
     }
 
     /// Start with the config file in `dir`, logging to `stderr`. Ready when the admin
-    /// endpoint answers: it is served only once every listen address is bound.
+    /// endpoint answers a request: it is served only once the start committed (every
+    /// listen address bound, every stick table loaded). Its socket accepts earlier
+    /// (it is bound first), so a connect alone says nothing about the start.
     async fn start_in(
         dir: tempfile::TempDir,
         yaml: impl Fn(SocketAddr, SocketAddr) -> String,
@@ -46,6 +48,7 @@ impl Running {
         std::fs::write(&file, yaml(admin, listen)).unwrap();
         let proc = crossbar_run(&file, None, stderr);
         wait_listening(admin).await;
+        admin_get(admin, "/healthz").await;
         Running {
             proc,
             file,
