@@ -13,6 +13,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::listener::AcceptCounters;
 use crate::live::BackendLive;
 pub use crate::live::BACKEND_STATES;
 use crate::relay::Peer;
@@ -410,10 +411,10 @@ impl Metrics {
     }
 
     /// Handles for a listener (label: its address).
-    pub fn listener(&self, listener: &str) -> ListenerMetrics {
+    pub(crate) fn listener(&self, listener: &str) -> AcceptCounters {
         // Exported (0) for every listener, `per_source` or not, like its counters.
         self.sources_tracked.with_label_values(&[listener]);
-        ListenerMetrics {
+        AcceptCounters {
             accepts: self.listener_accepts.with_label_values(&[listener]),
             refused_full: self
                 .listener_refused
@@ -701,17 +702,6 @@ impl AdminMetrics {
     pub fn refused(&self, reason: &str) {
         self.requests_refused.with_label_values(&[reason]).inc();
     }
-}
-
-/// Per-listener handles.
-#[derive(Clone)]
-pub struct ListenerMetrics {
-    /// Accepted connections.
-    pub accepts: IntCounter,
-    /// Refused: the listener's max_connections was reached.
-    pub refused_full: IntCounter,
-    /// accept(2) errors.
-    pub accept_errors: IntCounter,
 }
 
 /// Reads every stick table's stats when Prometheus scrapes.

@@ -191,7 +191,7 @@ impl Signals {
             tokio::select! {
                 _ = self.hup.recv() => {
                     // Logged and counted inside; on failure the running config stays.
-                    let _outcome: Result<Vec<String>, String> = server.reload_file().await;
+                    let _outcome: crate::server::Outcome = server.reload_file().await;
                 }
                 _ = self.term.recv() => break,
                 _ = self.int.recv() => break,

@@ -341,7 +341,8 @@ pub fn connections(
         Some(name) => vec![service(server, name)?],
         None => server.services(),
     };
-    let keep = |c: &crate::connections::OpenConn| q.client.map_or(true, |ip| c.client.ip() == ip);
+    let keep =
+        |c: &crate::open_connections::OpenConn| q.client.map_or(true, |ip| c.client.ip() == ip);
     let mut total = 0;
     let mut all = Vec::new();
     for svc in &services {
@@ -358,7 +359,7 @@ pub fn connections(
             service,
             client: c.client.to_string(),
             backend: c.backend.to_string(),
-            since: crate::connections::wall_clock(c.started),
+            since: crate::open_connections::wall_clock(c.started),
             age_seconds: c.started.elapsed().as_secs(),
             state: match (draining, c.state()) {
                 (true, _) => view::ConnState::Draining,

@@ -55,7 +55,7 @@ pub enum ApiError {
     },
     /// The configuration file could not be reloaded; the old one keeps running.
     #[error("reload failed, keeping the running configuration: {0}")]
-    ReloadFailed(String),
+    ReloadFailed(crate::server::ApplyError),
     /// The answer could not be built (a worker thread failed).
     #[error("internal error: {0}")]
     Internal(String),

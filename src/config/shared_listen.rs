@@ -25,6 +25,7 @@ impl Checker<'_> {
         }
     }
 
+    /// Rules for one shared address `addr` and its `members` (service, listen entry).
     pub(super) fn shared_group(
         &mut self,
         services: &[ServiceConfig],
@@ -70,26 +71,7 @@ impl Checker<'_> {
                     None => default_owner = Some(&svc.name),
                 }
             }
-            for (i, n) in svc.server_names.iter().enumerate() {
-                let here = format!("{p}.server_names[{i}]");
-                match claimed.get(n.as_str()) {
-                    Some((owner, there)) => {
-                        let there = there.clone();
-                        let owner = *owner;
-                        self.err(
-                            &here,
-                            format!("`{n}` on {addr} is also claimed by {owner} ({there})"),
-                        );
-                        self.err(
-                            &there,
-                            format!("`{n}` on {addr} is also claimed by {} ({here})", svc.name),
-                        );
-                    }
-                    None => {
-                        claimed.insert(n, (&svc.name, here));
-                    }
-                }
-            }
+            self.claim_names(svc, addr, &mut claimed);
             let lc = &svc.listen[l];
             if (
                 lc.backlog,
@@ -106,6 +88,38 @@ impl Checker<'_> {
             ) {
                 let msg = format!("{addr} is shared with {others}: its backlog, freebind, max_connections, proxy_protocol and per_source must be the same everywhere");
                 self.err(&format!("{p}.listen[{l}]"), msg);
+            }
+        }
+    }
+
+    /// `svc`'s `server_names` on the shared address `addr`: a name another service
+    /// there claimed already is an error at both places; else it is `claimed` now
+    /// (name -> service and YAML path).
+    fn claim_names<'a>(
+        &mut self,
+        svc: &'a ServiceConfig,
+        addr: SocketAddr,
+        claimed: &mut HashMap<&'a str, (&'a str, String)>,
+    ) {
+        let p = format!("services.{}", svc.name);
+        for (i, n) in svc.server_names.iter().enumerate() {
+            let here = format!("{p}.server_names[{i}]");
+            match claimed.get(n.as_str()) {
+                Some((owner, there)) => {
+                    let there = there.clone();
+                    let owner = *owner;
+                    self.err(
+                        &here,
+                        format!("`{n}` on {addr} is also claimed by {owner} ({there})"),
+                    );
+                    self.err(
+                        &there,
+                        format!("`{n}` on {addr} is also claimed by {} ({here})", svc.name),
+                    );
+                }
+                None => {
+                    claimed.insert(n, (&svc.name, here));
+                }
             }
         }
     }

@@ -501,16 +501,7 @@ impl Checker<'_> {
         if mode == Mode::Tcp && raw.on_non_tls.is_some() {
             self.err(&join(&p, "on_non_tls"), "applies only to `mode: tls`");
         }
-        let balance = match raw.balance {
-            None | Some(RawBalance::RoundRobin) => Balance::RoundRobin,
-            Some(RawBalance::LeastConn) => Balance::LeastConn,
-            Some(RawBalance::First) => Balance::First,
-            Some(RawBalance::Source) => Balance::Source,
-        };
-        let failback = match (raw.failback, balance) {
-            (Some(RawFailback::Manual), _) | (None, Balance::First) => Failback::Manual,
-            _ => Failback::Auto,
-        };
+        let (balance, failback) = balance_of(raw);
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
             keepalive: raw.keepalive.as_ref(),
@@ -535,20 +526,7 @@ impl Checker<'_> {
             default: raw.default.unwrap_or(false),
             balance,
             failback,
-            stick: self.stick(
-                raw.stick.as_ref(),
-                mode,
-                // Discovered primaries are not known yet: as many tries as allowed.
-                if raw.discover.is_some() {
-                    usize::MAX
-                } else {
-                    raw.backends
-                        .iter()
-                        .filter(|b| b.backup != Some(true))
-                        .count()
-                },
-                &join(&p, "stick"),
-            ),
+            stick: self.stick(raw.stick.as_ref(), mode, primaries(raw), &join(&p, "stick")),
             backends: self.backends(&raw.backends, raw.discover.is_some(), &tuning.health, &p),
             discover: raw
                 .discover
@@ -754,4 +732,32 @@ struct TuningLayer<'a> {
     queue_size: Option<u64>,
     slow_start: Option<&'a RawDuration>,
     relay: Option<RawRelay>,
+}
+
+/// A service's balance algorithm and failback (`first` fails back by hand unless
+/// told otherwise; every other algorithm at once).
+fn balance_of(raw: &RawService) -> (Balance, Failback) {
+    let balance = match raw.balance {
+        None | Some(RawBalance::RoundRobin) => Balance::RoundRobin,
+        Some(RawBalance::LeastConn) => Balance::LeastConn,
+        Some(RawBalance::First) => Balance::First,
+        Some(RawBalance::Source) => Balance::Source,
+    };
+    let failback = match (raw.failback, balance) {
+        (Some(RawFailback::Manual), _) | (None, Balance::First) => Failback::Manual,
+        _ => Failback::Auto,
+    };
+    (balance, failback)
+}
+
+/// How many primary (non-backup) backends a service has, for its confirmation
+/// tries; discovered primaries are not known yet: as many tries as allowed.
+fn primaries(raw: &RawService) -> usize {
+    if raw.discover.is_some() {
+        return usize::MAX;
+    }
+    raw.backends
+        .iter()
+        .filter(|b| b.backup != Some(true))
+        .count()
 }

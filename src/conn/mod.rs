@@ -23,11 +23,11 @@ use tokio::net::TcpStream;
 
 use crate::access_log::AccessLog;
 use crate::balance::Lease;
-use crate::connections::Opening;
 use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse};
 use crate::listener::{Accepted, InheritedOptions};
+use crate::open_connections::Opening;
 use crate::proxy_protocol::{self, FrontError};
-use crate::service::{ListenerRoutes, Service, Shared};
+use crate::service::{ListenerRoutes, ProcessWide, Service};
 
 mod capped;
 mod confirm;
@@ -56,7 +56,7 @@ const HELLO_READ_CHUNK: usize = 4096;
 pub fn handle(
     acc: Accepted,
     routes: Arc<ListenerRoutes>,
-    shared: Arc<Shared>,
+    shared: Arc<ProcessWide>,
     listener: Arc<str>,
 ) -> impl std::future::Future<Output = ()> + Send {
     async move {
@@ -110,7 +110,7 @@ struct Conn<'a> {
     /// The listen address's routing (and its hello limits).
     routes: &'a ListenerRoutes,
     /// What all connections share (metrics, the confirmation budget, shutdown).
-    shared: &'a Shared,
+    shared: &'a ProcessWide,
     /// The access-log line, filled in as the steps go.
     log: AccessLog,
     /// The SNI the client sent (moved out of the hello: routing, the upstream's

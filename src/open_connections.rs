@@ -1,4 +1,4 @@
-//! The open connections of a service, for `GET /api/connections` and
+//! The registry of open connections, per service, for `GET /api/connections` and
 //! `crossbar connections` (HAProxy's `show sess`): client, backend, age, bytes.
 //!
 //! A connection is listed once its backend is chosen (one insert) and unlisted
