@@ -1962,6 +1962,95 @@ fn cli_config(dir: &Path, admin: SocketAddr, token: Option<&Path>) -> PathBuf {
     path
 }
 
+/// `crossbar ARGS` with `config` installed at the default path,
+/// /etc/crossbar/crossbar.yaml, in a private mount namespace (`unshare -m`, root):
+/// /etc is overlaid with a tmpfs upper layer in `scratch`, so nothing on the host
+/// changes; (exit ok, stdout, stderr).
+async fn cli_with_default_config(
+    scratch: &Path,
+    config: &Path,
+    cmd: &[&str],
+) -> (bool, String, String) {
+    let script = r#"mount -t tmpfs none "$0" && mkdir "$0/up" "$0/work" &&
+        mount -t overlay overlay -o "lowerdir=/etc,upperdir=$0/up,workdir=$0/work" /etc &&
+        mkdir -p /etc/crossbar && cp "$1" /etc/crossbar/crossbar.yaml && shift && exec "$@""#;
+    std::fs::create_dir_all(scratch).unwrap();
+    let mut list = vec![
+        "-m".to_string(),
+        "sh".into(),
+        "-c".into(),
+        script.into(),
+        scratch.display().to_string(),
+        config.display().to_string(),
+        env!("CARGO_BIN_EXE_crossbar").into(),
+    ];
+    list.extend(cmd.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("unshare")
+            .args(&list)
+            .env_remove("CROSSBAR_ADMIN")
+            .env_remove("CROSSBAR_TOKEN_FILE")
+            .output()
+            .expect("unshare (util-linux) runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .expect("the CLI's thread")
+}
+
+/// Without -c, the admin commands read the config `check` and `run` read,
+/// /etc/crossbar/crossbar.yaml, for the admin address and the token; when the
+/// token is refused or nothing answers, the error names that file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_without_c_reads_the_default_config() {
+    let bed = Bed::start(Some("cli-token")).await;
+    let dir = bed.xb.dir();
+    let file = cli_config(dir, bed.admin, Some(&bed.token_file()));
+    let scratch = dir.join("ns");
+    let (ok, out, err) = cli_with_default_config(&scratch, &file, &["status"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("plain (tls, roundrobin)"), "{out}");
+    let drain = ["backend", "drain", "plain/p1"];
+    let (ok, out, err) = cli_with_default_config(&scratch.join("2"), &file, &drain).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "plain/p1: drain (0 active connections)\n");
+    assert_eq!(state(&bed, "plain", "p1"), "drain");
+
+    // A token the server refuses: the 401 names where the token came from.
+    let wrong = dir.join("wrong.token");
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    let file = cli_config(dir, bed.admin, Some(&wrong));
+    let enable = ["backend", "enable", "plain/p1"];
+    let (ok, _, err) = cli_with_default_config(&scratch.join("3"), &file, &enable).await;
+    assert!(!ok);
+    assert!(
+        err.contains("401 Unauthorized")
+            && err.contains("the token: admin.token_file of /etc/crossbar/crossbar.yaml")
+            && err.contains("--token-file FILE"),
+        "{err}"
+    );
+    // No token at all: said so.
+    let file = cli_config(dir, bed.admin, None);
+    let (ok, _, err) = cli_with_default_config(&scratch.join("4"), &file, &enable).await;
+    assert!(!ok);
+    assert!(
+        err.contains("401") && err.contains("the token: none was sent"),
+        "{err}"
+    );
+    // Nothing answers at the file's address: the error names the file.
+    let file = cli_config(dir, refusing_addr(), None);
+    let (ok, _, err) = cli_with_default_config(&scratch.join("5"), &file, &["status"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("the address is admin.listen of /etc/crossbar/crossbar.yaml"),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_with_a_config_file_force_lookups_and_connections() {
     let bed = Bed::start(Some("cli-token")).await;

@@ -120,6 +120,10 @@ fn cli_flags(server: &Server) -> String {
     let Some(admin) = &config.admin else {
         return String::new();
     };
+    // The CLI reads the default config without -c: its address and token file.
+    if config.source == std::path::Path::new(crate::config::DEFAULT_CONFIG_PATH) {
+        return String::new();
+    }
     let mut flags = String::new();
     // Port 0 (tests, demos) is not an address a CLI could use: leave it out.
     // A wildcard address is reached on loopback (the endpoint refuses a Host of

@@ -17,8 +17,8 @@ Examples:
   crossbar doctor -c /etc/crossbar/crossbar.yaml --status   # before switching traffic
   crossbar reload -c /etc/crossbar/crossbar.yaml   # check, then reload and wait
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
-  crossbar status -c /etc/crossbar/crossbar.yaml   # admin address and token from the config
-  crossbar backend drain puppet/compile1 -c /etc/crossbar/crossbar.yaml
+  crossbar status                       # admin address and token from /etc/crossbar/crossbar.yaml
+  crossbar backend drain puppet/compile1           # -c FILE for another config
   crossbar backend weight puppet/compile3 10 -c /etc/crossbar/crossbar.yaml   # until reload
   crossbar table show puppet --limit 20
   crossbar table show puppet --client 10.1.2.3     # where this agent's source entry points
@@ -291,10 +291,11 @@ fn parse_weight(s: &str) -> Result<WeightAsk, String> {
 #[derive(clap::Args)]
 pub struct AdminArgs {
     /// crossbar's configuration file: the admin address and token file come from
-    /// its `admin:` section (--admin and --token-file override it).
+    /// its `admin:` section (--admin and --token-file override it) [default:
+    /// /etc/crossbar/crossbar.yaml, when it exists and --admin is not given].
     #[arg(short, long)]
     pub config: Option<PathBuf>,
-    /// Admin endpoint URL [default: http://127.0.0.1:9140, or admin.listen of -c FILE].
+    /// Admin endpoint URL [default: admin.listen of the config, else http://127.0.0.1:9140].
     #[arg(long = "admin", env = "CROSSBAR_ADMIN", value_name = "URL")]
     pub url: Option<String>,
     /// File holding the bearer token (needed for writes when the server has admin.token_file).

@@ -196,6 +196,13 @@ impl Endpoint<'_> {
                     from: self.opts.source.clone(),
                 })
             }
+            Err(CliError::Api { status, body }) if status == hyper::StatusCode::UNAUTHORIZED => {
+                Err(CliError::Unauthorized {
+                    status,
+                    body,
+                    from: self.opts.token_source.clone(),
+                })
+            }
             r => r,
         }
     }

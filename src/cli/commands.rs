@@ -93,7 +93,7 @@ fn send(opts: &ClientOptions, cmd: &ClientCommand) -> ExitCode {
             print!("{out}");
             ExitCode::SUCCESS
         }
-        Err(CliError::Api { body, .. }) if opts.json => {
+        Err(CliError::Api { body, .. } | CliError::Unauthorized { body, .. }) if opts.json => {
             eprint!("{body}");
             ExitCode::FAILURE
         }

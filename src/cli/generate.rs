@@ -59,7 +59,7 @@ const MAN_TAIL: &str = r#".SH EXAMPLES
 .SH FILES
 .TP
 /etc/crossbar/crossbar.yaml
-The configuration (crossbar-run, crossbar-check and crossbar-reload read it without \fB-c\fR).
+The configuration (every command reads it without \fB-c\fR; the admin commands take the admin address and token from it).
 .TP
 /var/lib/crossbar/
 Stick-table state files (stick.state_file).

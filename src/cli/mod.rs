@@ -24,5 +24,5 @@ pub use commands::{backend, client, demo, doctor, reload, run, table, BackendArg
 pub use generate::generate;
 pub use http::{request, CliError};
 pub use options::{
-    admin_url, AdminSource, ClientOptions, Given, NoAdminEndpoint, DEFAULT_ADMIN_URL,
+    admin_url, AdminSource, ClientOptions, Given, NoAdminEndpoint, TokenSource, DEFAULT_ADMIN_URL,
 };
