@@ -477,7 +477,7 @@ impl Checker<'_> {
             *n += 1;
             services.push(self.service(name, svc, tuning, listen));
         }
-        self.shared_listeners(&services);
+        self.shared_listeners(&mut services, list);
         self.state_files(&services);
         services
     }
