@@ -162,6 +162,19 @@ async fn dotted_backend_names_work_in_every_view() {
     let target2 = format!("puppet/{LIKE_DNS}");
     let (ok, _, err) = cli(&url, &token, &["backend", "weight", &target2, "7"]).await;
     assert!(ok, "{err}");
+    // A name asked short, or misspelt: every 404 suggests the one meant.
+    for (args, meant) in [
+        (vec!["backend", "weight", "puppet/compile2", "5"], LIKE_DNS),
+        (vec!["backend", "drain", "puppet/compile01"], FQDN),
+        (vec!["table", "show", "pupet"], "puppet"),
+        (vec!["connections", "puppte"], "puppet"),
+    ] {
+        let (ok, _, err) = cli(&url, &token, &args).await;
+        assert!(
+            !ok && err.contains("404") && err.contains(&format!("did you mean \"{meant}\"?")),
+            "{args:?}: {err}"
+        );
+    }
 
     // The API: the names in /api/services, and as path segments.
     let (status, body) = admin(admin_addr, "GET", "/api/services").await;

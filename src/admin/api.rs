@@ -19,9 +19,13 @@ use crate::service::Service;
 
 /// `name` of `server`, or the API's 404.
 pub(super) fn service(server: &Server, name: &str) -> Result<Arc<Service>, ApiError> {
-    server
-        .service(name)
-        .ok_or_else(|| ApiError::UnknownService(name.to_string()))
+    server.service(name).ok_or_else(|| {
+        let all = server.services();
+        ApiError::UnknownService {
+            name: name.to_string(),
+            nearest: crate::config::nearest(name, all.iter().map(|s| s.name())).map(str::to_string),
+        }
+    })
 }
 
 /// `GET /api/services`: the process, then every service with its listeners and

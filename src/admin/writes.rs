@@ -106,6 +106,8 @@ fn backend_of<'a>(svc: &'a Service, backend: &str) -> Result<&'a Arc<Backend>, A
         .ok_or_else(|| ApiError::UnknownBackend {
             service: svc.name().to_string(),
             backend: backend.to_string(),
+            nearest: crate::config::nearest(backend, svc.pool.backends.iter().map(|b| &*b.name))
+                .map(str::to_string),
         })
 }
 

@@ -1,7 +1,7 @@
 //! `crossbar table show|delete`: a stick table's entries as text.
 use std::fmt::Write as _;
 
-use crate::admin::human::{columns, row};
+use crate::admin::human::{columns, human_secs, row};
 use crate::admin::view::{DeleteView, EntryView, Lookup, TableView};
 
 /// `table show`: the counters, then the entries.
@@ -33,8 +33,8 @@ fn entry_rows(entries: &[EntryView]) -> String {
             e.kind.clone(),
             e.key.clone(),
             backend_cell(e),
-            format!("{}s", e.age_seconds),
-            format!("{}s", e.expires_in_seconds),
+            human_secs(e.age_seconds),
+            human_secs(e.expires_in_seconds),
         ]);
     }
     columns(&rows)

@@ -12,6 +12,7 @@ mod error;
 mod files;
 mod health;
 mod indent;
+mod nearest;
 mod per_source;
 mod position;
 mod problems;
@@ -29,6 +30,7 @@ use std::time::Duration;
 pub use discover::{DiscoverConfig, DiscoverQuery};
 pub use error::{ConfigError, Diagnostic};
 pub(crate) use files::describe_file_type;
+pub use nearest::nearest;
 pub use per_source::PerSource;
 pub use proxy_accept::{IpNet, ProxyAccept};
 
