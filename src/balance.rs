@@ -921,6 +921,7 @@ mod tests {
             health: HealthConfig::default(),
             disabled: false,
             from_dns: None,
+            source: None,
         }
     }
 

@@ -89,6 +89,10 @@ fn main() -> ExitCode {
             cli::backend(args, admin, url_from_env)
         }
         Command::Connections {
+            action: Some(kill), ..
+        } => cli::kill(kill, url_from_env),
+        Command::Connections {
+            action: None,
             service,
             client,
             limit,

@@ -2199,15 +2199,15 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
     );
     assert_eq!(
         lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["SERVICE", "CLIENT", "BACKEND", "AGE", "C->S", "BYTES", "S->C", "BYTES", "STATE"]
+        ["ID", "SERVICE", "CLIENT", "BACKEND", "AGE", "C->S", "BYTES", "S->C", "BYTES", "STATE"]
     );
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
-        (row[0], row[2], row[6]),
+        (row[1], row[3], row[7]),
         ("plain", backend.as_str(), "relaying"),
         "{out}"
     );
-    assert!(row[1].starts_with("127.0.0.1:"), "{out}");
+    assert!(row[2].starts_with("127.0.0.1:"), "{out}");
     let (ok, out, _) = cli(args(&["connections", "--json", "-c", &c])).await;
     assert!(ok);
     let v: Value = serde_json::from_str(&out).unwrap();

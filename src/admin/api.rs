@@ -358,28 +358,38 @@ pub fn connections(
     let draining = server.is_draining();
     let connections = all
         .into_iter()
-        .map(|(service, c)| view::ConnectionView {
-            service,
-            client: c.client.to_string(),
-            backend: c.backend.to_string(),
-            since: crate::connections::wall_clock(c.started),
-            age_seconds: c.started.elapsed().as_secs(),
-            state: match (draining, c.state()) {
-                (true, _) => view::ConnState::Draining,
-                (false, "relaying") => view::ConnState::Relaying,
-                (false, _) => view::ConnState::Handshake,
-            },
-            bytes: view::Bytes {
-                client_to_server: c.bytes.c2s.load(Ordering::Relaxed),
-                server_to_client: c.bytes.s2c.load(Ordering::Relaxed),
-            },
-        })
+        .map(|(service, c)| connection_view(service, &c, draining))
         .collect();
     Ok(view::ConnectionsView {
         limit: q.limit,
         total,
         connections,
     })
+}
+
+/// One open connection of `service` as the API shows it.
+pub(super) fn connection_view(
+    service: String,
+    c: &crate::connections::OpenConn,
+    draining: bool,
+) -> view::ConnectionView {
+    view::ConnectionView {
+        id: c.id,
+        service,
+        client: c.client.to_string(),
+        backend: c.backend.to_string(),
+        since: crate::connections::wall_clock(c.started),
+        age_seconds: c.started.elapsed().as_secs(),
+        state: match (draining, c.state()) {
+            (true, _) => view::ConnState::Draining,
+            (false, "relaying") => view::ConnState::Relaying,
+            (false, _) => view::ConnState::Handshake,
+        },
+        bytes: view::Bytes {
+            client_to_server: c.bytes.c2s.load(Ordering::Relaxed),
+            server_to_client: c.bytes.s2c.load(Ordering::Relaxed),
+        },
+    }
 }
 
 /// [`connections`] as JSON text, built on the blocking pool like table dumps.

@@ -22,6 +22,9 @@ pub enum ApiError {
         /// The service's backend name nearest to it.
         nearest: Option<String>,
     },
+    /// No open connection matched the id or client to close.
+    #[error("no open connection with {0} (crossbar connections lists them, with their ids)")]
+    NoConnection(String),
     /// The service has no stick table.
     #[error("service {0:?} has no stick table (no `stick:` in its config)")]
     NoTable(String),
@@ -81,6 +84,7 @@ impl ApiError {
             ApiError::UnknownService { .. }
             | ApiError::UnknownBackend { .. }
             | ApiError::NoTable(_)
+            | ApiError::NoConnection(_)
             | ApiError::NoEntry { .. } => S::NOT_FOUND,
             ApiError::BadQuery(_) => S::BAD_REQUEST,
             ApiError::LastBackend { .. } | ApiError::LastWeighted { .. } => S::CONFLICT,

@@ -24,6 +24,8 @@ Examples:
   crossbar table show puppet --client 10.1.2.3     # where this agent's source entry points
   crossbar table delete puppet --key 3f2a0c9e51d7b864 -c /etc/crossbar/crossbar.yaml
   crossbar connections puppet                      # open connections, the oldest first
+  crossbar connections kill 4711                   # close one (or --client 10.1.2.3)
+  crossbar backend shutdown-sessions puppet/compile3   # close all of its connections
   crossbar sources                                 # per_source: the busiest client sources";
 
 /// Layer-4 TLS-passthrough load balancer for Puppet masters.
@@ -126,7 +128,8 @@ pub enum Command {
     /// weight in the file.
     Backend {
         /// What to do: drain (no new connections, open ones continue), enable,
-        /// disable, weight.
+        /// disable, weight, shutdown-sessions (close every open connection it has;
+        /// its state stays: drain or disable it first to keep new ones away).
         action: BackendAction,
         /// The backend, as SERVICE/BACKEND.
         target: String,
@@ -141,9 +144,14 @@ pub enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// The open connections, the oldest first: service, client, backend, age,
-    /// bytes each way and state (admin API client; HAProxy's `show sess`).
+    /// The open connections, the oldest first: id, service, client, backend, age,
+    /// bytes each way and state (admin API client; HAProxy's `show sess`); `kill`
+    /// closes one (HAProxy's `shutdown session`).
+    #[command(args_conflicts_with_subcommands = true)]
     Connections {
+        /// `kill`: close a connection.
+        #[command(subcommand)]
+        action: Option<ConnectionsCommand>,
         /// Only this service's connections.
         service: Option<String>,
         /// Only the connections from this client address.
@@ -212,6 +220,25 @@ pub enum ReportFormat {
     Json,
 }
 
+/// `crossbar connections`'s subcommand.
+#[derive(Subcommand)]
+pub enum ConnectionsCommand {
+    /// Close open connections (the client sees its connection close): the one with
+    /// ID (as `crossbar connections` lists it), or every one from --client ADDR
+    /// (IP:PORT for one of them).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "client"])))]
+    Kill {
+        /// The connection's id.
+        id: Option<u64>,
+        /// The client address: IP (all its connections) or IP:PORT.
+        #[arg(long, value_name = "ADDR")]
+        client: Option<String>,
+        /// How to reach the admin API.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
 /// `crossbar table`'s subcommands.
 #[derive(Subcommand)]
 pub enum TableCommand {
@@ -261,7 +288,8 @@ pub enum TableCommand {
     },
 }
 
-/// `crossbar backend ACTION`: drain, enable, disable, or set the weight.
+/// `crossbar backend ACTION`: drain, enable, disable, set the weight, or close
+/// every connection it has.
 #[allow(missing_docs)] // as LogFormat: no help text per value
 #[derive(Clone, Copy, ValueEnum)]
 pub enum BackendAction {
@@ -269,6 +297,7 @@ pub enum BackendAction {
     Enable,
     Disable,
     Weight,
+    ShutdownSessions,
 }
 
 /// Parse a stick key as `table show` prints it (16 hex digits).

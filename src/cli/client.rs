@@ -74,6 +74,18 @@ pub enum Command {
         /// At most this many (server default 100).
         limit: Option<usize>,
     },
+    /// Close open connections: one by id, or a client's.
+    Kill {
+        /// `id=N` or `client=ADDR`.
+        pick: String,
+    },
+    /// Close every open connection of a backend.
+    ShutdownSessions {
+        /// Service name.
+        service: String,
+        /// Backend name.
+        backend: String,
+    },
     /// The sources with the most open connections, per listener with `per_source`.
     Sources {
         /// At most this many per listener (server default 20).
@@ -174,6 +186,11 @@ impl Command {
                 let q = query(&[limit.map(|n| format!("limit={n}"))]);
                 (Method::GET, format!("/api/sources{q}"))
             }
+            Command::Kill { pick } => (Method::POST, format!("/api/connections/kill?{pick}")),
+            Command::ShutdownSessions { service, backend } => (
+                Method::POST,
+                format!("/api/backends/{service}/{backend}/shutdown-sessions"),
+            ),
             Command::Reload => (Method::POST, "/api/reload".into()),
         }
     }
@@ -277,6 +294,9 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
             service, backend, ..
         } => weighted(service, backend, &decode(p, &body)?),
         Command::Reload => reloaded(&decode(p, &body)?),
+        Command::Kill { .. } | Command::ShutdownSessions { .. } => {
+            super::traffic::killed(&decode(p, &body)?)
+        }
     })
 }
 

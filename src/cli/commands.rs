@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use super::args::{AdminArgs, BackendAction, ReportFormat, TableCommand};
+use super::args::{AdminArgs, BackendAction, ConnectionsCommand, ReportFormat, TableCommand};
 use super::client::{Command as ClientCommand, Pick};
 use super::http::CliError;
 use super::options::{options, ClientOptions};
@@ -134,6 +134,24 @@ pub fn table(command: TableCommand, url_from_env: bool) -> ExitCode {
     self::client(admin, url_from_env, cmd)
 }
 
+/// `crossbar connections kill ID | --client ADDR`.
+pub fn kill(command: ConnectionsCommand, url_from_env: bool) -> ExitCode {
+    let ConnectionsCommand::Kill { id, client, admin } = command;
+    let pick = match (id, client) {
+        (Some(id), None) => format!("id={id}"),
+        (None, Some(addr)) => match addr.parse::<std::net::SocketAddr>() {
+            // The brackets and colons of an address are query characters as they are.
+            Ok(_) => format!("client={addr}"),
+            Err(_) => match addr.parse::<IpAddr>() {
+                Ok(ip) => format!("client={ip}"),
+                Err(_) => return fail(&format!("--client: expected IP or IP:PORT, got {addr:?}")),
+            },
+        },
+        _ => return fail(&"give the connection's ID or --client ADDR"),
+    };
+    self::client(admin, url_from_env, ClientCommand::Kill { pick })
+}
+
 /// What `crossbar backend ACTION SERVICE/BACKEND [WEIGHT]` asks.
 pub struct BackendArgs {
     /// drain, enable, disable or weight.
@@ -182,6 +200,9 @@ fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
             return Err(format!(
                 "a weight ({w}) goes with `crossbar backend weight` only"
             ))
+        }
+        (BackendAction::ShutdownSessions, None) => {
+            return Ok(ClientCommand::ShutdownSessions { service, backend })
         }
         (BackendAction::Drain, None) => Action::Drain,
         (BackendAction::Enable, None) => Action::Enable,

@@ -20,7 +20,7 @@ mod traffic;
 pub use args::parse_key;
 pub use check::check;
 pub use client::{run as run_client, Command as ClientCommand, Pick};
-pub use commands::{backend, client, demo, doctor, reload, run, table, BackendArgs};
+pub use commands::{backend, client, demo, doctor, kill, reload, run, table, BackendArgs};
 pub use generate::generate;
 pub use http::{request, CliError};
 pub use options::{

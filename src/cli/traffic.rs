@@ -2,7 +2,7 @@
 //! busiest client sources as text.
 use crate::admin::human::{columns, human_secs, row};
 use crate::admin::page::tokens;
-use crate::admin::view::{ConnectionsView, ListenerSourcesView, SourcesView};
+use crate::admin::view::{ConnectionsView, KilledView, ListenerSourcesView, SourcesView};
 
 /// `crossbar connections`: a count line, then one row per connection.
 pub fn connections(v: &ConnectionsView) -> String {
@@ -12,6 +12,7 @@ pub fn connections(v: &ConnectionsView) -> String {
         v.connections.len()
     );
     let mut rows = vec![row(&[
+        "ID",
         "SERVICE",
         "CLIENT",
         "BACKEND",
@@ -22,6 +23,7 @@ pub fn connections(v: &ConnectionsView) -> String {
     ])];
     for c in &v.connections {
         rows.push(vec![
+            c.id.to_string(),
             c.service.clone(),
             c.client.clone(),
             c.backend.clone(),
@@ -32,6 +34,23 @@ pub fn connections(v: &ConnectionsView) -> String {
         ]);
     }
     out.push_str(&columns(&rows));
+    out
+}
+
+/// `crossbar connections kill`, `crossbar backend shutdown-sessions`: a line per
+/// connection closed.
+pub fn killed(v: &KilledView) -> String {
+    let mut out = format!("closed {} connection(s)\n", v.killed.len());
+    for c in &v.killed {
+        out.push_str(&format!(
+            "  {} {} {} -> {} ({} old)\n",
+            c.id,
+            c.service,
+            c.client,
+            c.backend,
+            human_secs(c.age_seconds)
+        ));
+    }
     out
 }
 
@@ -80,6 +99,7 @@ mod tests {
     #[test]
     fn connection_ages_are_human() {
         let conn = |age_seconds| ConnectionView {
+            id: 1,
             service: "puppet".into(),
             client: "10.2.0.17:51234".into(),
             backend: "compile1".into(),
@@ -97,7 +117,7 @@ mod tests {
         let ages: Vec<&str> = out
             .lines()
             .skip(2)
-            .filter_map(|l| l.split_whitespace().nth(3))
+            .filter_map(|l| l.split_whitespace().nth(4))
             .collect();
         assert_eq!(ages, ["2m13s", "3h05m"], "{out}");
     }

@@ -169,9 +169,10 @@ impl Conn<'_> {
         // The hello buffer is not needed for the rest of a possibly hours-long connection.
         drop(buf);
         let open = (replayed, pending.len() as u64, hello.is_some());
-        let listed =
-            svc.connections
-                .open(Opening::new(self.peer, &backend.name, self.started, open));
+        use std::os::fd::AsRawFd;
+        let opening = Opening::new(self.peer, &backend.name, self.started, open)
+            .with_sockets(self.client.as_raw_fd(), server.as_raw_fd());
+        let listed = svc.connections.open(opening);
         let watched = (hello.as_ref(), client_ip, pending.as_slice());
         let hard_stop = &self.shared.hard_stop;
         let (stats, handshake) = watched::relay_watched(
@@ -184,8 +185,13 @@ impl Conn<'_> {
         .await?;
         // The relay leaves the second FIN to close(2): nothing awaits from here until
         // both sockets are dropped (the client's with `self`, after the log line).
+        // No kill touches them once they may close.
+        listed.conn().release_sockets();
         drop(server);
         watched::record_relay(&mut self.log, &stats, handshake, replayed, &svc, &backend);
+        if listed.conn().was_killed() {
+            self.log.end = crate::access_log::End::word("killed");
+        }
         self.log.s2c += pending.len() as u64;
         let elapsed = self.started.elapsed().as_secs_f64();
         svc.metrics.duration.observe(elapsed);

@@ -25,8 +25,8 @@ pub use services::{
 };
 pub use tables::{DeleteView, EntryView, FlushView, Lookup, TableView};
 pub use traffic::{
-    ConnState, ConnectionView, ConnectionsView, ListenerSourcesView, SourceLimitsView, SourceView,
-    SourcesView,
+    ConnState, ConnectionView, ConnectionsView, KilledView, ListenerSourcesView, SourceLimitsView,
+    SourceView, SourcesView,
 };
 
 #[cfg(test)]
@@ -65,6 +65,7 @@ mod tests {
             limit: 100,
             total: 2,
             connections: vec![ConnectionView {
+                id: 7,
                 service: "puppet".into(),
                 client: "[2001:db8::7]:51234".into(),
                 backend: "compile1".into(),
