@@ -30,9 +30,10 @@ pub fn run(config: &Path, upgrade_socket: Option<PathBuf>) -> ExitCode {
     report(runtime(cfg.workers).and_then(|rt| rt.block_on(crate::run::run_with(cfg, opts))))
 }
 
-/// `crossbar demo`: local TLS backends, crossbar in front, clients; the story.
-pub fn demo(serve: bool) -> ExitCode {
-    report(runtime(None).and_then(|rt| rt.block_on(crate::demo::run(serve))))
+/// `crossbar demo`: local TLS backends, crossbar in front, clients; the story, and
+/// at its end the file crossbar's own log lines went to (`log`), if they did.
+pub fn demo(serve: bool, log: Option<PathBuf>) -> ExitCode {
+    report(runtime(None).and_then(|rt| rt.block_on(crate::demo::run(serve, log.as_deref()))))
 }
 
 /// `crossbar doctor`: the report on stdout, its verdict as the exit code.
