@@ -2564,3 +2564,112 @@ async fn repeated_hosts_are_bad_requests_and_absolute_targets_name_the_host() {
         3.0
     );
 }
+
+/// The page's text with the clocks blanked: ages (`3s`, `2m13s`, `1h05m`) and RFC 3339
+/// times move between two reads of the same crossbar.
+fn page_without_clocks(html: &str) -> String {
+    let mut out = String::with_capacity(html.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let clock = word.chars().next().is_some_and(|c| c.is_ascii_digit())
+            && (word.ends_with('s')
+                || word.ends_with('m')
+                || word.ends_with('h')
+                || word.ends_with('Z'))
+            && word
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '-');
+        out.push_str(if clock { "#" } else { word });
+        word.clear();
+    };
+    for c in html.chars() {
+        if c.is_ascii_alphanumeric() || c == ':' || c == '-' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// `crossbar status --json` carries every field the status page shows: the page
+/// rendered from its document is the page served (the clocks aside), with a DOWN
+/// backend and its check's error, the ACTIVE one of `balance: first` ramping up
+/// after recovery (slow start), one drained with its health, and a listener with
+/// PROXY headers and `per_source` limits holding a source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_carries_every_field_the_page_shows() {
+    let echo = common::Backend::echo("ca3", false).await;
+    let (dead, late) = (refusing_addr(), common::free_port());
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  ca:\n    listen:\n      - {{ address: \"127.0.0.1:0\", proxy_protocol: {{ accept_from: [\"192.0.2.0/24\"] }}, per_source: {{ max_connections: 5, rate: 10, burst: 20 }} }}\n    balance: first\n    slow_start: 1h\n    timeouts: {{ client_hello: 1h }}\n    health: {{ check: tcp, interval: 2s, timeout: 1s, fall: 1, rise: 1 }}\n    backends:\n{}{}{}",
+        common::backend_line("ca1", dead, ""),
+        common::backend_line("ca2", late, ""),
+        common::backend_line("ca3", echo.addr, ""),
+    );
+    let xb = Crossbar::start(&yaml).await;
+    let endpoint = xb.serve_admin(None).await;
+    common::wait_until("ca2 down", || !xb.backend("ca", "ca2").is_healthy()).await;
+    let _late = tokio::net::TcpListener::bind(late).await.unwrap();
+    common::wait_until("ca2 back up", || xb.backend("ca", "ca2").is_healthy()).await;
+    let drained = call(
+        endpoint.addr,
+        Method::POST,
+        "/api/backends/ca/ca3/drain",
+        None,
+    )
+    .await;
+    assert_eq!(drained.status, StatusCode::OK, "{}", drained.body);
+    // A source holding a connection (waiting for its hello).
+    let _held = TcpStream::connect(xb.addr("ca")).await.unwrap();
+    let url = format!("http://{}", endpoint.addr);
+    let mut last = String::new();
+    // Checks every 2 s change the counters: compare reads between two of them.
+    for _ in 0..10 {
+        let before = call(endpoint.addr, Method::GET, "/?refresh=0", None)
+            .await
+            .body;
+        let (ok, out, err) = cli(args(&["status", "--admin", &url, "--json"])).await;
+        assert!(ok, "{err}");
+        let after = call(endpoint.addr, Method::GET, "/?refresh=0", None)
+            .await
+            .body;
+        let v: admin::view::ServicesView = serde_json::from_str(&out).unwrap();
+        let rendered = admin::page::render(
+            admin::page::PageData {
+                services: &v,
+                sources: &v.per_source,
+            },
+            0,
+            "",
+        );
+        let (served, again) = (page_without_clocks(&before), page_without_clocks(&after));
+        if served != again {
+            continue; // a check ran in between
+        }
+        last = page_without_clocks(&rendered);
+        if last == served {
+            for shown in [
+                "ramp ",
+                "health up",
+                "active",
+                "sources on 127.0.0.1",
+                "PROXY headers from 192.0.2.0/24",
+                "tcp FAIL",
+            ] {
+                assert!(
+                    served.contains(shown),
+                    "the page shows no {shown:?}:\n{served}"
+                );
+            }
+            return;
+        }
+        assert_eq!(
+            last, served,
+            "the page from status --json differs from the page served"
+        );
+    }
+    panic!("no stable pair of reads in 10 tries: {last}");
+}

@@ -39,6 +39,7 @@ pub fn services(server: &Server) -> view::ServicesView {
             .iter()
             .map(|svc| service_view(server, svc, now))
             .collect(),
+        per_source: sources(server, super::page::PAGE_SOURCES).listeners,
     }
 }
 
@@ -66,7 +67,13 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
         },
         active_backend: active_backend(svc),
         discovery: svc.discovery.as_ref().map(|d| discovery(&d.snapshot())),
-        backends: backends.iter().map(|b| backend(b, now)).collect(),
+        backends: backends
+            .iter()
+            .map(|b| view::BackendView {
+                slow_start: svc.pool.ramp_of(b).map(ramp),
+                ..backend(b, now)
+            })
+            .collect(),
     }
 }
 
@@ -185,6 +192,18 @@ fn backend(b: &Backend, now: SystemTime) -> view::BackendView {
             resumed: m.resumed.get(),
             full: m.full.get(),
         },
+        // The pool's to say (`service_view`).
+        slow_start: None,
+    }
+}
+
+/// A ramp under way as the view says it (whole seconds left, rounded up).
+fn ramp(r: crate::balance::Ramp) -> view::RampView {
+    let (elapsed, total) = (r.elapsed.as_millis(), r.total.as_millis().max(1));
+    view::RampView {
+        percent: u8::try_from((elapsed * 100 / total).min(99)).unwrap_or(99),
+        seconds_left: (r.total.saturating_sub(r.elapsed).as_millis() as u64).div_ceil(1000),
+        seconds_total: r.total.as_secs(),
     }
 }
 

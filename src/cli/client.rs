@@ -10,7 +10,6 @@ use serde::de::DeserializeOwned;
 
 use super::http::{request, CliError, REFUSED};
 use super::options::ClientOptions;
-use crate::admin::page::PAGE_SOURCES;
 use crate::admin::view::{
     BackendStateView, DeleteView, FlushView, ReloadAnswer, ServicesView, SourcesView, TableView,
     WeightView,
@@ -223,12 +222,6 @@ impl Endpoint<'_> {
             r => r,
         }
     }
-
-    /// `GET path`, read as the view `V`.
-    async fn get<V: DeserializeOwned>(&self, path: &str) -> Result<V, CliError> {
-        let body = self.send(Method::GET, path).await?;
-        decode(path, &body)
-    }
 }
 
 /// `body`, the answer to `path`, read as the view `V`: a field the server no
@@ -257,10 +250,10 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
     Ok(match cmd {
         Command::Status => {
             let services: ServicesView = decode(p, &body)?;
-            // The page shows each per-source listener's busiest sources too.
-            let sources: SourcesView = endpoint
-                .get(&format!("/api/sources?limit={PAGE_SOURCES}"))
-                .await?;
+            // The page's per-source tables, in the same document.
+            let sources = SourcesView {
+                listeners: services.per_source.clone(),
+            };
             super::status::render(
                 &services,
                 &sources,

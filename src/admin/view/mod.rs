@@ -17,7 +17,7 @@ mod traffic;
 
 pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
-    BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep,
+    BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
 };
 pub use services::{
     Balance, Bytes, DiscoveryView, Handshakes, Lookups, Mode, ProcessView, ProxyListenerView,
@@ -143,7 +143,7 @@ mod tests {
     #[test]
     fn documents_keep_their_field_names() {
         let v = round_trip(&everything());
-        assert_eq!(keys(&v), ["crossbar", "services"]);
+        assert_eq!(keys(&v), ["crossbar", "per_source", "services"]);
         let p = &v["crossbar"];
         assert_eq!(
             keys(p),
