@@ -77,6 +77,8 @@ fn demo_log_file_path() -> Option<std::path::PathBuf> {
 static DEMO_LOG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
 fn main() -> ExitCode {
+    // `COMPLETE=bash crossbar -- ...`: the shell asks for completions; answered, it exits.
+    clap_complete::CompleteEnv::with_factory(Cli::command).complete();
     let matches = Cli::command().get_matches();
     let url_from_env = cli::args::admin_url_from_env(&matches);
     let cli = match Cli::from_arg_matches(&matches) {

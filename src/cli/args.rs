@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use clap_complete::ArgValueCandidates;
+
+use super::complete;
 
 use crate::admin::WeightAsk;
 use crate::config::DEFAULT_CONFIG_PATH;
@@ -132,6 +135,7 @@ pub enum Command {
         /// its state stays: drain or disable it first to keep new ones away).
         action: BackendAction,
         /// The backend, as SERVICE/BACKEND.
+        #[arg(add = ArgValueCandidates::new(complete::targets))]
         target: String,
         /// For `weight`: the new weight, 0..=256, or N% of the configured weight.
         #[arg(required_if_eq("action", "weight"), value_parser = parse_weight)]
@@ -153,6 +157,7 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<ConnectionsCommand>,
         /// Only this service's connections.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: Option<String>,
         /// Only the connections from this client address.
         #[arg(long, value_name = "ADDR")]
@@ -246,6 +251,7 @@ pub enum TableCommand {
     /// (--key) or the entry a client address falls under (--client).
     Show {
         /// Service name.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: String,
         /// Entries to show (1..=10000; the server's default is 1000).
         #[arg(long)]
@@ -267,6 +273,7 @@ pub enum TableCommand {
     #[command(group(clap::ArgGroup::new("which").required(true).args(["key", "client"])))]
     Delete {
         /// Service name.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: String,
         /// The entry's key (16 hex digits, as `table show` prints it).
         #[arg(long, value_parser = parse_key)]
@@ -281,6 +288,7 @@ pub enum TableCommand {
     /// Remove every entry (clients then land wherever balancing puts them).
     Flush {
         /// Service name.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: String,
         /// How to reach the admin API.
         #[command(flatten)]

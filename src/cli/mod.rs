@@ -4,11 +4,13 @@
 //! `backend`, `connections`, `sources`, `reload`): where the API is
 //! (`options.rs`), one request (`http.rs`), the request of each command and its
 //! answer read into the API's own views (`client.rs`, [`crate::admin::view`]) and
-//! printed (`status.rs`, `tables.rs`, `traffic.rs`).
+//! printed (`status.rs`, `tables.rs`, `traffic.rs`); and the shell completion of
+//! service and backend names (`complete.rs`).
 pub mod args;
 mod check;
 mod client;
 mod commands;
+pub mod complete;
 mod generate;
 mod http;
 mod options;
