@@ -1187,7 +1187,7 @@ async fn cli_end_to_end() {
     assert!(lines.next().unwrap().starts_with("puppet: "), "{out}");
     assert_eq!(
         lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["KIND", "KEY", "BACKEND", "AGE", "EXPIRES", "IN"]
+        ["KIND", "KEY", "BACKEND", "AGE", "EXPIRES", "IN", "CLIENT"]
     );
     assert!(out.contains("psk"), "{out}");
     let (ok, out, _) = cli(args(&[
@@ -2146,6 +2146,14 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
         out.contains("crossbar connections --client 127.0.0.2"),
         "{out}"
     );
+    // `table show` lists the source entries with their client, not just the hash.
+    let (ok, out, err) = cli(args(&["table", "show", "puppet", "-c", &c])).await;
+    assert!(ok, "{err}");
+    let source = out
+        .lines()
+        .find(|l| l.starts_with("source ") && l.contains(&key))
+        .unwrap_or_else(|| panic!("no source entry {key}: {out}"));
+    assert!(source.trim_end().ends_with(" 127.0.0.2/32"), "{out}");
     let (ok, out, err) = cli(args(&["table", "show", "puppet", "--key", &key, "-c", &c])).await;
     assert!(ok, "{err}");
     assert!(

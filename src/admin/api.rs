@@ -245,6 +245,7 @@ pub(super) fn entry(e: &crate::stick::EntryView) -> view::EntryView {
         backend: e.backend.as_deref().map(str::to_string),
         age_seconds: e.age.as_secs(),
         expires_in_seconds: e.expires_in.as_secs(),
+        client: e.client.clone(),
     }
 }
 

@@ -27,7 +27,14 @@ fn backend_cell(e: &EntryView) -> String {
 
 /// Stick entries as a table with its header.
 fn entry_rows(entries: &[EntryView]) -> String {
-    let mut rows = vec![row(&["KIND", "KEY", "BACKEND", "AGE", "EXPIRES IN"])];
+    let mut rows = vec![row(&[
+        "KIND",
+        "KEY",
+        "BACKEND",
+        "AGE",
+        "EXPIRES IN",
+        "CLIENT",
+    ])];
     for e in entries {
         rows.push(vec![
             e.kind.clone(),
@@ -35,6 +42,7 @@ fn entry_rows(entries: &[EntryView]) -> String {
             backend_cell(e),
             human_secs(e.age_seconds),
             human_secs(e.expires_in_seconds),
+            e.client.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     columns(&rows)

@@ -84,6 +84,7 @@ mod tests {
             backend: None,
             age_seconds: 640,
             expires_in_seconds: 1790,
+            client: None,
         };
         let table = TableView {
             service: "puppet".into(),
