@@ -248,8 +248,12 @@ fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
     rows
 }
 
-/// The weight, and the file's when one was set at run time: `10 (file 20)`.
+/// The weight, and the slow-start ramp under way (`3 (ramp 40%, 12s left)`) or
+/// the file's weight when one was set at run time (`10 (file 20)`).
 fn weight_cell(b: &BackendView) -> String {
+    if let Some(r) = &b.slow_start {
+        return format!("{} ({})", b.weight, r.text());
+    }
     if b.weight_set_at_run_time() {
         format!("{} (file {})", b.weight, b.configured_weight)
     } else {
@@ -500,7 +504,9 @@ mod tests {
             b.handshakes.resumed.to_string(),
             b.handshakes.full.to_string(),
         ];
-        if b.weight_set_at_run_time() {
+        if let Some(r) = &b.slow_start {
+            want.push(r.text());
+        } else if b.weight_set_at_run_time() {
             want.push(format!("file {}", b.configured_weight));
         }
         if b.state.hides_health() {

@@ -477,7 +477,7 @@ impl Checker<'_> {
             *n += 1;
             services.push(self.service(name, svc, tuning, listen));
         }
-        self.shared_listeners(&services);
+        self.shared_listeners(&mut services, list);
         self.state_files(&services);
         services
     }
@@ -539,6 +539,29 @@ impl Checker<'_> {
             queue_size: tuning.queue_size,
             slow_start: tuning.slow_start,
             relay: tuning.relay,
+            on_marked_down: match raw.on_marked_down {
+                Some(RawOnMarkedDown::ShutdownSessions) => OnMarkedDown::ShutdownSessions,
+                None | Some(RawOnMarkedDown::None) => OnMarkedDown::Nothing,
+            },
+            source: raw
+                .source
+                .as_deref()
+                .and_then(|a| self.source_addr(a, &join(&p, "source"))),
+        }
+    }
+
+    /// `source:`: an IP address to bind before connecting to a backend.
+    fn source_addr(&mut self, s: &str, path: &str) -> Option<std::net::IpAddr> {
+        match s.parse::<std::net::IpAddr>() {
+            Ok(ip) => Some(ip.to_canonical()),
+            Err(_) => {
+                let msg = format!(
+                    "`{s}` is not an IP address (the local address connections to backends \
+                     are made from, e.g. 10.0.1.250)"
+                );
+                self.err(path, msg);
+                None
+            }
         }
     }
 
@@ -718,6 +741,10 @@ impl Checker<'_> {
             health: health.to_config(),
             disabled: raw.disabled.unwrap_or(false),
             from_dns: None,
+            source: raw
+                .source
+                .as_deref()
+                .and_then(|a| self.source_addr(a, &join(p, "source"))),
         })
     }
 }
