@@ -160,9 +160,9 @@ summary() { # FILE: `crossbar check --config-only`'s summary, the file name take
         blocks = (lines - tail).join.split(/\n\n+/).map(&:chomp)
         puts blocks[0], *blocks[1..].sort, *tail.sort'
 }
-roundtrip() { # CASE REFERENCE data|summary
+roundtrip() { # CASE REFERENCE data|summary [SOURCE]
     local case=$1 ref=$2 how=$3 out=$W/$1.yaml
-    apply "$case" "$out"
+    apply "$case" "$out" "${4:-}"
     if [ "$RC" != 2 ] || [ ! -s "$out" ]; then
         fail "roundtrip-$case" "puppet apply exit $RC (2 = changes applied): $(grep -v 'rb_sysopen - /proc/1/environ' "$W/$case.log" | tail -20)"
         return
@@ -185,6 +185,34 @@ roundtrip() { # CASE REFERENCE data|summary
 
 roundtrip crossbar "$ROOT/conf/crossbar.yaml" data
 roundtrip shared-listener "$ROOT/conf/shared-listener.yaml" data
+
+# listeners: the same, the address's settings given once to the class (`listeners`)
+# instead of in puppetca's long-form entry: the module writes them with each service,
+# and crossbar must read what it reads from the file, which writes them once.
+long="'listen' => \[{ 'address' => '10.0.0.10:8140', 'freebind' => true, 'per_source' => { 'max_connections' => 20 } }\],"
+sed -e "s#$long#'listen' => ['10.0.0.10:8140'],#" \
+    -e "s#^  defaults       => #  listeners      => { '10.0.0.10:8140' => { 'freebind' => true, 'per_source' => { 'max_connections' => 20 } } },\n&#" \
+    "$CASES/shared-listener.pp" > "$W/listeners.src"
+if [ "$(grep -c "listeners      => \|'listen' => \['10.0.0.10:8140'\]" "$W/listeners.src")" = 4 ]; then
+    roundtrip listeners "$ROOT/conf/shared-listener.yaml" summary "$W/listeners.src"
+    [ "$(grep -c "address: '10.0.0.10:8140', freebind: true, per_source: {max_connections: 20}" "$W/listeners.yaml")" = 3 ] &&
+        pass listeners-written "listeners' settings written with each of the 3 services listing the address" ||
+        fail listeners-written "$(grep -n 'listen:' "$W/listeners.yaml")"
+else
+    fail listeners "cases/shared-listener.pp no longer has the lines this case changes: $(cat "$W/listeners.src")"
+fi
+# Two services writing one setting of their shared address differently: the types
+# let it pass, crossbar check refuses it naming the setting, the file stays as it was.
+if [ -s "$W/shared-listener.yaml" ]; then
+    before=$(sha256sum < "$W/shared-listener.yaml")
+    sed "s#'listen' => \['10.0.0.10:8140'\], 'server_names' => \['puppetfiles#'listen' => [{ 'address' => '10.0.0.10:8140', 'freebind' => false }], 'server_names' => ['puppetfiles#" \
+        "$CASES/shared-listener.pp" > "$W/differing.src"
+    apply differing "$W/shared-listener.yaml" "$W/differing.src"
+    msg=$(grep -o "services\.puppetfiles\.listen\[0\]\.freebind: [^\"]*" "$W/differing.log" | head -1)
+    { [ "$RC" = 4 ] || [ "$RC" = 6 ]; } && [ "$before" = "$(sha256sum < "$W/shared-listener.yaml")" ] && [ -n "$msg" ] &&
+        pass refused-shared "apply exit $RC: crossbar check said \"${msg:0:120}\"; file unchanged" ||
+        fail refused-shared "apply exit $RC: $(grep -v environ "$W/differing.log" | tail -10)"
+fi
 roundtrip presets "$ROOT/conf/puppet.yaml" summary
 
 # everything: every key, and the files it names (checked by the module's validate_cmd).

@@ -32,6 +32,8 @@ crossbar::service { 'puppet':
   server_names   => ['puppet.example.com', '*.puppet.example.com'],
   names          => ['puppet-vip.example.com', '10.0.0.10'],
   is_default     => true,
+  on_marked_down => 'shutdown-sessions',
+  source         => '127.0.0.1',
   balance        => 'leastconn',
   stick          => {
     'on' => ['session_id', 'ticket', 'psk', 'source'], 'size' => 50000, 'expire' => '30m',
@@ -69,6 +71,7 @@ crossbar::backend { 'puppet/standby':
   address => '[::1]:28142',
   order   => 3,
   backup  => true,
+  source  => '::1',
 }
 crossbar::service { 'puppetca':
   listen   => ['127.0.0.1:18141'],
@@ -76,5 +79,5 @@ crossbar::service { 'puppetca':
   balance  => 'first',
   failback => 'auto',
   stick    => { 'on' => ['source'], 'confirm' => false },
-  backends => [{ 'name' => 'ca1', 'address' => '127.0.0.1:28150', 'proxy_protocol' => 'v1' }],
+  backends => [{ 'name' => 'ca1', 'address' => '127.0.0.1:28150', 'proxy_protocol' => 'v1', 'source' => '127.0.0.1' }],
 }

@@ -7,8 +7,10 @@ class { 'crossbar':
   binary         => '@BIN@',
   defaults       => { 'health' => { 'check' => 'tls-hello' } },
   services       => {
+    # The address's settings written once, here, as the file does; the others name it alone.
     'puppetca'    => {
-      'listen' => ['10.0.0.10:8140'], 'server_names' => ['puppetca.example.com'], 'balance' => 'first',
+      'listen' => [{ 'address' => '10.0.0.10:8140', 'freebind' => true, 'per_source' => { 'max_connections' => 20 } }],
+      'server_names' => ['puppetca.example.com'], 'balance' => 'first',
       'backends' => [
         { 'name' => 'ca1', 'address' => 'puppetca1.example.com:8140' },
         { 'name' => 'ca2', 'address' => 'puppetca2.example.com:8140', 'backup' => true },

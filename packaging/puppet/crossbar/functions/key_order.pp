@@ -10,7 +10,7 @@ function crossbar::key_order() >> Array[String] {
     # admin (and keepalive's `enabled`), health's `check`
     'enabled', 'check', 'listen', 'token_file', 'allowed_hosts',
     # services, defaults
-    'mode', 'on_non_tls', 'server_names', 'names', 'default', 'balance', 'failback',
+    'mode', 'on_non_tls', 'server_names', 'names', 'default', 'on_marked_down', 'source', 'balance', 'failback',
     'stick', 'timeouts', 'keepalive', 'health', 'max_hello_size', 'retries', 'queue_size',
     'slow_start', 'relay', 'discover', 'backlog', 'freebind', 'max_connections',
     # backends, listeners

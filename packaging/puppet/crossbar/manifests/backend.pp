@@ -43,6 +43,9 @@
 #   This backend's health check, over the service's.
 # @param disabled
 #   Start in maintenance.
+# @param source
+#   The local IP address connections to this backend are made from, over the
+#   service's `source` (HAProxy's `source` on a `server` line).
 # @param extra
 #   Keys for the backend that the module's types don't know yet (added only; checked
 #   by `crossbar check`).
@@ -57,6 +60,7 @@ define crossbar::backend (
   Optional[Enum['v1', 'v2']] $proxy_protocol = undef,
   Optional[Crossbar::Health] $health = undef,
   Optional[Boolean] $disabled = undef,
+  Optional[Crossbar::IpAddress] $source = undef,
   Crossbar::Extra $extra = {},
 ) {
   unless defined(Class['crossbar']) {
@@ -78,6 +82,7 @@ define crossbar::backend (
     'proxy_protocol'  => $proxy_protocol,
     'health'          => $health,
     'disabled'        => $disabled,
+    'source'          => $source,
   }.filter |$k, $v| { $v =~ NotUndef }
   $written = crossbar::merge_extra($entry, $extra, "Crossbar::Backend[${title}]: extra")
 

@@ -42,6 +42,17 @@
 #     collect_tag => 'crossbar-site1',
 #   }
 #
+# @example One address for the CA and the compilers (SNI), its settings written once
+#   class { 'crossbar':
+#     listeners => {
+#       '10.0.0.10:8140' => { 'freebind' => true, 'per_source' => { 'max_connections' => 20 } },
+#     },
+#     services  => {
+#       'puppetca' => { 'preset' => 'puppetca', 'listen' => ['10.0.0.10:8140'], 'server_names' => ['puppetca.example.com'] },
+#       'puppet'   => { 'preset' => 'puppet', 'listen' => ['10.0.0.10:8140'], 'server_names' => ['puppet.example.com'] },
+#     },
+#   }
+#
 # @example Compilers from SRV records, the balancer's own Puppet CA to verify them
 #   class { 'crossbar':
 #     ca_source => '/var/lib/puppet/ssl/certs/ca.pem',
@@ -117,6 +128,13 @@
 #   (default /etc/crossbar/admin.token), root:`config_group`, mode 0640.
 # @param defaults
 #   Defaults for every service and listener.
+# @param listeners
+#   Settings of listen addresses (`backlog`, `freebind`, `max_connections`,
+#   `proxy_protocol`, `per_source`), by address, written once here: each service
+#   that lists the address gets them (crossbar's file has no section of listeners;
+#   an address no service lists is written nowhere). A service's own long-form
+#   entry for the address may repeat a setting with the same value; another value
+#   fails the catalog.
 # @param services
 #   `crossbar::service` resources to declare: name => parameters.
 # @param backends
@@ -153,6 +171,7 @@ class crossbar (
   Crossbar::Admin $admin = {},
   Optional[Sensitive[String[1]]] $admin_token = undef,
   Crossbar::Defaults $defaults = {},
+  Hash[Crossbar::ListenAddress, Crossbar::ListenSettings] $listeners = {},
   Hash[Crossbar::Name, Hash] $services = {},
   Hash[String[1], Hash] $backends = {},
   Optional[String[1]] $collect_tag = undef,

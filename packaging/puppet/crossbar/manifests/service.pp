@@ -28,10 +28,21 @@
 #     discover => { 'srv' => '_x-puppet._tcp.example.com' },
 #   }
 #
+# @example Closing a dead compiler's connections, from a source address of the balancer's own
+#   crossbar::service { 'puppet':
+#     preset         => 'puppet',
+#     listen         => ['10.0.0.10:8140'],
+#     on_marked_down => 'shutdown-sessions',
+#     source         => '10.0.1.250',
+#   }
+#
 # @param listen
 #   Addresses to accept on: `ip:port` or `{ address, backlog, freebind,
 #   max_connections, proxy_protocol, per_source }` (PROXY headers from a tier in
-#   front, limits per client source: docs/configuration.md).
+#   front, limits per client source: docs/configuration.md). Those settings belong
+#   to the address: where services share it, one writes them and the others name the
+#   address alone, or class `crossbar`'s `listeners` gives them to every service that
+#   lists the address (a setting written here too must have the same value).
 # @param preset
 #   The name of an entry of `crossbar::presets`: `puppetca`, `puppet`, `puppetfiles`,
 #   `puppetdb` (docs/puppet.md, "Per-service presets").
@@ -46,6 +57,13 @@
 # @param is_default
 #   On a shared listener, this service takes hellos whose name matches no service
 #   (crossbar's `default` key).
+# @param on_marked_down
+#   What a backend's health checks marking it down do to its open connections:
+#   `shutdown-sessions` closes them (HAProxy's `on-marked-down shutdown-sessions`),
+#   `none` (crossbar's default) lets them go on.
+# @param source
+#   The local IP address connections to the backends are made from (HAProxy's
+#   `source`); a backend's own `source` wins. Health checks keep the system's choice.
 # @param balance
 #   `roundrobin`, `leastconn`, `first` or `source`.
 # @param failback
@@ -85,6 +103,8 @@ define crossbar::service (
   Optional[Array[Crossbar::ServerName, 1]] $server_names = undef,
   Optional[Array[Crossbar::Host, 1]] $names = undef,
   Optional[Boolean] $is_default = undef,
+  Optional[Enum['none', 'shutdown-sessions']] $on_marked_down = undef,
+  Optional[Crossbar::IpAddress] $source = undef,
   Optional[Enum['roundrobin', 'leastconn', 'first', 'source']] $balance = undef,
   Optional[Enum['manual', 'auto']] $failback = undef,
   Optional[Crossbar::Stick] $stick = undef,
@@ -110,13 +130,35 @@ define crossbar::service (
   if $preset =~ NotUndef and !($preset in $crossbar::presets) {
     fail("Crossbar::Service[${title}]: unknown preset '${preset}'; crossbar::presets has: ${crossbar::presets.keys.sort.join(', ')}")
   }
+  # Settings class crossbar's `listeners` gives an address, added to each entry of it.
+  $listen_written = $listen.map |$i, $l| {
+    $entry = $l ? {
+      String  => { 'address' => $l },
+      default => $l,
+    }
+    $shared = $crossbar::listeners[$entry['address']].lest || { {} }
+    $shared.each |$k, $v| {
+      if $k in $entry and $entry[$k] != $v {
+        fail(@("MSG"/L))
+          Crossbar::Service[${title}]: listen[${i}].${k}: differs from crossbar::listeners['${entry['address']}'] \
+          (an address's settings belong to its one socket: give them once, there)
+          | MSG
+      }
+    }
+    $shared.empty ? {
+      true    => $l,
+      default => $entry + $shared,
+    }
+  }
   $own = {
-    'listen'         => $listen,
+    'listen'         => $listen_written,
     'mode'           => $mode,
     'on_non_tls'     => $on_non_tls,
     'server_names'   => $server_names,
     'names'          => $names,
     'default'        => $is_default,
+    'on_marked_down' => $on_marked_down,
+    'source'         => $source,
     'balance'        => $balance,
     'failback'       => $failback,
     'stick'          => $stick,

@@ -8,5 +8,6 @@ type Crossbar::BackendOptions = Struct[{
   Optional[proxy_protocol]  => Enum['v1', 'v2'],
   Optional[health]          => Crossbar::Health,
   Optional[disabled]        => Boolean,
+  Optional[source]          => Crossbar::IpAddress,
   Optional[extra]           => Crossbar::Extra,
 }]

@@ -1,7 +1,7 @@
 # @summary Limits per client source on a listen address (docs/configuration.md, `listen[].per_source`).
 #
 # Give `max_connections`, `rate` or both (`crossbar check` refuses neither); `burst`
-# needs `rate`. Services sharing an address must give it the same limits.
+# needs `rate`. Services sharing an address share its limits (written once).
 type Crossbar::PerSource = Struct[{
   Optional[max_connections]  => Integer[1, 4294967295],
   Optional[rate]             => Integer[1, 1000000],

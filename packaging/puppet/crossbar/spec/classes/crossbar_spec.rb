@@ -99,7 +99,7 @@ describe 'crossbar' do
         'services' => compilers,
         'workers' => 2,
         'defaults' => { 'retries' => 1 },
-        'extra' => { 'listeners' => { '10.0.0.10:8140' => { 'backlog' => 512 } }, 'defaults' => { 'new_default' => '5s' } },
+        'extra' => { 'new_section' => { '10.0.0.10:8140' => { 'backlog' => 512 } }, 'defaults' => { 'new_default' => '5s' } },
       }
     end
 
@@ -109,8 +109,65 @@ describe 'crossbar' do
         defaults:
           retries: 1
           new_default: '5s'
-        listeners: {'10.0.0.10:8140': {backlog: 512}}
+        new_section: {'10.0.0.10:8140': {backlog: 512}}
         services:
+      YAML
+    end
+  end
+
+  context 'with the settings of a shared listen address written once (listeners)' do
+    let(:params) do
+      {
+        'listeners' => {
+          '10.0.0.10:8140' => {
+            'backlog' => 512, 'freebind' => true, 'max_connections' => 5000,
+            'proxy_protocol' => { 'accept_from' => ['10.0.2.0/24'] }, 'per_source' => { 'max_connections' => 20 },
+          },
+          '10.0.0.99:8140' => { 'freebind' => true },
+        },
+        'services' => {
+          'puppetca' => {
+            'listen' => ['10.0.0.10:8140'], 'server_names' => ['puppetca.example.com'],
+            'backends' => [{ 'name' => 'ca1', 'address' => 'ca1:8140' }]
+          },
+          'puppet' => {
+            'listen' => [{ 'address' => '10.0.0.10:8140', 'freebind' => true }, '10.0.0.11:8140'],
+            'server_names' => ['puppet.example.com'], 'backends' => [{ 'name' => 'c1', 'address' => 'c1:8140' }]
+          },
+        },
+      }
+    end
+
+    it 'gives them to each service that lists the address, bare or long, and to no other address' do
+      settings = "{address: '10.0.0.10:8140', backlog: 512, freebind: true, max_connections: 5000, " \
+                 "proxy_protocol: {accept_from: ['10.0.2.0/24']}, per_source: {max_connections: 20}}"
+      expect(fragment('crossbar service puppetca')).to include("    listen: [#{settings}]\n")
+      expect(fragment('crossbar service puppet')).to include("    listen: [#{settings}, '10.0.0.11:8140']\n")
+      expect(rendered).not_to include('10.0.0.99')
+    end
+  end
+
+  context 'with an empty entry in listeners' do
+    let(:params) { { 'services' => compilers, 'listeners' => { '10.0.0.10:8140' => {} } } }
+
+    it { expect(fragment('crossbar service puppet')).to include("    listen: ['10.0.0.10:8140']\n") }
+  end
+
+  context 'with presets that close a dead backend\'s connections from a source address' do
+    let(:params) do
+      {
+        'presets' => { 'pinned' => { 'balance' => 'first', 'on_marked_down' => 'shutdown-sessions', 'source' => '2001:db8:1::250' } },
+        'services' => { 'puppet' => { 'preset' => 'pinned', 'listen' => ['10.0.0.10:8140'], 'source' => '10.0.1.250' } },
+      }
+    end
+
+    it 'merges them like any preset setting, the service\'s own winning' do
+      expect(fragment('crossbar service puppet')).to eq(<<~YAML)
+        \  puppet:
+            listen: ['10.0.0.10:8140']
+            on_marked_down: 'shutdown-sessions'
+            source: '10.0.1.250'
+            balance: 'first'
       YAML
     end
   end
@@ -216,6 +273,10 @@ describe 'crossbar' do
       'a file with neither source nor content' => [{ 'files' => { '/etc/crossbar/x.pem' => {} } }, %r{Crossbar::File\[/etc/crossbar/x.pem\]: give either source or content}],
       'an extra key a parameter sets' => [{ 'workers' => 2, 'extra' => { 'workers' => 3 } }, %r{Class\[Crossbar\]: extra.workers: also set by a parameter}],
       'extra services' => [{ 'extra' => { 'services' => {} } }, %r{Class\[Crossbar\]: extra.services: services come from crossbar::service}],
+      'a listener without a port' => [{ 'listeners' => { '10.0.0.10' => { 'freebind' => true } } }, %r{parameter 'listeners' key of entry '10.0.0.10' expects a match for Crossbar::ListenAddress}],
+      'an address in a listener\'s settings' => [{ 'listeners' => { '10.0.0.10:8140' => { 'address' => '10.0.0.10:8140' } } }, %r{parameter 'listeners' entry '10.0.0.10:8140' unrecognized key 'address'}],
+      'a misspelt listener setting' => [{ 'listeners' => { '10.0.0.10:8140' => { 'maxconn' => 20 } } }, %r{parameter 'listeners' entry '10.0.0.10:8140' unrecognized key 'maxconn'}],
+      'a preset with an unknown on_marked_down' => [{ 'presets' => { 'p' => { 'on_marked_down' => 'shutdown' } } }, %r{parameter 'presets' entry 'p' entry 'on_marked_down' expects a match for Enum\['none', 'shutdown-sessions'\], got 'shutdown'}],
       'a service name with a dot' => [{ 'services' => { 'pup.pet' => { 'listen' => ['10.0.0.1:8140'] } } }, %r{parameter 'services' key of entry 'pup\.pet' expects a match for Crossbar::Name}],
     }.each do |what, (params, message)|
       context "with #{what}" do

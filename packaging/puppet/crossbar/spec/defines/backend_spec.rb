@@ -20,13 +20,14 @@ describe 'crossbar::backend' do
         'proxy_protocol' => 'v1',
         'health' => { 'interval' => '5s' },
         'disabled' => true,
+        'source' => '10.0.1.250',
         'order' => 10,
       }
     end
 
     it 'is one line of the service\'s backends' do
       expect(fragment('crossbar backend puppet/compile_1')).to eq(
-        "      - {name: 'compile_1', address: 'compile1.example.com:8140', health: {interval: '5s'}, " \
+        "      - {name: 'compile_1', address: 'compile1.example.com:8140', source: '10.0.1.250', health: {interval: '5s'}, " \
         "max_connections: 500, weight: 2, backup: false, proxy_protocol: 'v1', disabled: true}\n",
       )
     end
@@ -46,7 +47,7 @@ describe 'crossbar::backend' do
         \  puppet:
             listen: ['10.0.0.10:8140']
             backends:
-              - {name: 'compile_1', address: 'compile1.example.com:8140', health: {interval: '5s'}, max_connections: 500, weight: 2, backup: false, proxy_protocol: 'v1', disabled: true}
+              - {name: 'compile_1', address: 'compile1.example.com:8140', source: '10.0.1.250', health: {interval: '5s'}, max_connections: 500, weight: 2, backup: false, proxy_protocol: 'v1', disabled: true}
           puppet-0:
             listen: ['10.0.0.20:8140']
             backends:
@@ -107,6 +108,8 @@ describe 'crossbar::backend' do
       'an unknown PROXY version' => [{ 'address' => 'c:8140', 'proxy_protocol' => 'v3' }, %r{parameter 'proxy_protocol' expects an undef value or a match for Enum\['v1', 'v2'\], got 'v3'}],
       'a name starting with a dot' => [{ 'address' => 'c:8140', 'backend_name' => '.compile1' }, %r{parameter 'backend_name' expects a match for Crossbar::BackendName}],
       'a name with a space' => [{ 'address' => 'c:8140', 'backend_name' => 'compile 1' }, %r{parameter 'backend_name' expects a match for Crossbar::BackendName}],
+      'a source with a port' => [{ 'address' => 'c:8140', 'source' => '10.0.1.250:40000' }, %r{parameter 'source' expects a match for Crossbar::IpAddress = Pattern}],
+      'an IPv6 source in brackets' => [{ 'address' => 'c:8140', 'source' => '[2001:db8::250]' }, %r{parameter 'source' expects a match for Crossbar::IpAddress = Pattern}],
       'an extra key a parameter sets' => [{ 'address' => 'c:8140', 'weight' => 2, 'extra' => { 'weight' => 3 } }, %r{Crossbar::Backend\[puppet/compile1\]: extra.weight: also set by a parameter}],
     }.each do |what, (params, message)|
       context "with #{what}" do

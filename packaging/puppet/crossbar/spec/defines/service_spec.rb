@@ -80,6 +80,80 @@ describe 'crossbar::service' do
     end
   end
 
+  context 'closing a dead backend\'s connections, from a source address, one backend from another' do
+    let(:params) do
+      {
+        'listen' => ['10.0.0.11:8140'],
+        'on_marked_down' => 'shutdown-sessions',
+        'source' => '10.0.1.250',
+        'balance' => 'first',
+        'backends' => [
+          { 'name' => 'ca1', 'address' => 'ca1:8140' },
+          { 'name' => 'ca2', 'address' => 'ca2:8140', 'source' => '2001:db8:1::250', 'backup' => true },
+        ],
+      }
+    end
+
+    it 'writes on_marked_down and source after default and before balance, a backend\'s source with it' do
+      expect(rendered).to end_with(<<~YAML)
+        \  puppetca:
+            listen: ['10.0.0.11:8140']
+            on_marked_down: 'shutdown-sessions'
+            source: '10.0.1.250'
+            balance: 'first'
+            backends:
+              - {name: 'ca1', address: 'ca1:8140'}
+              - {name: 'ca2', address: 'ca2:8140', source: '2001:db8:1::250', backup: true}
+      YAML
+    end
+  end
+
+  context 'with on_marked_down none (crossbar\'s default, written as given)' do
+    let(:params) { { 'listen' => ['10.0.0.11:8140'], 'on_marked_down' => 'none' } }
+
+    it { expect(fragment('crossbar service puppetca')).to include("    on_marked_down: 'none'\n") }
+  end
+
+  describe 'on an address whose settings class crossbar gives (listeners)' do
+    let(:pre_condition) do
+      <<~PP
+        class { 'crossbar':
+          listeners => { '10.0.0.10:8140' => { 'freebind' => true, 'per_source' => { 'max_connections' => 20 } } },
+        }
+      PP
+    end
+
+    context 'named alone' do
+      let(:params) { { 'listen' => ['10.0.0.10:8140', '10.0.0.11:8140'] } }
+
+      it 'writes the long form with them; other addresses as given' do
+        expect(fragment('crossbar service puppetca')).to include(
+          "    listen: [{address: '10.0.0.10:8140', freebind: true, per_source: {max_connections: 20}}, '10.0.0.11:8140']\n",
+        )
+      end
+    end
+
+    context 'in the long form, with a setting of its own and one repeated with the same value' do
+      let(:params) { { 'listen' => [{ 'address' => '10.0.0.10:8140', 'backlog' => 512, 'freebind' => true }] } }
+
+      it 'writes both' do
+        expect(fragment('crossbar service puppetca')).to include(
+          "    listen: [{address: '10.0.0.10:8140', backlog: 512, freebind: true, per_source: {max_connections: 20}}]\n",
+        )
+      end
+    end
+
+    context 'in the long form, with another value' do
+      let(:params) { { 'listen' => ['10.0.0.11:8140', { 'address' => '10.0.0.10:8140', 'per_source' => { 'max_connections' => 50 } }] } }
+
+      it 'fails, naming the entry, the setting and where it is written once' do
+        is_expected.to compile.and_raise_error(
+          %r{Crossbar::Service\[puppetca\]: listen\[1\]\.per_source: differs from crossbar::listeners\['10\.0\.0\.10:8140'\] \(an address's settings belong to its one socket: give them once, there\)},
+        )
+      end
+    end
+  end
+
   context 'with a quote in a value' do
     let(:params) { { 'listen' => ['10.0.0.11:8140'], 'health' => { 'check' => 'https', 'expect_body' => "it's up" } } }
 
@@ -170,6 +244,11 @@ describe 'crossbar::service' do
       'accept_from with a port' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'proxy_protocol' => { 'accept_from' => ['10.0.2.1:8140'] } }] }, %r{entry 'proxy_protocol' entry 'accept_from' index 0 expects a match for Crossbar::Network}],
       'a per_source rate of 0' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'per_source' => { 'rate' => 0 } }] }, %r{entry 'per_source' entry 'rate' expects an Integer\[1, 1000000\] value, got Integer\[0, 0\]}],
       'an unknown per_source key' => [{ 'listen' => [{ 'address' => '10.0.0.11:8140', 'per_source' => { 'max_conns' => 5 } }] }, %r{entry 'per_source' unrecognized key 'max_conns'}],
+      'an unknown on_marked_down' => [{ 'listen' => ['10.0.0.11:8140'], 'on_marked_down' => 'shutdown' }, %r{parameter 'on_marked_down' expects an undef value or a match for Enum\['none', 'shutdown-sessions'\], got 'shutdown'}],
+      'a source with a port' => [{ 'listen' => ['10.0.0.11:8140'], 'source' => '10.0.1.250:0' }, %r{parameter 'source' expects a match for Crossbar::IpAddress = Pattern}],
+      'a source host name' => [{ 'listen' => ['10.0.0.11:8140'], 'source' => 'lb1.example.com' }, %r{parameter 'source' expects a match for Crossbar::IpAddress = Pattern}],
+      'a source network' => [{ 'listen' => ['10.0.0.11:8140'], 'source' => '10.0.1.0/24' }, %r{parameter 'source' expects a match for Crossbar::IpAddress = Pattern}],
+      'a backend source with brackets' => [{ 'listen' => ['10.0.0.11:8140'], 'backends' => [{ 'name' => 'a', 'address' => 'a:8140', 'source' => '[2001:db8::1]' }] }, %r{parameter 'backends' index 0 entry 'source' expects a match for Crossbar::IpAddress = Pattern}],
       'an extra key a parameter sets' => [{ 'listen' => ['10.0.0.11:8140'], 'balance' => 'first', 'extra' => { 'balance' => 'leastconn' } }, %r{Crossbar::Service\[puppetca\]: extra.balance: also set by a parameter \(or the preset\); set it there}],
       'an extra key the preset sets' => [{ 'listen' => ['10.0.0.11:8140'], 'preset' => 'puppet', 'extra' => { 'stick' => { 'on' => ['source'] } } }, %r{Crossbar::Service\[puppetca\]: extra.stick.on: also set by a parameter \(or the preset\)}],
       'an extra key that is no YAML word' => [{ 'listen' => ['10.0.0.11:8140'], 'extra' => { 'Bad Key' => 1 } }, %r{parameter 'extra' key of entry 'Bad Key' expects a match for Pattern}],

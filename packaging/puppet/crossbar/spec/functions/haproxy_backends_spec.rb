@@ -34,6 +34,36 @@ describe 'crossbar::haproxy_backends' do
     )
   end
 
+  it 'maps source ADDRESS to the backend\'s source and leaves out on-marked-down, a service setting in crossbar' do
+    is_expected.to run.with_params(
+      [
+        member('c1', { 'ports' => '8140', 'ipaddresses' => '10.0.1.1', 'options' => ['check', 'source 10.0.1.250', 'on-marked-down shutdown-sessions'] }),
+        member('c2', { 'ports' => '8140', 'ipaddresses' => '10.0.1.2', 'options' => 'check source 2001:db8:1::250 maxconn 100' }),
+      ],
+      'puppet',
+    ).and_return(
+      'puppet/c1' => { 'address' => '10.0.1.1:8140', 'source' => '10.0.1.250' },
+      'puppet/c2' => { 'address' => '10.0.1.2:8140', 'max_connections' => 100, 'source' => '2001:db8:1::250' },
+    )
+  end
+
+  it 'leaves out a source crossbar cannot take (a port: crossbar picks it per connection)' do
+    is_expected.to run.with_params([member('c1', { 'ports' => '8140', 'options' => ['source 10.0.1.250:40000 usesrc clientip'] })], 'puppet')
+                      .and_return('puppet/c1' => { 'address' => 'c1:8140' })
+  end
+
+  it 'says where crossbar sets on-marked-down, and why it left a source out' do
+    logs = [] # earlier examples' warnings may arrive here too (Puppet queues them until a destination exists)
+    Puppet::Util::Log.with_destination(Puppet::Test::LogCollector.new(logs)) do
+      subject.execute([member('c7', { 'ports' => '8140', 'options' => ['check', 'on-marked-down shutdown-sessions', 'source 10.0.1.250:40000'] })], 'puppet')
+    end
+    expect(logs.select { |l| l.level == :warning }.map(&:message).grep(%r{ of c7: })).to contain_exactly(
+      "crossbar::balancermembers: Haproxy::Balancermember[c7] of c7: HAProxy option left out: source 10.0.1.250:40000 (crossbar's source is an IP address alone)",
+      "crossbar::balancermembers: Haproxy::Balancermember[c7] of c7: HAProxy option left out: on-marked-down shutdown-sessions " \
+      "(crossbar sets it per service: crossbar::service { 'puppet': on_marked_down => 'shutdown-sessions' })",
+    )
+  end
+
   it 'makes one backend per address (lockstep with server_names) and port, as haproxy writes one server line each' do
     is_expected.to run.with_params(
       [member('pe1', { 'ports' => '8140,8142', 'server_names' => ['a', 'b'], 'ipaddresses' => ['10.0.1.1', '10.0.1.2'] })],
