@@ -127,6 +127,53 @@ pub async fn connect_own(
     Ok(tcp)
 }
 
+/// The local addresses of crossbar's own open connections to backends: a
+/// connection that arrives from one of them is crossbar talking to itself (a
+/// backend that is its own listener) and is refused at once, so that one client
+/// connection can't become a cascade of them. One per running server; an entry
+/// lives as long as its [`OwnSocket`].
+#[derive(Debug, Default)]
+pub struct OwnSockets {
+    open: dashmap::DashSet<SocketAddr>,
+}
+
+impl OwnSockets {
+    /// Note `stream`'s local address until the returned guard is dropped (`None`
+    /// when the socket has no address any more: it is closing anyway).
+    pub fn hold(self: &std::sync::Arc<Self>, stream: &TcpStream) -> Option<OwnSocket> {
+        let addr = canonical(stream.local_addr().ok()?);
+        self.open.insert(addr);
+        Some(OwnSocket {
+            owner: self.clone(),
+            addr,
+        })
+    }
+
+    /// `peer` is one of our own open backend connections.
+    pub fn is_ours(&self, peer: SocketAddr) -> bool {
+        self.open.contains(&canonical(peer))
+    }
+}
+
+/// `a` with an IPv4-mapped IPv6 address as plain IPv4 (as a dual-stack listener
+/// sees an IPv4 peer).
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// One open backend connection's entry in [`OwnSockets`], removed on drop.
+#[derive(Debug)]
+pub struct OwnSocket {
+    owner: std::sync::Arc<OwnSockets>,
+    addr: SocketAddr,
+}
+
+impl Drop for OwnSocket {
+    fn drop(&mut self) {
+        self.owner.open.remove(&self.addr);
+    }
+}
+
 /// Write what goes to a backend before the relay: the PROXY header (if `proxy`
 /// names a version) and the bytes read while looking at the hello.
 pub async fn send_prelude(
