@@ -410,9 +410,10 @@ impl Metrics {
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_weight.remove_label_values(&l); // ok: absent labels are fine
-        let _ = self.connect_duration.remove_label_values(&l); // ok: absent labels are fine
-                                                               // Every series of the backend goes at once: one that came back starts all
-                                                               // of them at 0 together, never some restarted while others kept counting.
+                                                             // ok: absent labels are fine
+        let _ = self.connect_duration.remove_label_values(&l);
+        // Every series of the backend goes at once: one that came back starts all
+        // of them at 0 together, never some restarted while others kept counting.
         for (v, third) in [
             (&self.bytes, "client_to_server"),
             (&self.bytes, "server_to_client"),

@@ -61,7 +61,8 @@ pub fn handle(
 ) -> impl std::future::Future<Output = ()> + Send {
     async move {
         let started = Instant::now();
-        if shared.own_sockets.is_ours(acc.peer) {
+        let local = acc.stream.local_addr();
+        if local.is_ok_and(|l| shared.own_sockets.is_ours(acc.peer, l)) {
             // Never dial yourself: a backend that is our own listener.
             shared.metrics.self_connection(&listener);
             if shared.log_limiter.allow() {
