@@ -83,7 +83,10 @@ impl ScriptedDns {
     /// Start it answering `zone`; returns once its TCP socket accepts.
     pub async fn start(zone: &Zone) -> ScriptedDns {
         if !std::path::Path::new(DNSLIB).exists() {
-            crossbar::testbed::missing_tool("a scripted DNS server", "python3-dnslib (apt-get install python3-dnslib)");
+            crossbar::testbed::missing_tool(
+                "a scripted DNS server",
+                "python3-dnslib (apt-get install python3-dnslib)",
+            );
         }
         let dir = tempfile::tempdir().expect("temp dir");
         let port = super::free_port().port();

@@ -6,7 +6,19 @@
 //! Backends are separate TLS servers on their own 127.0.0.x addresses; agents are
 //! rustls clients with their own session caches, running through crossbar while
 //! the records change.
+//!
+//! DNS as safe as static pools (issue 41), against a scripted DNS server
+//! (`common::dns`, answers SERVFAIL, REFUSED, late or never, per name):
+//! - [`itself`]: never dial yourself;
+//! - [`off_the_path`]: start and reload never wait for DNS, and the tools say
+//!   when a service would have no backend;
+//! - [`operator`]: the operator's state wins over DNS changes.
+#[path = "../common/mod.rs"]
 mod common;
+
+mod itself;
+mod off_the_path;
+mod operator;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
