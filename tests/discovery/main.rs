@@ -12,13 +12,15 @@
 //! - [`itself`]: never dial yourself;
 //! - [`off_the_path`]: start and reload never wait for DNS, and the tools say
 //!   when a service would have no backend;
-//! - [`operator`]: the operator's state wins over DNS changes.
+//! - [`operator`]: the operator's state wins over DNS changes;
+//! - [`swap`]: make before break, with the `discover.backend` template.
 #[path = "../common/mod.rs"]
 mod common;
 
 mod itself;
 mod off_the_path;
 mod operator;
+mod swap;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
