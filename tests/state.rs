@@ -93,6 +93,12 @@ async fn a_drained_backend_stays_drained_across_restarts_and_untouching_reloads(
             ),
         "{out}"
     );
+    let status = cli(admin, &["status"]).await;
+    assert!(
+        status.contains("  kept (operator): svc/a drain")
+            && status.contains("  reset to the file's: svc/b weight 7"),
+        "{status}"
+    );
     let out = cli(admin, &["reload"]).await;
     assert!(
         out.contains("kept: svc/a drain"),

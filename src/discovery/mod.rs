@@ -290,22 +290,17 @@ impl Registry {
         }
     }
 
-    /// Let go of the departed backends that are drained (a listed backend takes
-    /// new connections) and idle in `services`; says whether any was.
-    pub(crate) fn forget_departed(&mut self, services: &[Arc<crate::service::Service>]) -> bool {
+    /// Let go of the departed backends for which `busy(service, backend)` says no
+    /// (the reload task asks its pools: still taking new connections, or still
+    /// holding some); says whether any was let go. Takes a question rather than
+    /// the services: discovery imports nothing above `config`.
+    pub(crate) fn forget_departed(&mut self, busy: impl Fn(&str, &str) -> bool) -> bool {
         let mut any = false;
-        for (name, e) in &mut self.entries {
-            let Some(svc) = services.iter().find(|s| s.name() == name) else {
-                continue;
-            };
-            let drained = !svc.pool.departed_serve();
+        for (service, e) in &mut self.entries {
             e.departed.retain(|d| {
-                let busy = svc
-                    .pool
-                    .get(&d.name)
-                    .is_some_and(|b| !drained || b.active() > 0);
-                any |= !busy;
-                busy
+                let keep = busy(service, &d.name);
+                any |= !keep;
+                keep
             });
         }
         any

@@ -624,7 +624,17 @@ impl ReloadTask {
     /// Departed backends (left DNS, drained, no connection left) leave the pool:
     /// the running config again without them, their series all at once.
     async fn sweep_departed(&mut self) {
-        if !self.discovery.forget_departed(&self.services) {
+        let services = &self.services;
+        let busy = |service: &str, backend: &str| {
+            let Some(svc) = services.iter().find(|s| s.name() == service) else {
+                return false;
+            };
+            let drained = !svc.pool.departed_serve();
+            svc.pool
+                .get(backend)
+                .is_some_and(|b| !drained || b.active() > 0)
+        };
+        if !self.discovery.forget_departed(busy) {
             return;
         }
         let config = (*self.config).clone();
