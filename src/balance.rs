@@ -286,6 +286,19 @@ impl Backend {
         self.publish_state();
     }
 
+    /// Set the operator state as a commit applies it (the file's, or the operator's
+    /// record): a standby stays one.
+    pub fn apply_admin_state(&self, s: AdminState) {
+        self.state.admin.store(s as u8, Ordering::Release);
+        self.publish_state();
+    }
+
+    /// Started down and has not been checked into service yet (a backend DNS added
+    /// to a running pool, waiting for its first passing checks).
+    pub fn awaiting_first_check(&self) -> bool {
+        !self.is_healthy() && self.state.down_ms.load(Ordering::Acquire) == 0
+    }
+
     /// Has this backend been given a connection since `other` last went down? (A
     /// backup that took none while the primary was gone took over nothing: see
     /// `failback: manual` in [`crate::health`].)
@@ -364,6 +377,7 @@ impl Backend {
                     self.metrics.live.note_active(cur + 1);
                     return Some(Lease {
                         backend: self.clone(),
+                        socket: arc_swap::ArcSwapOption::empty(),
                     });
                 }
                 Err(now) => cur = now,
@@ -381,12 +395,21 @@ impl Backend {
 #[derive(Debug)]
 pub struct Lease {
     backend: Arc<Backend>,
+    /// The connection opened on the slot, known as crossbar's own while it lasts
+    /// (behind one pointer: a lease lives in every connection's future).
+    socket: arc_swap::ArcSwapOption<crate::dial::OwnSocket>,
 }
 
 impl Lease {
     /// The backend this slot is on.
     pub fn backend(&self) -> &Arc<Backend> {
         &self.backend
+    }
+
+    /// Keep the connection opened on this slot known as crossbar's own until the
+    /// slot is released (a slot holds one connection at a time).
+    pub fn hold(&self, socket: crate::dial::OwnSocket) {
+        self.socket.store(Some(Arc::new(socket)));
     }
 }
 
@@ -556,25 +579,36 @@ impl Pool {
 
     /// Candidates: available primaries of weight above 0 not yet tried; else (every
     /// primary down, disabled, at weight 0, or already tried for this connection)
-    /// such backups not yet tried.
+    /// such backups not yet tried; else such backends that left DNS (make before
+    /// break: they serve until a backend DNS still lists can).
     fn candidates(&self, tried: &[usize]) -> Vec<usize> {
         let ok = |b: &&Arc<Backend>| b.takes_new() && !tried.contains(&b.index);
-        let primaries: Vec<usize> = self
+        let tier = |backup: bool, left: bool| -> Vec<usize> {
+            self.backends
+                .iter()
+                .filter(|b| b.config.backup == backup && b.config.left_dns == left)
+                .filter(ok)
+                .map(|b| b.index)
+                .collect()
+        };
+        for (backup, left) in [(false, false), (true, false)] {
+            let found = tier(backup, left);
+            if !found.is_empty() {
+                return found;
+            }
+        }
+        let mut departed = tier(false, true);
+        departed.extend(tier(true, true));
+        departed
+    }
+
+    /// No backend DNS (or the file) still lists takes new connections: those that
+    /// left DNS still do (they drain only once a listed one can).
+    pub fn departed_serve(&self) -> bool {
+        !self
             .backends
             .iter()
-            .filter(|b| !b.config.backup)
-            .filter(ok)
-            .map(|b| b.index)
-            .collect();
-        if !primaries.is_empty() {
-            return primaries;
-        }
-        self.backends
-            .iter()
-            .filter(|b| b.config.backup)
-            .filter(ok)
-            .map(|b| b.index)
-            .collect()
+            .any(|b| !b.config.left_dns && b.takes_new())
     }
 
     fn pick(&self, client: IpAddr, tried: &[usize]) -> Pick {
@@ -703,7 +737,7 @@ impl Pool {
     /// sticky hit).
     pub fn try_preferred(&self, index: usize) -> Option<Lease> {
         let b = self.backends.get(index)?;
-        if b.is_available() {
+        if b.is_available() && (!b.config.left_dns || self.departed_serve()) {
             b.try_reserve()
         } else {
             None
@@ -941,6 +975,7 @@ mod tests {
             health: HealthConfig::default(),
             disabled: false,
             from_dns: None,
+            left_dns: false,
             source: None,
         }
     }

@@ -127,6 +127,59 @@ pub async fn connect_own(
     Ok(tcp)
 }
 
+/// The addresses (local, remote) of crossbar's own open connections to backends:
+/// a connection that arrives from one of them is crossbar talking to itself (a
+/// backend that is its own listener) and is refused at once, so that one client
+/// connection can't become a cascade of them. Both ends are compared: the kernel
+/// gives the same local port to connections towards different hosts, so a
+/// client's address alone may equal one of ours. One per running server; an entry
+/// lives as long as its [`OwnSocket`].
+#[derive(Debug, Default)]
+pub struct OwnSockets {
+    open: dashmap::DashSet<(SocketAddr, SocketAddr)>,
+}
+
+impl OwnSockets {
+    /// Note `stream`'s two ends until the returned guard is dropped (`None` when
+    /// the socket has no address any more: it is closing anyway).
+    pub fn hold(self: &std::sync::Arc<Self>, stream: &TcpStream) -> Option<OwnSocket> {
+        let ends = (
+            canonical(stream.local_addr().ok()?),
+            canonical(stream.peer_addr().ok()?),
+        );
+        self.open.insert(ends);
+        Some(OwnSocket {
+            owner: self.clone(),
+            ends,
+        })
+    }
+
+    /// A connection from `peer` accepted at `local` is one of our own open backend
+    /// connections.
+    pub fn is_ours(&self, peer: SocketAddr, local: SocketAddr) -> bool {
+        self.open.contains(&(canonical(peer), canonical(local)))
+    }
+}
+
+/// `a` with an IPv4-mapped IPv6 address as plain IPv4 (as a dual-stack listener
+/// sees an IPv4 peer).
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// One open backend connection's entry in [`OwnSockets`], removed on drop.
+#[derive(Debug)]
+pub struct OwnSocket {
+    owner: std::sync::Arc<OwnSockets>,
+    ends: (SocketAddr, SocketAddr),
+}
+
+impl Drop for OwnSocket {
+    fn drop(&mut self) {
+        self.owner.open.remove(&self.ends);
+    }
+}
+
 /// Write what goes to a backend before the relay: the PROXY header (if `proxy`
 /// names a version) and the bytes read while looking at the hello.
 pub async fn send_prelude(

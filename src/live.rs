@@ -130,6 +130,22 @@ pub struct ReloadOutcome {
     /// What an applied reload warned about (a retired setting, a service with no
     /// backend passing its check).
     pub warnings: Vec<String>,
+    /// The operator states it kept (`puppet/compile1 drain`).
+    pub kept: Vec<String>,
+    /// The operator states it reset, and why.
+    pub reset: Vec<String>,
+}
+
+/// What an applied reload reports: its warnings and what it did to the operator's
+/// run-time state, each in a line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadNote {
+    /// Warnings.
+    pub warnings: Vec<String>,
+    /// Operator states kept.
+    pub kept: Vec<String>,
+    /// Operator states reset, and why.
+    pub reset: Vec<String>,
 }
 
 /// Live facts of the process.
@@ -162,11 +178,14 @@ impl ProcessLive {
     }
 
     /// Record a reload's outcome: its warnings, or why it was refused.
-    pub fn note_reload(&self, result: &Result<Vec<String>, String>) {
+    pub fn note_reload(&self, result: &Result<ReloadNote, String>) {
+        let note = result.clone().unwrap_or_default();
         let outcome = ReloadOutcome {
             at: SystemTime::now(),
             error: result.as_ref().err().cloned(),
-            warnings: result.clone().unwrap_or_default(),
+            warnings: note.warnings,
+            kept: note.kept,
+            reset: note.reset,
         };
         *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
     }

@@ -410,6 +410,20 @@ impl Metrics {
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_weight.remove_label_values(&l); // ok: absent labels are fine
+                                                             // ok: absent labels are fine
+        let _ = self.connect_duration.remove_label_values(&l);
+        // Every series of the backend goes at once: one that came back starts all
+        // of them at 0 together, never some restarted while others kept counting.
+        for (v, third) in [
+            (&self.bytes, "client_to_server"),
+            (&self.bytes, "server_to_client"),
+            (&self.tls_handshakes, "resumed"),
+            (&self.tls_handshakes, "full"),
+            (&self.health_checks, "ok"),
+            (&self.health_checks, "fail"),
+        ] {
+            let _ = v.remove_label_values(&[service, backend, third]); // ok: absent is fine
+        }
         for state in BACKEND_STATES {
             let _ = self
                 .backend_state
@@ -422,6 +436,7 @@ impl Metrics {
         // Exported (0) for every listener, `per_source` or not, like its counters.
         self.sources_tracked.with_label_values(&[listener]);
         self.proxy_probes.with_label_values(&[listener]);
+        self.listener_refused.with_label_values(&[listener, "self"]);
         AcceptCounters {
             accepts: self.listener_accepts.with_label_values(&[listener]),
             refused_full: self
@@ -438,6 +453,14 @@ impl Metrics {
     /// totals in Prometheus, until the process ends.
     pub fn forget_listener(&self, listener: &str) {
         let _ = self.sources_tracked.remove_label_values(&[listener]); // ok: absent is fine
+    }
+
+    /// Count a connection `listener` refused because it came from one of crossbar's
+    /// own backend connections (`reason="self"`: a backend is our own listener).
+    pub fn self_connection(&self, listener: &str) {
+        self.listener_refused
+            .with_label_values(&[listener, "self"])
+            .inc();
     }
 
     /// Count a trusted tier's health check on `listener` (a PROXY LOCAL header and a close).

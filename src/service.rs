@@ -150,6 +150,8 @@ pub struct ProcessWide {
     pub log_limiter: LogLimiter,
     /// Extra backend handshakes placement confirmation may still spend.
     pub confirm_budget: crate::budget::Budget,
+    /// The local addresses of our open backend connections (never dial yourself).
+    pub own_sockets: Arc<crate::dial::OwnSockets>,
 }
 
 impl StickMetrics for ServiceMetrics {

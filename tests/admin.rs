@@ -1226,7 +1226,11 @@ async fn cli_end_to_end() {
     .await
     .unwrap();
     assert!(ok, "{err}");
-    assert_eq!(out, "reloaded\n");
+    // The same file again: nothing to commit, and the drain set above is kept.
+    assert_eq!(
+        out,
+        "reloaded: the file is the configuration in force, nothing changed\nkept: plain/p1 drain\n"
+    );
 
     // Nothing listening: a clear transport error.
     let dead = {

@@ -268,7 +268,7 @@ async fn dotted_backend_names_work_in_every_view() {
     assert_eq!(status, Some(200));
     assert!(page.contains(&format!("<td>{FQDN}</td>")), "{page}");
     assert!(
-        page.contains(&format!("crossbar backend weight {target2} 1")),
+        page.contains(&format!("crossbar backend reset {target2}")),
         "{page}"
     );
 

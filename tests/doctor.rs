@@ -192,7 +192,12 @@ fn config(service: &str, svc_yaml: &str, backends: &[(&str, SocketAddr, &str)]) 
 }
 
 async fn doctor_run(cfg: &Config, status: bool) -> Report {
-    let r = doctor::run(cfg, doctor::Options { status, wide: true }).await;
+    let r = doctor::run(
+        cfg,
+        doctor::Options { status, wide: true },
+        &Default::default(),
+    )
+    .await;
     eprintln!("{}", r.table());
     r
 }
@@ -714,7 +719,7 @@ async fn the_default_table_fits_120_columns() {
         "    names: [\"puppet.example.com\"]\n    stick: { on: [session_id, ticket] }\n",
         &[("compile1", a.addr, "")],
     );
-    let mut r = doctor::run(&cfg, doctor::Options::default()).await;
+    let mut r = doctor::run(&cfg, doctor::Options::default(), &Default::default()).await;
     let table = r.table();
     eprintln!("{table}");
     assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");

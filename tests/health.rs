@@ -549,8 +549,14 @@ async fn https_check_through_the_balancer() {
     );
     let lb = puppet_lb(&extra, &[("b1", b1.addr, false), ("b2", b2.addr, false)]).await;
     let b = lb.backend("puppet", "b1");
-    wait_until("b1 down by https check", || !b.is_healthy()).await;
-    assert!(b.metrics.check_fail.get() >= u64::from(FALL));
+    // Down from the start (its first check, before crossbar listened, failed), and
+    // every check after it fails too.
+    assert!(!b.is_healthy(), "up before a check passed");
+    wait_until("b1 failing its https checks", || {
+        b.metrics.check_fail.get() >= u64::from(FALL)
+    })
+    .await;
+    assert!(!b.is_healthy());
 }
 
 async fn ask(
@@ -613,20 +619,25 @@ async fn drain_keeps_open_connections_and_takes_no_new_ones() {
     drop((b1, b2));
 }
 
-/// A listening socket whose accept queue is full: the kernel drops further SYNs, so
-/// connects hang (a black hole), all on loopback.
-async fn black_hole() -> (SocketAddr, socket2::Socket, Vec<TcpStream>) {
+/// A listening socket that never accepts: once [`fill`]ed, its accept queue is full
+/// and the kernel drops further SYNs, so connects hang (a black hole), all on
+/// loopback.
+fn black_hole() -> (SocketAddr, socket2::Socket) {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     s.bind(&any_port().into()).unwrap();
     s.listen(0).unwrap();
-    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    (s.local_addr().unwrap().as_socket().unwrap(), s)
+}
+
+/// Fill the accept queue of the [`black_hole`] at `addr`.
+async fn fill(addr: SocketAddr) -> Vec<TcpStream> {
     let mut fillers = Vec::new();
     for _ in 0..16 {
         match tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(addr)).await {
             Ok(Ok(c)) => fillers.push(c),
             Ok(Err(e)) => panic!("filling the backlog: {e}"),
-            Err(_) => return (addr, s, fillers),
+            Err(_) => return fillers,
         }
     }
     panic!("the accept queue of {addr} never filled");
@@ -639,14 +650,18 @@ const HOLE_CONNECT: Duration = Duration::from_secs(1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepts_continue_while_a_backend_is_black_holed() {
     let ca = TestCa::new("health CA").unwrap();
-    let (hole, _sock, _fillers) = black_hole().await;
+    let (hole, _sock) = black_hole();
     let good = tls_backend(&ca, "good", BackendTls::default()).await;
     let extra = format!(
         "    balance: roundrobin\n    retries: 2\n    timeouts: {{ connect: {}ms }}\n    health: {}\n",
         HOLE_CONNECT.as_millis(),
         health_yaml("tcp")
     );
+    // The hole answers crossbar's first checks (a backend starts down until one
+    // answers), then turns black.
     let lb = puppet_lb(&extra, &[("hole", hole, false), ("good", good.addr, false)]).await;
+    assert!(lb.backend("puppet", "hole").is_healthy());
+    let _fillers = fill(hole).await;
     let started = Instant::now();
     // 20 clients at once: half are first sent to the black hole, wait out the connect
     // timeout there, and are retried on the good backend, all concurrently.

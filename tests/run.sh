@@ -55,6 +55,9 @@ need sslscan sslscan
 need golang go
 # dnsmasq: the real DNS server (SRV, A records) tests/discovery.rs changes under load.
 need dnsmasq-base /usr/sbin/dnsmasq
+# python3-dnslib: the scripted DNS server (tests/common/scripted_dns.py) that answers
+# SERVFAIL, REFUSED, late or never, per name.
+need python3-dnslib /usr/lib/python3/dist-packages/dnslib
 # promtool: `promtool test rules` on docs/prometheus-alerts.yaml (tests/admin.rs).
 need prometheus promtool
 # The package test .ci/run runs next (tests/package/run.sh): man-db renders

@@ -973,10 +973,10 @@ async fn status_page_at_1280_shows_what_matters() {
     let c1 = row("puppet", C1);
     assert_eq!(
         cell(&c1, 3).split_whitespace().collect::<Vec<_>>(),
-        ["4", "file", "1"]
+        ["4", "operator;", "file", "1"]
     );
     let want = format!(
-        "crossbar backend weight puppet/{C1} 1 --token-file {}",
+        "crossbar backend reset puppet/{C1} --token-file {}",
         token_file.display()
     );
     assert_eq!(
@@ -1014,7 +1014,7 @@ async fn status_page_at_1280_shows_what_matters() {
         "db1's reason: {banner}"
     );
     assert!(
-        banner.contains("db2 DISABLED by the operator (health up)"),
+        banner.contains("db2 DISABLED in the file (health up)"),
         "db2's reason: {banner}"
     );
     assert_eq!(
@@ -1058,7 +1058,7 @@ async fn status_page_at_1280_shows_what_matters() {
         .unwrap_or_else(|| panic!("no banner in\n{status}"));
     for why in [
         "db1 DOWN: its tls-hello check fails",
-        "db2 DISABLED by the operator (health up)",
+        "db2 DISABLED in the file (health up)",
     ] {
         assert!(
             banner.contains(why) && banner_line.contains(why),
@@ -1072,9 +1072,9 @@ async fn status_page_at_1280_shows_what_matters() {
     );
     assert!(status.contains("\n  active: ca2 "), "{status}");
     assert_eq!(status_row(&status, "ca2")[2], "up (active)");
-    assert_eq!(status_row(&status, C1)[4], "4 (file 1)");
+    assert_eq!(status_row(&status, C1)[4], "4 (operator; file 1)");
     for next in [
-        format!("weight puppet/{C1} 1"),
+        format!("reset puppet/{C1}"),
         format!("enable puppet/{C2}"),
         "enable puppetdb/db2".to_string(),
     ] {

@@ -241,7 +241,7 @@ async fn a_weight_set_by_the_cli_shifts_new_connections_in_proportion() {
             out,
             format!(
                 "{svc}/a: weight 12 (was 4; up, 0 active connections)\n  \
-                 until the next reload or restart, which return it to the configured weight 4\n"
+                 kept across reloads that leave the backend alone and restarts; `reset` returns it to the configured weight 4\n"
             )
         );
         let out = bed.set_weight(&format!("{svc}/c"), "50%").await;
@@ -258,7 +258,7 @@ async fn a_weight_set_by_the_cli_shifts_new_connections_in_proportion() {
     assert_eq!(bed.weight_gauge("src", "c").await, 2.0);
     let (ok, status, _) = bed.cli(&["status"]).await;
     assert!(
-        ok && status.contains("12 (file 4)") && status.contains("2 (file 4)"),
+        ok && status.contains("12 (operator; file 4)") && status.contains("2 (operator; file 4)"),
         "{status}"
     );
 
@@ -461,11 +461,12 @@ async fn the_api_refuses_bad_weights_and_unauthorized_writes() {
     );
 }
 
-/// A reload returns every backend to the file's weight (a failed one changes
-/// nothing); so does a restart: the stick table's state file keeps entries, not
-/// weights.
+/// A reload keeps the run-time weights of the backends it leaves alone and returns
+/// one whose file weight changed to the file's, and its answer says which (a failed
+/// one changes nothing); a restart without a top-level `state_file` returns to the
+/// file's weights: the stick table's state file keeps entries, not weights.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_or_a_restart_returns_to_the_file_weights() {
+async fn a_reload_resets_only_the_weights_of_backends_it_changes_and_a_restart_all() {
     let (a, b) = (
         Backend::echo("a", true).await,
         Backend::echo("b", true).await,
@@ -500,9 +501,27 @@ async fn a_reload_or_a_restart_returns_to_the_file_weights() {
     std::fs::write(&bed.cfg, &good).unwrap();
     let (ok, out, err) = bed.cli(&["reload"]).await;
     assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("kept: svc/a weight 7") && out.contains("kept: svc/b weight 0"),
+        "{out}"
+    );
+    assert_eq!(bed.weights().await["svc/a"], (7, 3));
+    // b's weight in the file changes: its run-time weight is reset, a's kept.
+    let b_line = format!("name: b, address: \"{}\", weight: 3", b.addr);
+    let changed = good.replace(&b_line, &b_line.replace("weight: 3", "weight: 4"));
+    std::fs::write(&bed.cfg, &changed).unwrap();
+    let (ok, out, err) = bed.cli(&["reload"]).await;
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("kept: svc/a weight 7")
+            && out.contains(
+                "reset: svc/b weight 0 (the reload changed the backend: weight 3 -> 4 in the file)"
+            ),
+        "{out}"
+    );
     let w = bed.weights().await;
-    assert_eq!((w["svc/a"], w["svc/b"]), ((3, 3), (3, 3)));
-    assert_eq!(bed.weight_gauge("svc", "b").await, 3.0);
+    assert_eq!((w["svc/a"], w["svc/b"]), ((7, 3), (4, 4)));
+    assert_eq!(bed.weight_gauge("svc", "b").await, 4.0);
     let after_reload = backends_of(listen, 200, Some(client)).await;
     assert!(
         count(&after_reload, "b") > 0,

@@ -45,6 +45,8 @@ pub fn services(server: &Server) -> view::ServicesView {
 
 fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::ServiceView {
     let backends = &svc.pool.backends;
+    let operator = server.operator_state();
+    let departed_serve = svc.pool.departed_serve();
     view::ServiceView {
         name: svc.name().to_string(),
         mode: match svc.config.mode {
@@ -66,12 +68,23 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
             full: backends.iter().map(|b| b.metrics.full.get()).sum(),
         },
         active_backend: active_backend(svc),
-        discovery: svc.discovery.as_ref().map(|d| discovery(&d.snapshot())),
+        discovery: svc.discovery.as_ref().map(|d| view::DiscoveryView {
+            serving: backends
+                .iter()
+                .filter(|b| b.config.from_dns.is_some())
+                .count(),
+            ..discovery(&d.snapshot())
+        }),
         backends: backends
             .iter()
-            .map(|b| view::BackendView {
-                slow_start: svc.pool.ramp_of(b).map(ramp),
-                ..backend(b, now)
+            .map(|b| {
+                let held = operator.get(svc.name(), &b.name);
+                let mut v = view::BackendView {
+                    slow_start: svc.pool.ramp_of(b).map(ramp),
+                    ..backend(b, now)
+                };
+                origins(&mut v, b, held, departed_serve);
+                v
             })
             .collect(),
     }
@@ -112,6 +125,62 @@ fn active_backend(svc: &Service) -> Option<String> {
         .map(|b| b.name.to_string())
 }
 
+/// Who set `b`'s weight and state, what the operator set, and whether it left DNS
+/// (then, unless no listed backend can take new connections, it drains).
+fn origins(
+    v: &mut view::BackendView,
+    b: &Backend,
+    held: Option<&crate::server::Override>,
+    departed_serve: bool,
+) {
+    let dns = b.config.from_dns.is_some();
+    v.weight_origin = match (held.and_then(|h| h.weight), dns) {
+        (Some(_), _) => view::Origin::Operator,
+        (None, true) => view::Origin::Dns,
+        (None, false) => view::Origin::File,
+    };
+    v.state_origin = match held.and_then(|h| h.state) {
+        Some(_) => view::Origin::Operator,
+        None => view::Origin::File,
+    };
+    v.operator = held.map(|h| view::OperatorView {
+        state: h.state.map(held_state),
+        weight: h.weight,
+        since: view::time::from_unix_seconds(h.since),
+    });
+    v.left_dns = b.config.left_dns;
+    if b.config.left_dns && !departed_serve && v.state_origin != view::Origin::Operator {
+        v.state = view::BackendState::Drain;
+        v.state_origin = view::Origin::Dns;
+        v.available = false;
+    }
+}
+
+/// An operator state as the views name it.
+fn held_state(h: crate::server::Held) -> view::BackendState {
+    match h {
+        crate::server::Held::Enabled => view::BackendState::Up,
+        crate::server::Held::Drain => view::BackendState::Drain,
+        crate::server::Held::Disabled => view::BackendState::Disabled,
+    }
+}
+
+/// What the operator had set on a backend, kept or reset (`why`).
+pub(super) fn held_view(
+    service: &str,
+    backend: &str,
+    o: &crate::server::Override,
+    why: Option<String>,
+) -> view::HeldView {
+    view::HeldView {
+        service: service.to_string(),
+        backend: backend.to_string(),
+        state: o.state.map(held_state),
+        weight: o.weight,
+        why,
+    }
+}
+
 fn discovery(s: &crate::discovery::Snapshot) -> view::DiscoveryView {
     view::DiscoveryView {
         kind: s.kind.to_string(),
@@ -123,6 +192,10 @@ fn discovery(s: &crate::discovery::Snapshot) -> view::DiscoveryView {
         backends: s.backends,
         dropped: s.dropped,
         next_in_ms: s.next_in_ms,
+        own: s.own.clone(),
+        stale_since: s.stale_since.map(view::time::from_unix_seconds),
+        failures: s.failures,
+        serving: 0,
     }
 }
 
@@ -140,6 +213,8 @@ fn process(server: &Server, now: SystemTime) -> view::ProcessView {
             ok: r.error.is_none(),
             error: r.error,
             warnings: r.warnings,
+            kept: r.kept,
+            reset: r.reset,
         }),
     }
 }
@@ -192,8 +267,12 @@ fn backend(b: &Backend, now: SystemTime) -> view::BackendView {
             resumed: m.resumed.get(),
             full: m.full.get(),
         },
-        // The pool's to say (`service_view`).
+        // The pool's to say (`service_view`), and the record's (`origins`).
         slow_start: None,
+        weight_origin: view::Origin::File,
+        state_origin: view::Origin::File,
+        operator: None,
+        left_dns: false,
     }
 }
 
@@ -464,7 +543,9 @@ pub async fn sources_dump(server: Arc<Server>, limit: usize) -> Result<String, A
 }
 
 /// `GET /healthz`: every configured listen address is bound and crossbar is not
-/// shutting down (so a keepalived check moves the VIP away from a draining host).
+/// shutting down (so a keepalived check moves the VIP away from a draining host);
+/// with `admin.healthz_needs_backends`, also every service has a backend that
+/// takes new connections (HAProxy's `monitor fail if nbsrv lt 1`).
 pub fn healthz(server: &Server) -> Result<(), String> {
     if server.is_draining() {
         return Err("shutting down: draining established connections".into());
@@ -475,9 +556,25 @@ pub fn healthz(server: &Server) -> Result<(), String> {
         .filter(|s| server.local_addrs(s.name()).len() < s.config.listen.len())
         .map(|s| s.name().to_string())
         .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("listeners not bound for: {}", missing.join(", ")))
+    if !missing.is_empty() {
+        return Err(format!("listeners not bound for: {}", missing.join(", ")));
     }
+    let needs = server
+        .config()
+        .admin
+        .as_ref()
+        .is_some_and(|a| a.healthz_needs_backends);
+    let empty: Vec<String> = server
+        .services()
+        .iter()
+        .filter(|s| !s.pool.backends.iter().any(|b| b.takes_new()))
+        .map(|s| s.name().to_string())
+        .collect();
+    if needs && !empty.is_empty() {
+        return Err(format!(
+            "no backend takes new connections in: {} (admin.healthz_needs_backends)",
+            empty.join(", ")
+        ));
+    }
+    Ok(())
 }

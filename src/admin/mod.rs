@@ -580,13 +580,18 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
             Ok(q) => json_text(api::table_dump(server.clone(), s.to_string(), q).await),
             Err(e) => error(e.status(), e),
         },
-        Route::Backend(s, b, a) => view_reply(
-            query::force_query(query).and_then(|force| writes::set_backend(server, s, b, a, force)),
-        ),
-        Route::Weight(s, b) => view_reply(
-            query::weight_query(query)
-                .and_then(|(ask, force)| writes::set_weight(server, s, b, ask, force)),
-        ),
+        Route::Backend(s, b, Action::Reset) => match query::force_query(query) {
+            Ok(force) => view_reply(writes::reset_backend(server, s, b, force).await),
+            Err(e) => error(e.status(), e),
+        },
+        Route::Backend(s, b, a) => match query::force_query(query) {
+            Ok(force) => view_reply(writes::set_backend(server, s, b, a, force).await),
+            Err(e) => error(e.status(), e),
+        },
+        Route::Weight(s, b) => match query::weight_query(query) {
+            Ok((ask, force)) => view_reply(writes::set_weight(server, s, b, ask, force).await),
+            Err(e) => error(e.status(), e),
+        },
         Route::ShutdownSessions(s, b) => view_reply(
             query::none_query(query).and_then(|()| writes::shutdown_sessions(server, s, b)),
         ),

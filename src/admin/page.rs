@@ -349,11 +349,20 @@ fn write_discovery(o: &mut String, d: &DiscoveryView) -> fmt::Result {
         )?;
     }
     o.push_str("</span>");
+    if !d.own.is_empty() {
+        write!(
+            o,
+            " <span class=\"warn\">{} record(s) naming crossbar itself left out: {}</span>",
+            d.own.len(),
+            Esc(&d.own.join("; ")),
+        )?;
+    }
     if d.stale {
         write!(
             o,
-            " <span class=\"bad\">STALE: {}; the last good set serves on</span>",
+            " <span class=\"bad\">STALE: {}; {}</span>",
             Esc(d.error.as_deref().unwrap_or("")),
+            d.meanwhile(),
         )?;
     }
     Ok(())
@@ -477,15 +486,19 @@ fn write_weight(o: &mut String, b: &BackendView) -> fmt::Result {
             r.text()
         );
     }
-    if !b.weight_set_at_run_time() {
-        return write!(o, "<td>{now}</td>");
+    match b.weight_note() {
+        None => write!(o, "<td>{now}</td>"),
+        Some(_) if b.weight_origin == super::view::Origin::Dns => write!(
+            o,
+            "<td title=\"the SRV record's weight\">{now}<span class=\"hl\">dns</span></td>"
+        ),
+        Some(_) => write!(
+            o,
+            "<td class=\"rtw\" title=\"file {file}: the config file's weight; {now} set at run time \
+             (crossbar backend weight), kept across reloads that leave the backend alone, until \
+             crossbar backend reset\">{now}<span class=\"hl\">operator; file {file}</span></td>"
+        ),
     }
-    write!(
-        o,
-        "<td class=\"rtw\" title=\"file {file}: the config file's weight; {now} set at run time \
-         (crossbar backend weight) until the next reload or restart\">\
-         {now}<span class=\"hl\">file {file}</span></td>"
-    )
 }
 
 /// The state cell: state and age; under DRAIN or DISABLED also the health, since
@@ -498,6 +511,9 @@ fn write_state(o: &mut String, b: &BackendView) -> fmt::Result {
         b.state.as_str().to_uppercase(),
         human_secs(b.state_seconds),
     )?;
+    if let Some(note) = b.state_note() {
+        write!(o, "<span class=\"hl\">{}</span>", Esc(note))?;
+    }
     if b.state.hides_health() {
         if b.failing() {
             o.push_str("<span class=\"hl down\">health DOWN</span>");
@@ -773,10 +789,7 @@ mod tests {
         (c.state, c.weight, c.configured_weight) = (BackendState::Up, 0, 2);
         let html = page(&data, &[]);
         assert!(html.contains("; c at WEIGHT 0 by the operator (sticky clients only)</div>"));
-        assert!(
-            html.contains("crossbar backend weight ca/c 2"),
-            "the way back"
-        );
+        assert!(html.contains("crossbar backend reset ca/c"), "the way back");
     }
 
     #[test]

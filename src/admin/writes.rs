@@ -22,6 +22,8 @@ pub enum Action {
     Enable,
     /// Maintenance: no new connections.
     Disable,
+    /// Back to the file's (and DNS's) state and weight.
+    Reset,
 }
 
 impl Action {
@@ -31,6 +33,7 @@ impl Action {
             "drain" => Some(Action::Drain),
             "enable" => Some(Action::Enable),
             "disable" => Some(Action::Disable),
+            "reset" => Some(Action::Reset),
             _ => None,
         }
     }
@@ -41,14 +44,16 @@ impl Action {
             Action::Drain => "drain",
             Action::Enable => "enable",
             Action::Disable => "disable",
+            Action::Reset => "reset",
         }
     }
 
-    fn state(self) -> AdminState {
+    fn state(self) -> Option<AdminState> {
         match self {
-            Action::Drain => AdminState::Drain,
-            Action::Enable => AdminState::Enabled,
-            Action::Disable => AdminState::Disabled,
+            Action::Drain => Some(AdminState::Drain),
+            Action::Enable => Some(AdminState::Enabled),
+            Action::Disable => Some(AdminState::Disabled),
+            Action::Reset => None,
         }
     }
 }
@@ -96,10 +101,6 @@ pub fn flush(server: &Server, name: &str) -> Result<view::FlushView, ApiError> {
     })
 }
 
-/// Backend state changes, one at a time: two operators draining the last two
-/// backends at once must not both pass the last-backend check.
-static BACKEND_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// `backend` of `svc`, or the API's 404 naming both.
 fn backend_of<'a>(svc: &'a Service, backend: &str) -> Result<&'a Arc<Backend>, ApiError> {
     svc.pool
@@ -112,36 +113,80 @@ fn backend_of<'a>(svc: &'a Service, backend: &str) -> Result<&'a Arc<Backend>, A
         })
 }
 
-/// `POST /api/backends/{service}/{backend}/{action}`: set the operator state.
-/// Draining or disabling the last available backend of the service is refused
-/// ([`ApiError::LastBackend`]) unless `force`; enabling never is.
-pub fn set_backend(
+/// `POST /api/backends/{service}/{backend}/{action}`: set the operator state, in
+/// the reload task (so it is recorded, outlives reloads that don't change the
+/// backend and DNS changes, is saved in the state file, and the guard below sees
+/// every commit). Draining or disabling the last available backend of the service
+/// is refused ([`ApiError::LastBackend`]) unless `force`; enabling never is.
+pub async fn set_backend(
     server: &Server,
     name: &str,
     backend: &str,
     action: Action,
     force: bool,
 ) -> Result<view::BackendStateView, ApiError> {
-    let svc = service(server, name)?;
-    let b = backend_of(&svc, backend)?;
-    let _one_at_a_time = BACKEND_CHANGES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !force && action != Action::Enable {
-        last_available(&svc, b, action)?;
+    if action == Action::Reset {
+        return Err(ApiError::BadQuery(
+            "reset answers a ResetView: use reset_backend".into(),
+        ));
     }
-    b.set_admin_state(action.state());
-    tracing::info!(
-        service = name,
-        backend,
-        state = b.state_name(),
-        "admin: backend state set"
-    );
-    Ok(view::BackendStateView {
-        service: name.to_string(),
-        backend: backend.to_string(),
-        state: state(b),
-        active_connections: b.active(),
+    let (name, backend) = (name.to_string(), backend.to_string());
+    let written = server.operate(move |op| {
+        let svc = op_service(op, &name)?;
+        let b = backend_of(svc, &backend)?;
+        if !force && action != Action::Enable {
+            last_available(svc, b, action)?;
+        }
+        op.set(&name, b, action.state(), None);
+        tracing::info!(service = %name, backend = %backend, state = b.state_name(), "admin: backend state set (kept across reloads that leave the backend alone, and restarts with state_file)");
+        Ok(view::BackendStateView {
+            service: name,
+            backend,
+            state: state(b),
+            active_connections: b.active(),
+        })
+    });
+    written.await.map_err(ApiError::ReloadFailed)?
+}
+
+/// `POST /api/backends/{service}/{backend}/reset`: drop what the operator set on
+/// the backend and return it to its file's (and DNS's) state and weight. Refused
+/// like a drain when the file's state takes the last available backend out.
+pub async fn reset_backend(
+    server: &Server,
+    name: &str,
+    backend: &str,
+    force: bool,
+) -> Result<view::ResetView, ApiError> {
+    let (name, backend) = (name.to_string(), backend.to_string());
+    let written = server.operate(move |op| {
+        let svc = op_service(op, &name)?;
+        let b = backend_of(svc, &backend)?;
+        if !force && b.config.disabled {
+            last_available(svc, b, Action::Disable)?;
+        }
+        let held = op.reset(&name, b).map(|o| super::api::held_view(&name, &backend, &o, None));
+        tracing::info!(service = %name, backend = %backend, state = b.state_name(), weight = b.weight(), "admin: backend reset to the file's values");
+        Ok(view::ResetView {
+            service: name,
+            backend,
+            state: state(b),
+            weight: b.weight(),
+            reset: held,
+        })
+    });
+    written.await.map_err(ApiError::ReloadFailed)?
+}
+
+/// The running service `name` of an operator write, or the API's 404.
+fn op_service<'a>(
+    op: &crate::server::Operating<'a>,
+    name: &str,
+) -> Result<&'a Arc<Service>, ApiError> {
+    op.service(name).ok_or_else(|| ApiError::UnknownService {
+        name: name.to_string(),
+        nearest: crate::config::nearest(name, op.services().iter().map(|s| s.name()))
+            .map(str::to_string),
     })
 }
 
@@ -187,49 +232,51 @@ fn others_out(svc: &Service, b: &Backend) -> Option<String> {
 }
 
 /// `POST /api/backends/{service}/{backend}/weight`: set the weight new connections
-/// are balanced by, until the next reload or restart. Weight 0 on the last backend
-/// that takes new connections is refused ([`ApiError::LastWeighted`]) unless `force`.
-pub fn set_weight(
+/// are balanced by, in the reload task like a state; kept until a reload that
+/// changes the backend, or `reset`. Weight 0 on the last backend that takes new
+/// connections is refused ([`ApiError::LastWeighted`]) unless `force`.
+pub async fn set_weight(
     server: &Server,
     name: &str,
     backend: &str,
     ask: WeightAsk,
     force: bool,
 ) -> Result<view::WeightView, ApiError> {
-    let svc = service(server, name)?;
-    let b = backend_of(&svc, backend)?;
-    let weight = ask.resolve(b.config.weight)?;
-    let _one_at_a_time = BACKEND_CHANGES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if weight == 0 && !force {
-        if let Some(others) = others_out(&svc, b) {
-            return Err(ApiError::LastWeighted {
-                service: name.to_string(),
-                backend: backend.to_string(),
-                others,
-            });
+    let (name, backend) = (name.to_string(), backend.to_string());
+    let written = server.operate(move |op| {
+        let svc = op_service(op, &name)?;
+        let b = backend_of(svc, &backend)?;
+        let weight = ask.resolve(b.config.weight)?;
+        if weight == 0 && !force {
+            if let Some(others) = others_out(svc, b) {
+                return Err(ApiError::LastWeighted {
+                    service: name,
+                    backend,
+                    others,
+                });
+            }
         }
-    }
-    let previous = b.weight();
-    b.set_weight(weight);
-    tracing::info!(
-        service = name,
-        backend,
-        weight,
-        previous,
-        configured = b.config.weight,
-        "admin: backend weight set (until the next reload or restart)"
-    );
-    Ok(view::WeightView {
-        service: name.to_string(),
-        backend: backend.to_string(),
-        weight,
-        previous_weight: previous,
-        configured_weight: b.config.weight,
-        state: state(b),
-        active_connections: b.active(),
-    })
+        let previous = b.weight();
+        op.set(&name, b, None, Some(weight));
+        tracing::info!(
+            service = %name,
+            backend = %backend,
+            weight,
+            previous,
+            configured = b.config.weight,
+            "admin: backend weight set (kept until a reload that changes the backend, or reset)"
+        );
+        Ok(view::WeightView {
+            service: name,
+            backend,
+            weight,
+            previous_weight: previous,
+            configured_weight: b.config.weight,
+            state: state(b),
+            active_connections: b.active(),
+        })
+    });
+    written.await.map_err(ApiError::ReloadFailed)?
 }
 
 /// `POST /api/connections/kill?id=N|client=ADDR`: close open connections (HAProxy's
@@ -295,9 +342,17 @@ pub fn shutdown_sessions(
 
 /// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.
 pub async fn reload(server: &Arc<Server>) -> Result<view::ReloadAnswer, ApiError> {
-    let warnings = server.reload_file().await.map_err(ApiError::ReloadFailed)?;
+    let applied = server.reload_file().await.map_err(ApiError::ReloadFailed)?;
+    let held = |v: &[crate::server::Judged]| {
+        v.iter()
+            .map(|j| super::api::held_view(&j.service, &j.backend, &j.held, j.why.clone()))
+            .collect()
+    };
     Ok(view::ReloadAnswer {
         reloaded: true,
-        warnings,
+        warnings: applied.warnings.clone(),
+        unchanged: !applied.changed,
+        kept: held(&applied.kept),
+        reset: held(&applied.reset),
     })
 }

@@ -126,13 +126,17 @@ pub enum Command {
     ///
     /// `weight` sets the weight new connections are balanced by (HAProxy's `set
     /// weight`): WEIGHT is 0..=256, or N% of the configured weight. 0 sends it no
-    /// new connections while sticky clients still come back (not a drain). It
-    /// holds until the next reload or restart, which return every backend to the
-    /// weight in the file.
+    /// new connections while sticky clients still come back (not a drain).
+    ///
+    /// What the operator sets (drain, disable, enable, weight) wins over the file
+    /// and DNS: it holds across DNS changes, reloads that leave the backend's own
+    /// settings alone, and restarts (with `state_file`), until a reload changes
+    /// the backend or `reset` returns it to the file's values.
     Backend {
         /// What to do: drain (no new connections, open ones continue), enable,
-        /// disable, weight, shutdown-sessions (close every open connection it has;
-        /// its state stays: drain or disable it first to keep new ones away).
+        /// disable, weight, reset (back to the file's state and weight),
+        /// shutdown-sessions (close every open connection it has; its state stays:
+        /// drain or disable it first to keep new ones away).
         action: BackendAction,
         /// The backend, as SERVICE/BACKEND.
         #[arg(add = ArgValueCandidates::new(complete::targets))]
@@ -305,6 +309,7 @@ pub enum BackendAction {
     Enable,
     Disable,
     Weight,
+    Reset,
     ShutdownSessions,
 }
 

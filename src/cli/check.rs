@@ -23,16 +23,9 @@ pub fn check(config: &Path, config_only: bool, resolve: bool) -> ExitCode {
                 let plan = crate::relay::plan(s.relay).describe();
                 println!("relay: service {} uses {plan}", s.name);
             }
-            if resolve {
-                let mut cfg = cfg;
-                match super::commands::runtime(None) {
-                    Ok(rt) => {
-                        for line in rt.block_on(crate::discovery::resolve_into(&mut cfg)) {
-                            println!("{line}");
-                        }
-                    }
-                    Err(e) => eprintln!("no runtime to resolve names in: {e:#}"),
-                }
+            if resolve && !resolved(cfg) {
+                eprintln!("{}: FAILED", config.display());
+                return ExitCode::FAILURE;
             }
             println!("{}: OK", config.display());
             ExitCode::SUCCESS
@@ -42,4 +35,25 @@ pub fn check(config: &Path, config_only: bool, resolve: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--resolve`: what each `discover` name resolves to today; false (each reason
+/// on stderr) when a service would start with no backend, or a record names
+/// crossbar itself.
+fn resolved(mut cfg: Config) -> bool {
+    let rt = match super::commands::runtime(None) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("no runtime to resolve names in: {e:#}");
+            return false;
+        }
+    };
+    let r = rt.block_on(crate::discovery::resolve_into(&mut cfg));
+    for line in &r.lines {
+        println!("{line}");
+    }
+    for (_, why) in r.no_backend.iter().chain(&r.own) {
+        eprintln!("error: {why}");
+    }
+    r.no_backend.is_empty() && r.own.is_empty()
 }

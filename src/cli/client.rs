@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use super::http::{request, CliError, REFUSED};
 use super::options::ClientOptions;
 use crate::admin::view::{
-    BackendStateView, DeleteView, FlushView, ReloadAnswer, ServicesView, SourcesView, TableView,
-    WeightView,
+    BackendStateView, DeleteView, FlushView, ReloadAnswer, ResetView, ServicesView, SourcesView,
+    TableView, WeightView,
 };
 use crate::admin::{Action, Secret, WeightAsk};
 
@@ -275,6 +275,10 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
         Command::Connections { .. } => super::traffic::connections(&decode(p, &body)?),
         Command::Sources { .. } => super::traffic::sources(&decode(p, &body)?),
         Command::Backend {
+            action: Action::Reset,
+            ..
+        } => reset(&decode(p, &body)?),
+        Command::Backend {
             service, backend, ..
         } => {
             let v: BackendStateView = decode(p, &body)?;
@@ -297,18 +301,41 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
 fn weighted(service: &str, backend: &str, v: &WeightView) -> String {
     format!(
         "{service}/{backend}: weight {} (was {}; {}, {} active connections)\n  \
-         until the next reload or restart, which return it to the configured weight {}\n",
+         kept across reloads that leave the backend alone and restarts; `reset` returns it to the configured weight {}\n",
         v.weight, v.previous_weight, v.state, v.active_connections, v.configured_weight,
     )
 }
 
-/// `reloaded`, then each warning of the reload on a line of its own.
+/// `reloaded` (or that nothing changed), then each warning, each operator state
+/// kept and each reset, on a line of its own.
 fn reloaded(v: &ReloadAnswer) -> String {
-    let mut out = "reloaded\n".to_string();
+    let mut out = match v.unchanged {
+        true => "reloaded: the file is the configuration in force, nothing changed\n",
+        false => "reloaded\n",
+    }
+    .to_string();
     for w in &v.warnings {
         let _ = writeln!(out, "warning: {w}"); // ok: writing to a String
     }
+    for k in &v.kept {
+        let _ = writeln!(out, "kept: {}", k.text()); // ok: writing to a String
+    }
+    for r in &v.reset {
+        let _ = writeln!(out, "reset: {}", r.text()); // ok: writing to a String
+    }
     out
+}
+
+/// `crossbar backend reset`'s answer: what it dropped, and the state and weight now.
+fn reset(v: &ResetView) -> String {
+    let dropped = match &v.reset {
+        Some(h) => format!("dropped {}", h.text()),
+        None => "the operator had set nothing".into(),
+    };
+    format!(
+        "{}/{}: {} at weight {} (the file's); {dropped}\n",
+        v.service, v.backend, v.state, v.weight
+    )
 }
 
 #[cfg(test)]
@@ -331,8 +358,8 @@ mod tests {
         .unwrap();
         assert_eq!(
             weighted("s", "b", &v),
-            "s/b: weight 10 (was 20; up, 41 active connections)\n  until the next reload or \
-             restart, which return it to the configured weight 20\n"
+            "s/b: weight 10 (was 20; up, 41 active connections)\n  kept across reloads that leave \
+             the backend alone and restarts; `reset` returns it to the configured weight 20\n"
         );
     }
 }

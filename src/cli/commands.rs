@@ -48,10 +48,11 @@ pub fn doctor(config: &Path, format: ReportFormat, opts: crate::doctor::Options)
     let report = match runtime(None) {
         // The backends `discover` finds today are checked like the configured ones.
         Ok(rt) => rt.block_on(async {
-            for line in crate::discovery::resolve_into(&mut cfg).await {
+            let dns = crate::discovery::resolve_into(&mut cfg).await;
+            for line in &dns.lines {
                 eprintln!("{line}");
             }
-            crate::doctor::run(&cfg, opts).await
+            crate::doctor::run(&cfg, opts, &dns).await
         }),
         Err(e) => return self::report(Err(e)),
     };
@@ -208,6 +209,7 @@ fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
         (BackendAction::Drain, None) => Action::Drain,
         (BackendAction::Enable, None) => Action::Enable,
         (BackendAction::Disable, None) => Action::Disable,
+        (BackendAction::Reset, None) => Action::Reset,
     };
     Ok(ClientCommand::Backend {
         service,

@@ -56,6 +56,12 @@ fn process_lines(p: &ProcessView) -> String {
     for w in p.last_reload.iter().flat_map(|r| &r.warnings) {
         let _ = writeln!(out, "  warning: {w}"); // ok: writing to a String
     }
+    for k in p.last_reload.iter().flat_map(|r| &r.kept) {
+        let _ = writeln!(out, "  kept (operator): {k}"); // ok: writing to a String
+    }
+    for r in p.last_reload.iter().flat_map(|r| &r.reset) {
+        let _ = writeln!(out, "  reset to the file's: {r}"); // ok: writing to a String
+    }
     out
 }
 
@@ -194,10 +200,10 @@ fn state_rows(svc: &ServiceView) -> Vec<Vec<String>> {
         "LAST CHECK",
     ])];
     for b in &svc.backends {
-        let state = if svc.is_active(b) {
-            format!("{} (active)", b.state)
-        } else {
-            b.state.to_string()
+        let state = match (svc.is_active(b), b.state_note()) {
+            (true, _) => format!("{} (active)", b.state),
+            (false, Some(note)) => format!("{} ({note})", b.state),
+            (false, None) => b.state.to_string(),
         };
         rows.push(vec![
             b.name.clone(),
@@ -254,10 +260,9 @@ fn weight_cell(b: &BackendView) -> String {
     if let Some(r) = &b.slow_start {
         return format!("{} ({})", b.weight, r.text());
     }
-    if b.weight_set_at_run_time() {
-        format!("{} (file {})", b.weight, b.configured_weight)
-    } else {
-        b.weight.to_string()
+    match b.weight_note() {
+        Some(note) => format!("{} ({note})", b.weight),
+        None => b.weight.to_string(),
     }
 }
 
@@ -300,12 +305,21 @@ fn discovery_line(d: &DiscoveryView, now: SystemTime) -> String {
         let _ = write!(line, ", next lookup {}s after the last", ms.div_ceil(1000));
         // ok: String
     }
+    if !d.own.is_empty() {
+        let _ = write!(
+            line,
+            "; {} record(s) naming crossbar itself left out: {}",
+            d.own.len(),
+            d.own.join("; ")
+        ); // ok: String
+    }
     if d.stale {
         let _ = write!(
             line,
-            "; STALE: the last lookup ({}) failed ({}): the last good set serves on",
+            "; STALE: the last lookup ({}) failed ({}): {}",
             ago(d.last_attempt),
-            d.error.as_deref().unwrap_or("-")
+            d.error.as_deref().unwrap_or("-"),
+            d.meanwhile()
         ); // ok: String
     }
     line
@@ -551,6 +565,8 @@ mod tests {
             backends: 3,
             dropped: 2,
             next_in_ms: Some(30_000),
+            serving: 3,
+            ..DiscoveryView::default()
         };
         assert_eq!(
             discovery_line(&fresh, at(1000)),
@@ -567,6 +583,8 @@ mod tests {
             backends: 1,
             dropped: 0,
             next_in_ms: Some(5_000),
+            serving: 1,
+            ..DiscoveryView::default()
         };
         assert_eq!(
             discovery_line(&stale, at(1000)),

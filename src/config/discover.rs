@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::address::{parse_socket_addr, valid_hostname};
 use super::checker::{join, Checker};
 use super::health::Health;
-use super::raw::RawDiscover;
+use super::raw::{RawDiscover, RawProxyProtocol};
 use super::HealthConfig;
 
 /// Default shortest re-resolution interval: a TTL of 0 must not become a query loop.
@@ -67,8 +67,32 @@ pub struct DiscoverConfig {
     pub max_backends: usize,
     /// Time one query may take (default 2s).
     pub timeout: Duration,
-    /// The health settings of the service, which every discovered backend uses.
+    /// The health settings every discovered backend uses: the service's, with
+    /// `discover.backend.health` over them.
     pub health: HealthConfig,
+    /// The other options every discovered backend gets (`discover.backend`).
+    pub backend: DiscoveredBackend,
+}
+
+/// `discover.backend`: what every backend an answer gives is configured with, as a
+/// backend in the file would be (HAProxy's `server-template` options). Its weight,
+/// tier and address come from the record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiscoveredBackend {
+    /// Concurrent connections each takes; more wait in the service queue.
+    pub max_connections: Option<u32>,
+    /// PROXY protocol header sent before the client's bytes.
+    pub proxy_protocol: Option<super::ProxyProtocol>,
+    /// The local address connections to it are made from (over the service's).
+    pub source: Option<std::net::IpAddr>,
+}
+
+/// The typed PROXY version.
+pub(super) fn proxy_protocol(v: RawProxyProtocol) -> super::ProxyProtocol {
+    match v {
+        RawProxyProtocol::V1 => super::ProxyProtocol::V1,
+        RawProxyProtocol::V2 => super::ProxyProtocol::V2,
+    }
 }
 
 impl Checker<'_> {
@@ -118,6 +142,28 @@ impl Checker<'_> {
             DEFAULT_TIMEOUT,
             true,
         );
+        let bp = join(p, "backend");
+        let template = raw.backend.as_ref();
+        let health = self.health(
+            health,
+            template.and_then(|t| t.health.as_ref()),
+            &join(&bp, "health"),
+        );
+        let backend = DiscoveredBackend {
+            max_connections: template.and_then(|t| t.max_connections).map(|m| {
+                self.int(
+                    Some(m),
+                    &join(&bp, "max_connections"),
+                    1,
+                    1,
+                    u32::MAX.into(),
+                ) as u32
+            }),
+            proxy_protocol: template.and_then(|t| t.proxy_protocol).map(proxy_protocol),
+            source: template
+                .and_then(|t| t.source.as_deref())
+                .and_then(|a| self.source_addr(a, &join(&bp, "source"))),
+        };
         Some(DiscoverConfig {
             query: query?,
             resolvers,
@@ -126,6 +172,7 @@ impl Checker<'_> {
             max_backends,
             timeout,
             health: health.to_config(),
+            backend,
         })
     }
 

@@ -13,6 +13,7 @@ mod files;
 mod health;
 mod indent;
 mod nearest;
+mod own_address;
 mod per_source;
 mod position;
 mod problems;
@@ -27,10 +28,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use discover::{DiscoverConfig, DiscoverQuery};
+pub use discover::{DiscoverConfig, DiscoverQuery, DiscoveredBackend};
 pub use error::{ConfigError, Diagnostic};
 pub(crate) use files::describe_file_type;
 pub use nearest::nearest;
+pub use own_address::{is_local_address, listen_addresses, own_address, OwnAddress};
 pub use per_source::PerSource;
 pub use proxy_accept::{IpNet, ProxyAccept};
 
@@ -66,6 +68,9 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     /// Services in file order.
     pub services: Vec<ServiceConfig>,
+    /// The server-state file (`state_file:`): the operator's run-time state of every
+    /// backend and its last known health, kept across restarts; `None`: not kept.
+    pub state_file: Option<PathBuf>,
     /// What the file asks for that crossbar accepts but no longer does as written
     /// (a retired `relay: kernel`), each with its position: `crossbar check` prints
     /// them, `crossbar run` logs them at start and at every reload.
@@ -83,6 +88,10 @@ pub struct AdminConfig {
     /// besides the admin address and loopback (lowercase; IPs in canonical form).
     /// Others are refused as DNS rebinding; see docs/security.md.
     pub allowed_hosts: Vec<String>,
+    /// `/healthz` fails while a service has no backend that takes new connections
+    /// (HAProxy's `monitor fail if nbsrv lt 1`), so keepalived moves the VIP to a
+    /// node that can serve; off by default.
+    pub healthz_needs_backends: bool,
 }
 
 /// The URL a client on this host uses for an admin endpoint bound to `listen`
@@ -415,6 +424,10 @@ pub struct BackendConfig {
     pub disabled: bool,
     /// The DNS name (`discover:`) this backend was found under; `None`: the file.
     pub from_dns: Option<String>,
+    /// Found in DNS, and no longer in the answer: it stays in the pool, taking new
+    /// connections only while no backend DNS still lists can (make before break),
+    /// and leaves once drained and idle.
+    pub left_dns: bool,
     /// The local address connections to it are made from, its own `source:`
     /// (over the service's [`ServiceConfig::source`]; neither: the system's choice).
     pub source: Option<std::net::IpAddr>,

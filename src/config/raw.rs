@@ -21,6 +21,7 @@ pub(super) struct RawConfig {
     pub defaults: Option<RawDefaults>,
     pub services: Option<RawServices>,
     pub confirm_budget: Option<u64>,
+    pub state_file: Option<PathBuf>,
 }
 
 /// A key that was written, possibly as an explicit `null`.
@@ -54,6 +55,7 @@ pub(super) struct RawAdmin {
     pub listen: Option<String>,
     pub token_file: Option<PathBuf>,
     pub allowed_hosts: Option<Vec<String>>,
+    pub healthz_needs_backends: Option<bool>,
 }
 
 /// `defaults:` — service settings and listener defaults.
@@ -256,6 +258,18 @@ pub(super) struct RawDiscover {
     pub max_ttl: Option<RawDuration>,
     pub max_backends: Option<u64>,
     pub timeout: Option<RawDuration>,
+    /// Settings every discovered backend gets (`server-template`'s options).
+    pub backend: Option<RawDiscoverBackend>,
+}
+
+/// `discover.backend:` the options of every backend an answer gives.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDiscoverBackend {
+    pub max_connections: Option<u64>,
+    pub proxy_protocol: Option<RawProxyProtocol>,
+    pub health: Option<RawHealth>,
+    pub source: Option<String>,
 }
 
 /// `stick.on` items.

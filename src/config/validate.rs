@@ -218,6 +218,7 @@ impl Checker<'_> {
             confirm_budget,
             admin,
             services,
+            state_file: raw.state_file.clone(),
             warnings: Vec::new(),
         }
     }
@@ -231,6 +232,7 @@ impl Checker<'_> {
                     listen: default_listen,
                     token_file: None,
                     allowed_hosts: Vec::new(),
+                    healthz_needs_backends: false,
                 })
             }
             Some(Nullable::Null) => {
@@ -261,6 +263,7 @@ impl Checker<'_> {
             listen,
             token_file: admin.token_file.clone(),
             allowed_hosts,
+            healthz_needs_backends: admin.healthz_needs_backends.unwrap_or(false),
         })
     }
 
@@ -479,6 +482,7 @@ impl Checker<'_> {
         }
         self.shared_listeners(&mut services, list);
         self.state_files(&services);
+        self.own_addresses(&services);
         services
     }
 
@@ -551,7 +555,7 @@ impl Checker<'_> {
     }
 
     /// `source:`: an IP address to bind before connecting to a backend.
-    fn source_addr(&mut self, s: &str, path: &str) -> Option<std::net::IpAddr> {
+    pub(super) fn source_addr(&mut self, s: &str, path: &str) -> Option<std::net::IpAddr> {
         match s.parse::<std::net::IpAddr>() {
             Ok(ip) => Some(ip.to_canonical()),
             Err(_) => {
@@ -734,13 +738,11 @@ impl Checker<'_> {
             weight,
             backup: raw.backup.unwrap_or(false),
             max_connections: max,
-            proxy_protocol: raw.proxy_protocol.map(|v| match v {
-                RawProxyProtocol::V1 => ProxyProtocol::V1,
-                RawProxyProtocol::V2 => ProxyProtocol::V2,
-            }),
+            proxy_protocol: raw.proxy_protocol.map(super::discover::proxy_protocol),
             health: health.to_config(),
             disabled: raw.disabled.unwrap_or(false),
             from_dns: None,
+            left_dns: false,
             source: raw
                 .source
                 .as_deref()

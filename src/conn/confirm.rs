@@ -218,7 +218,10 @@ impl Search<'_> {
         let b = lease.backend();
         let svc = self.offer.svc;
         let limit = svc.config.timeouts.server_hello;
-        let opened = self.offer.open(b, ClientWatch::Stirs, Some(limit)).await;
+        let opened = self
+            .offer
+            .open(lease, ClientWatch::Stirs, Some(limit))
+            .await;
         let mut s = match opened {
             Ok(s) => s,
             Err(Unopened::Connect(_)) => return Offered::Unreached,

@@ -61,6 +61,15 @@ pub fn handle(
 ) -> impl std::future::Future<Output = ()> + Send {
     async move {
         let started = Instant::now();
+        let local = acc.stream.local_addr();
+        if local.is_ok_and(|l| shared.own_sockets.is_ours(acc.peer, l)) {
+            // Never dial yourself: a backend that is our own listener.
+            shared.metrics.self_connection(&listener);
+            if shared.log_limiter.allow() {
+                tracing::warn!(peer = %acc.peer, %listener, "refused a connection from crossbar itself: a backend's address is one of its own listeners");
+            }
+            return;
+        }
         if acc.inherited.is_none() {
             if let Err(e) = acc.stream.set_nodelay(true) {
                 tracing::debug!(peer = %acc.peer, "TCP_NODELAY failed: {e}");
@@ -314,6 +323,7 @@ impl Conn<'_> {
             peer: self.peer,
             sni: self.sni.as_deref(),
             hello: hello_bytes,
+            own: &self.shared.own_sockets,
         };
         let log = &mut self.log;
         let (server, lease, tried) =

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use super::error::ConnError;
 use crate::access_log::AccessLog;
-use crate::balance::{Backend, Lease, PickError};
+use crate::balance::{Lease, PickError};
 use crate::service::Service;
 use crate::{dial, health};
 
@@ -87,6 +87,8 @@ pub(super) struct Offer<'a> {
     pub sni: Option<&'a str>,
     /// The ClientHello's bytes, empty in tcp mode.
     pub hello: &'a [u8],
+    /// Where the opened connections are known as crossbar's own.
+    pub own: &'a std::sync::Arc<crate::dial::OwnSockets>,
 }
 
 impl Offer<'_> {
@@ -96,18 +98,18 @@ impl Offer<'_> {
     /// as soon as the client does what `watch` looks for.
     pub(super) async fn open(
         &self,
-        backend: &Backend,
+        lease: &Lease,
         watch: ClientWatch,
         answer: Option<Duration>,
     ) -> Result<TcpStream, Unopened> {
         tokio::select! {
-            r = self.reach(backend, answer) => r,
+            r = self.reach(lease, answer) => r,
             () = watch.fired(self.client) => Err(Unopened::Client),
         }
     }
 
-    async fn reach(&self, b: &Backend, answer: Option<Duration>) -> Result<TcpStream, Unopened> {
-        let svc = self.svc;
+    async fn reach(&self, lease: &Lease, answer: Option<Duration>) -> Result<TcpStream, Unopened> {
+        let (svc, b) = (self.svc, &**lease.backend());
         let started = Instant::now();
         let mut server = match dial::connect_to(
             &b.config.address,
@@ -124,6 +126,9 @@ impl Offer<'_> {
                 return Err(Unopened::Connect(e));
             }
         };
+        if let Some(own) = self.own.hold(&server) {
+            lease.hold(own);
+        }
         health::passive_success(b);
         b.metrics
             .connect_duration
@@ -221,7 +226,7 @@ pub(super) async fn connect(
         let b = lease.backend().clone();
         // Every backend this connection went to counts, the failed ones included.
         log.tried = tried.len() + 1;
-        let opened = offer.open(&b, watch, answer).await;
+        let opened = offer.open(&lease, watch, answer).await;
         let backend = b.name.clone();
         if !matches!(opened, Err(Unopened::Client)) {
             log.backend = Some(backend.clone());

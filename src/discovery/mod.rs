@@ -19,8 +19,11 @@ mod resolve;
 mod status;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{BackendConfig, Config, DiscoverConfig};
 
 pub use resolve::{lookup, resolver, Answer, LookupError};
-pub use status::{DiscoveryMetrics, DiscoveryStatus, Snapshot};
+pub use status::{DiscoveryMetrics, DiscoveryStatus, Snapshot, StaleEnd};
 
 /// The TTL clamped to the operator's bounds: when to look again.
 fn next_lookup(cfg: &DiscoverConfig, ttl: Duration) -> Duration {
@@ -41,27 +44,97 @@ fn retry_after(cfg: &DiscoverConfig) -> Duration {
     cfg.min_ttl
 }
 
-/// Look `cfg`'s name up once with a resolver made for it.
-pub async fn lookup_once(cfg: &DiscoverConfig) -> Result<Answer, LookupError> {
-    lookup(&resolver(cfg)?, cfg).await
+/// Look `cfg`'s name up once with a resolver made for it (records naming an
+/// address of `own`, crossbar's listen addresses, left out).
+pub async fn lookup_once(cfg: &DiscoverConfig, own: &[SocketAddr]) -> Result<Answer, LookupError> {
+    lookup(&resolver(cfg)?, cfg, own).await
 }
 
 /// One service's discovery in force.
 struct Entry {
     config: DiscoverConfig,
+    /// The last good answer's backends (the set in use); empty until one came.
     backends: Vec<BackendConfig>,
+    /// Backends that left the answer and still serve or drain (`left_dns`), until
+    /// they are drained and idle ([`Registry::forget_departed`]).
+    departed: Vec<BackendConfig>,
     status: Arc<DiscoveryStatus>,
     stop: CancellationToken,
 }
 
-/// A first lookup made off to the side while a configuration is prepared, for a
-/// service whose `discover` is new or changed; installed by [`Registry::install`].
-pub(crate) struct FirstLookup {
-    service: String,
-    config: DiscoverConfig,
-    backends: Vec<BackendConfig>,
-    status: Arc<DiscoveryStatus>,
-    next: Duration,
+/// A first lookup, begun when a configuration started being prepared, for a
+/// service whose `discover` is new or changed: its watcher starts with it.
+enum First {
+    /// Still under way.
+    Running(tokio::task::JoinHandle<Result<Answer, LookupError>>),
+    /// Answered (or failed) while the configuration was prepared.
+    Done(Result<Answer, LookupError>),
+}
+
+/// The first lookups of a configuration being prepared ([`Registry::begin`]):
+/// nothing waits for them; [`FirstLookups::settle`] says how far they got.
+pub(crate) struct FirstLookups {
+    started: Vec<(String, DiscoverConfig, First)>,
+}
+
+impl Drop for FirstLookups {
+    fn drop(&mut self) {
+        for (_, _, first) in &self.started {
+            if let First::Running(h) = first {
+                h.abort(); // a refused configuration's lookups end with it
+            }
+        }
+    }
+}
+
+impl FirstLookups {
+    /// No `discover` is new or changed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.started.is_empty()
+    }
+
+    /// Wait at most `grace` for the lookups still under way (none: no wait), then
+    /// a warning per new name that failed or has not answered: what serves meanwhile.
+    pub(crate) async fn settle(&mut self, grace: Duration, registry: &Registry) -> Vec<String> {
+        let until = tokio::time::Instant::now() + grace;
+        let mut warnings = Vec::new();
+        for (service, cfg, first) in &mut self.started {
+            if let First::Running(h) = first {
+                if let Ok(joined) = tokio::time::timeout_at(until, &mut *h).await {
+                    *first = First::Done(
+                        joined.unwrap_or_else(|e| Err(LookupError::Other(e.to_string()))),
+                    );
+                }
+            }
+            let kept = registry
+                .entries
+                .get(service.as_str())
+                .map_or(0, |e| e.backends.len());
+            let what = format!(
+                "service {service}: DNS {} {}",
+                cfg.query.kind(),
+                cfg.query.name()
+            );
+            let meanwhile = serving_meanwhile(kept);
+            match first {
+                First::Done(Ok(_)) => {}
+                First::Done(Err(e)) => warnings.push(format!("{what}: the lookup failed ({}): {e}; {meanwhile}", e.reason())),
+                First::Running(_) => warnings.push(format!(
+                    "{what}: no answer yet after {}ms (the reload does not wait for DNS; the lookup goes on); {meanwhile} until it answers",
+                    grace.as_millis()
+                )),
+            }
+        }
+        warnings
+    }
+}
+
+/// What serves while a service's name gives no answer, in words.
+fn serving_meanwhile(kept: usize) -> String {
+    match kept {
+        0 => "no backend has ever been resolved: the service has only its configured backends, if any".into(),
+        n => format!("the last good set of {n} backend(s) serves on"),
+    }
 }
 
 /// What a watcher sends when its name answers a new set of backends: the whole set,
@@ -82,116 +155,99 @@ pub(crate) struct DnsChange {
 #[derive(Default)]
 pub(crate) struct Registry {
     entries: HashMap<String, Entry>,
+    /// crossbar's own listen addresses (bound ones included), which no answer's
+    /// record may name (`crate::config::own_address`); kept current by the reload task.
+    own: Arc<ArcSwap<Vec<SocketAddr>>>,
 }
 
 impl Registry {
-    /// Look up, once each, the names of `config`'s services whose `discover` is new
-    /// or changed. A failure keeps the running set of that service, if it has one.
-    pub(crate) async fn first_lookups(
-        &self,
-        config: &Config,
-        metrics: &DiscoveryMetrics,
-    ) -> Vec<FirstLookup> {
-        let todo: Vec<(String, DiscoverConfig, Vec<BackendConfig>)> = config
+    /// Begin the first lookups of `config`'s services whose `discover` is new or
+    /// changed, off to the side: nothing waits for them.
+    pub(crate) fn begin(&self, config: &Config) -> FirstLookups {
+        let started = config
             .services
             .iter()
             .filter_map(|sc| {
                 let d = sc.discover.as_ref()?;
-                let running = self.entries.get(&sc.name);
-                if running.is_some_and(|e| &e.config == d) {
+                if self.entries.get(&sc.name).is_some_and(|e| &e.config == d) {
                     return None;
                 }
-                let last = running.map(|e| e.backends.clone()).unwrap_or_default();
-                Some((sc.name.clone(), d.clone(), last))
+                let (cfg, own) = (d.clone(), self.own.clone());
+                let task = tokio::spawn(async move { lookup_once(&cfg, &own.load()).await });
+                Some((sc.name.clone(), d.clone(), First::Running(task)))
             })
             .collect();
-        let mut out = Vec::new();
-        for (service, cfg, last) in todo {
-            let status = Arc::new(DiscoveryStatus::new(&service, &cfg.query, metrics));
-            let (backends, next) = match lookup_once(&cfg).await {
-                Ok(a) => {
-                    let next = next_lookup(&cfg, a.ttl);
-                    log_answer(&service, &cfg, &a, next);
-                    status.resolved(a.backends.len(), a.dropped, next);
-                    (a.backends, next)
-                }
-                Err(e) => {
-                    let next = retry_after(&cfg);
-                    log_failure(&service, &cfg, &e, last.len());
-                    status.failed(&e, next);
-                    let kept = last.into_iter().map(|b| with_health(b, &cfg)).collect();
-                    (kept, next)
-                }
-            };
-            out.push(FirstLookup {
-                service,
-                config: cfg,
-                backends,
-                status,
-                next,
-            });
-        }
-        out
+        FirstLookups { started }
+    }
+
+    /// crossbar's own listen addresses now (after a commit).
+    pub(crate) fn set_own(&self, addresses: Vec<SocketAddr>) {
+        self.own.store(Arc::new(addresses));
     }
 
     /// Put the discovered backends into `config`: each service's file backends,
-    /// then those of its discovery in force (or of `fresh`). File names win a clash.
-    pub(crate) fn expand(&self, config: &mut Config, fresh: &[FirstLookup]) {
+    /// then the last good answer of its discovery (the one in force, or the one a
+    /// changed `discover` replaces until its own first answer), with the options of
+    /// `config`'s `discover.backend`. A configured backend of the same name wins.
+    pub(crate) fn expand(&self, config: &mut Config) {
         for sc in &mut config.services {
             sc.backends.retain(|b| b.from_dns.is_none());
             let Some(d) = &sc.discover else { continue };
-            let found = match fresh.iter().find(|f| f.service == sc.name) {
-                Some(f) => &f.backends,
-                None => match self.entries.get(&sc.name).filter(|e| &e.config == d) {
-                    Some(e) => &e.backends,
-                    None => continue,
-                },
+            let Some(e) = self.entries.get(&sc.name) else {
+                continue;
             };
-            for b in found {
+            for b in e.backends.iter().chain(&e.departed) {
                 if sc.backends.iter().any(|o| o.name == b.name) {
-                    tracing::warn!(service = %sc.name, backend = %b.name, "a discovered backend has the name of a configured one: left out");
-                    continue;
+                    continue; // the file's (see `crossbar status`: its source is config)
                 }
-                sc.backends.push(b.clone());
+                sc.backends.push(with_template(b.clone(), d));
             }
         }
     }
 
-    /// Make `fresh` the discoveries in force, starting their watchers (which send
-    /// their changes to `requests`), and end those of services that no longer have a
-    /// `discover`.
+    /// Make `first`'s discoveries the ones in force, starting their watchers (which
+    /// send their changes to `requests`), and end those of services that no longer
+    /// have a `discover`. A changed `discover` keeps the last good set until its
+    /// own first answer.
     pub(crate) fn install<R>(
         &mut self,
         config: &Config,
-        fresh: Vec<FirstLookup>,
+        mut first: FirstLookups,
+        metrics: &DiscoveryMetrics,
         requests: &mpsc::Sender<R>,
     ) where
         R: From<DnsChange> + Send + 'static,
     {
-        for f in fresh {
+        for (service, cfg, lookup) in std::mem::take(&mut first.started) {
             let stop = CancellationToken::new();
-            let f_name = f.config.query.name().to_string();
+            let status = Arc::new(DiscoveryStatus::new(&service, &cfg.query, metrics));
+            let (kept, departed) = match self.entries.remove(&service) {
+                Some(old) => {
+                    old.stop.cancel();
+                    if old.config.query.name() != cfg.query.name() {
+                        old.status.retire();
+                    }
+                    (old.backends, old.departed)
+                }
+                None => (Vec::new(), Vec::new()),
+            };
             let watcher = Watcher {
-                service: f.service.clone(),
-                config: f.config.clone(),
-                status: f.status.clone(),
-                last: f.backends.clone(),
-                first_wait: f.next,
+                service: service.clone(),
+                config: cfg.clone(),
+                status: status.clone(),
+                last: kept.clone(),
+                own: self.own.clone(),
                 stop: stop.clone(),
             };
-            tokio::spawn(watcher.watch(requests.clone()));
-            let new = Entry {
-                config: f.config,
-                backends: f.backends,
-                status: f.status,
+            tokio::spawn(watcher.watch(lookup, requests.clone()));
+            let entry = Entry {
+                config: cfg,
+                backends: kept,
+                departed,
+                status,
                 stop,
             };
-            if let Some(old) = self.entries.insert(f.service, new) {
-                old.stop.cancel();
-                if old.config.query.name() != f_name {
-                    old.status.retire();
-                }
-            }
+            self.entries.insert(service, entry);
         }
         self.entries.retain(|name, e| {
             let keep = config
@@ -217,11 +273,37 @@ impl Registry {
     pub(crate) fn update(&mut self, change: DnsChange) -> bool {
         match self.entries.get_mut(&change.service) {
             Some(e) if e.config == change.discover && e.backends != change.backends => {
+                let listed = |name: &str| change.backends.iter().any(|b| b.name == name);
+                e.departed.retain(|d| !listed(&d.name));
+                for old in &e.backends {
+                    if !listed(&old.name) {
+                        e.departed.push(BackendConfig {
+                            left_dns: true,
+                            ..old.clone()
+                        });
+                    }
+                }
                 e.backends = change.backends;
                 true
             }
             _ => false,
         }
+    }
+
+    /// Let go of the departed backends for which `busy(service, backend)` says no
+    /// (the reload task asks its pools: still taking new connections, or still
+    /// holding some); says whether any was let go. Takes a question rather than
+    /// the services: discovery imports nothing above `config`.
+    pub(crate) fn forget_departed(&mut self, busy: impl Fn(&str, &str) -> bool) -> bool {
+        let mut any = false;
+        for (service, e) in &mut self.entries {
+            e.departed.retain(|d| {
+                let keep = busy(service, &d.name);
+                any |= !keep;
+                keep
+            });
+        }
+        any
     }
 
     /// Stop every watcher (shutdown).
@@ -232,9 +314,13 @@ impl Registry {
     }
 }
 
-/// A kept backend with the health settings of a changed `discover`.
-fn with_health(mut b: BackendConfig, cfg: &DiscoverConfig) -> BackendConfig {
-    b.health = cfg.health.clone();
+/// A discovered backend with the options `d` gives every one (`discover.backend`,
+/// its health settings).
+fn with_template(mut b: BackendConfig, d: &DiscoverConfig) -> BackendConfig {
+    b.health = d.health.clone();
+    b.max_connections = d.backend.max_connections;
+    b.proxy_protocol = d.backend.proxy_protocol;
+    b.source = d.backend.source;
     b
 }
 
@@ -263,13 +349,23 @@ fn log_answer(service: &str, cfg: &DiscoverConfig, a: &Answer, next: Duration) {
 fn log_failure(service: &str, cfg: &DiscoverConfig, e: &LookupError, kept: usize) {
     let name = cfg.query.name();
     let reason = e.reason();
-    tracing::warn!(
-        service,
-        name,
-        reason,
-        kept,
-        "DNS lookup failed ({e}): keeping the last good set of backends, now stale"
-    );
+    if kept == 0 {
+        tracing::warn!(
+            service,
+            name,
+            reason,
+            kept,
+            "DNS lookup failed ({e}): no backend has ever been resolved for this name"
+        );
+    } else {
+        tracing::warn!(
+            service,
+            name,
+            reason,
+            kept,
+            "DNS lookup failed ({e}): keeping the last good set of backends, now stale"
+        );
+    }
 }
 
 /// One service's watcher: what it looks up, what it found last, when to look again.
@@ -278,69 +374,129 @@ struct Watcher {
     config: DiscoverConfig,
     status: Arc<DiscoveryStatus>,
     last: Vec<BackendConfig>,
-    /// Until the first lookup (the first answer's TTL, clamped).
-    first_wait: Duration,
+    own: Arc<ArcSwap<Vec<SocketAddr>>>,
     stop: CancellationToken,
 }
 
 impl Watcher {
-    /// Look the name up again when the last answer's TTL (clamped) runs out, sooner
-    /// after a failure; send a changed set to `requests` (the reload task's channel).
-    /// Ends at `stop`, or when the reload task is gone.
-    async fn watch<R: From<DnsChange>>(mut self, requests: mpsc::Sender<R>) {
-        let (service, cfg) = (&self.service, &self.config);
-        let resolver = match resolver(cfg) {
+    /// Take the first lookup's result, then look the name up again when the last
+    /// answer's TTL (clamped) runs out, sooner after a failure; send a changed set to
+    /// `requests` (the reload task's channel). Ends at `stop`, or when the reload
+    /// task is gone.
+    async fn watch<R: From<DnsChange>>(mut self, first: First, requests: mpsc::Sender<R>) {
+        let first = match first {
+            First::Done(r) => r,
+            First::Running(mut h) => tokio::select! {
+                () = self.stop.cancelled() => { h.abort(); return }
+                r = &mut h => r.unwrap_or_else(|e| Err(LookupError::Other(e.to_string()))),
+            },
+        };
+        let Some(mut wait) = self.take(first, &requests).await else {
+            return;
+        };
+        let resolver = match resolver(&self.config) {
             Ok(r) => r,
             Err(e) => {
-                log_failure(service, cfg, &e, self.last.len());
+                log_failure(&self.service, &self.config, &e, self.last.len());
                 self.status.failed(&e, Duration::ZERO);
                 return;
             }
         };
-        let mut wait = self.first_wait;
         loop {
             tokio::select! {
                 () = self.stop.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
             }
+            let own = self.own.load_full();
             let result = tokio::select! {
                 () = self.stop.cancelled() => return,
-                r = lookup(&resolver, cfg) => r,
+                r = lookup(&resolver, &self.config, &own) => r,
             };
-            match result {
-                Ok(a) => {
-                    wait = next_lookup(cfg, a.ttl);
-                    self.status.resolved(a.backends.len(), a.dropped, wait);
-                    if a.backends == self.last {
-                        continue;
-                    }
-                    log_answer(service, cfg, &a, wait);
-                    self.last = a.backends;
-                    let change = DnsChange {
-                        service: service.clone(),
-                        discover: cfg.clone(),
-                        backends: self.last.clone(),
-                    };
-                    if requests.send(R::from(change)).await.is_err() {
-                        return; // the reload task ended: shutting down
-                    }
+            match self.take(result, &requests).await {
+                Some(w) => wait = w,
+                None => return,
+            }
+        }
+    }
+
+    /// One lookup's result: the status and the log say it, a changed set goes to
+    /// `requests`; when to look next (`None`: the reload task is gone).
+    async fn take<R: From<DnsChange>>(
+        &mut self,
+        result: Result<Answer, LookupError>,
+        requests: &mpsc::Sender<R>,
+    ) -> Option<Duration> {
+        let (service, cfg) = (&self.service, &self.config);
+        let result = result.and_then(|a| resolve::refilter(a, cfg, &self.own.load()));
+        match result {
+            Ok(a) => {
+                let wait = next_lookup(cfg, a.ttl);
+                if let Some(stale) = self.status.resolved(&a, wait) {
+                    tracing::info!(service = %service, name = cfg.query.name(), failed = stale.failures, stale_s = stale.seconds, "DNS lookups succeed again: the set is current, no longer stale");
                 }
-                Err(e) => {
-                    wait = retry_after(cfg);
-                    log_failure(service, cfg, &e, self.last.len());
-                    self.status.failed(&e, wait);
+                if a.backends == self.last {
+                    return Some(wait);
                 }
+                log_answer(service, cfg, &a, wait);
+                self.last = a.backends;
+                let change = DnsChange {
+                    service: service.clone(),
+                    discover: cfg.clone(),
+                    backends: self.last.clone(),
+                };
+                requests.send(R::from(change)).await.ok()?; // else: shutting down
+                Some(wait)
+            }
+            Err(e) => {
+                let wait = retry_after(cfg);
+                log_failure(service, cfg, &e, self.last.len());
+                self.status.failed(&e, wait);
+                Some(wait)
             }
         }
     }
 }
 
-/// Look up every service's `discover` name once and add the backends found to
-/// `config` (for `crossbar check --resolve` and `crossbar doctor`); one line per
-/// service says what each name resolves to today, or why it does not.
-pub async fn resolve_into(config: &mut Config) -> Vec<String> {
-    let mut lines = Vec::new();
-    for sc in &mut config.services {
+/// What `crossbar check --resolve` and `crossbar doctor` learned from DNS.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    /// One line per service with `discover`: what its name resolves to today, or why not.
+    pub lines: Vec<String>,
+    /// Per service that would start with no backend at all (no configured one, and
+    /// its name gives none): the service and the DNS reason.
+    pub no_backend: Vec<(String, String)>,
+    /// Per record left out because it names crossbar itself: the service and why.
+    pub own: Vec<(String, String)>,
+}
+
+/// Look up every service's `discover` name (all at once, under one deadline: the
+/// longest of theirs) and add the backends found to `config` (for `crossbar check
+/// --resolve` and `crossbar doctor`); records naming crossbar itself (its listen
+/// addresses in `config`, a wildcard one on this machine's addresses) are left out.
+pub async fn resolve_into(config: &mut Config) -> Resolved {
+    let own = crate::config::listen_addresses(&config.services);
+    let mut asked = tokio::task::JoinSet::new();
+    for (i, sc) in config.services.iter().enumerate() {
+        let Some(d) = sc.discover.clone() else {
+            continue;
+        };
+        let own = own.clone();
+        asked.spawn(async move {
+            let r = tokio::time::timeout(resolve::deadline(&d), lookup_once(&d, &own)).await;
+            (i, r.unwrap_or(Err(LookupError::Timeout)))
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(r) = asked.join_next().await {
+        match r {
+            Ok(x) => answers.push(x),
+            Err(e) => tracing::error!("a lookup failed: {e}"),
+        }
+    }
+    answers.sort_by_key(|(i, _)| *i);
+    let mut out = Resolved::default();
+    for (i, answer) in answers {
+        let sc = &mut config.services[i];
         let Some(d) = sc.discover.clone() else {
             continue;
         };
@@ -350,37 +506,58 @@ pub async fn resolve_into(config: &mut Config) -> Vec<String> {
             d.query.kind(),
             d.query.name()
         );
-        match lookup_once(&d).await {
+        match answer {
             Ok(a) => {
-                let list: Vec<String> = a
-                    .backends
-                    .iter()
-                    .map(|b| {
-                        let backup = if b.backup { " (backup)" } else { "" };
-                        format!("{} = {} weight {}{backup}", b.name, b.address, b.weight)
-                    })
-                    .collect();
-                let dropped = if a.dropped > 0 {
-                    format!(" ({} more left out by max_backends)", a.dropped)
-                } else {
-                    String::new()
-                };
-                lines.push(format!(
-                    "{what}: {} backend(s), TTL {}s{dropped}: {}",
-                    a.backends.len(),
-                    a.ttl.as_secs(),
-                    list.join(", ")
-                ));
+                out.lines.push(format!("{what}: {}", answer_text(&a)));
+                for o in &a.own {
+                    out.own
+                        .push((sc.name.clone(), format!("{what}: record left out: {o}")));
+                }
                 for b in a.backends {
                     if !sc.backends.iter().any(|o| o.name == b.name) {
                         sc.backends.push(b);
                     }
                 }
             }
-            Err(e) => lines.push(format!("{what}: lookup failed ({}): {e}", e.reason())),
+            Err(e) => {
+                out.lines
+                    .push(format!("{what}: lookup failed ({}): {e}", e.reason()));
+                if sc.backends.is_empty() {
+                    let why = format!("{what}: no backend: the lookup failed ({}): {e}; the service would start with no backend and refuse every client", e.reason());
+                    out.no_backend.push((sc.name.clone(), why));
+                }
+            }
         }
     }
-    lines
+    out
+}
+
+/// An answer in a line: `2 backend(s), TTL 30s: c1-8140 = 10.0.0.21:8140 weight 1, ...`.
+fn answer_text(a: &Answer) -> String {
+    let list: Vec<String> = a
+        .backends
+        .iter()
+        .map(|b| {
+            let backup = if b.backup { " (backup)" } else { "" };
+            format!("{} = {} weight {}{backup}", b.name, b.address, b.weight)
+        })
+        .collect();
+    let dropped = if a.dropped > 0 {
+        format!(" ({} more left out by max_backends)", a.dropped)
+    } else {
+        String::new()
+    };
+    let own = if a.own.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} naming crossbar itself left out)", a.own.len())
+    };
+    format!(
+        "{} backend(s), TTL {}s{dropped}{own}: {}",
+        a.backends.len(),
+        a.ttl.as_secs(),
+        list.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -397,6 +574,7 @@ mod tests {
             max_backends: 64,
             timeout: Duration::from_secs(2),
             health: HealthConfig::default(),
+            backend: Default::default(),
         }
     }
 

@@ -5,12 +5,12 @@ use std::time::{Duration, SystemTime};
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::resolve::LookupError;
+use super::resolve::{Answer, LookupError};
 use crate::config::DiscoverQuery;
 
 /// Lookup results the metrics count, created at 0 for each service.
-const RESULTS: [&str; 7] = [
-    "ok", "timeout", "servfail", "nxdomain", "empty", "config", "error",
+const RESULTS: [&str; 9] = [
+    "ok", "timeout", "servfail", "nxdomain", "refused", "empty", "itself", "config", "error",
 ];
 
 /// The discovery metric families.
@@ -20,6 +20,7 @@ pub struct DiscoveryMetrics {
     stale: IntGaugeVec,
     backends: IntGaugeVec,
     dropped: IntGaugeVec,
+    own: IntGaugeVec,
     last_ok: IntGaugeVec,
     info: IntGaugeVec,
 }
@@ -42,7 +43,7 @@ impl DiscoveryMetrics {
         let lookups = IntCounterVec::new(
             Opts::new(
                 "crossbar_discovery_lookups_total",
-                "DNS lookups of a service's discover name by result (ok|timeout|servfail|nxdomain|empty|config|error).",
+                "DNS lookups of a service's discover name by result (ok|timeout|servfail|nxdomain|refused|empty|itself|config|error).",
             ),
             &["service", "name", "result"],
         )
@@ -74,6 +75,10 @@ impl DiscoveryMetrics {
                 "crossbar_discovery_dropped_records",
                 "Records of the last good answer left out by max_backends.",
             ),
+            own: gauge(
+                "crossbar_discovery_own_records",
+                "Records of the last answer left out because they name crossbar itself (its own listen address, 0.0.0.0 or ::, port 0).",
+            ),
             last_ok: gauge(
                 "crossbar_discovery_last_success_timestamp_seconds",
                 "Unix time of the last good answer (0: none yet).",
@@ -89,6 +94,7 @@ impl DiscoveryMetrics {
         self.last_ok.with_label_values(&[service, name]);
         self.backends.with_label_values(&[service, name]);
         self.dropped.with_label_values(&[service, name]);
+        self.own.with_label_values(&[service, name]);
     }
 
     /// Remove a service's series (its `discover` was removed or changed name).
@@ -96,7 +102,13 @@ impl DiscoveryMetrics {
         for r in RESULTS {
             let _ = self.lookups.remove_label_values(&[service, name, r]); // ok: absent is fine
         }
-        for g in [&self.stale, &self.backends, &self.dropped, &self.last_ok] {
+        for g in [
+            &self.stale,
+            &self.backends,
+            &self.dropped,
+            &self.own,
+            &self.last_ok,
+        ] {
             let _ = g.remove_label_values(&[service, name]); // ok: absent is fine
         }
     }
@@ -121,9 +133,25 @@ pub struct Snapshot {
     pub backends: usize,
     /// Records that answer had beyond `max_backends`.
     pub dropped: usize,
+    /// Records of the last answer left out because they name crossbar itself:
+    /// `name (address): why`.
+    pub own: Vec<String>,
+    /// Since when lookups fail (while stale).
+    pub stale_since: Option<u64>,
+    /// Failed lookups in a row (while stale).
+    pub failures: u32,
     /// Milliseconds from the last lookup to the next (its TTL clamped to
     /// `min_ttl`..`max_ttl`; `min_ttl` after a failure).
     pub next_in_ms: Option<u64>,
+}
+
+/// The end of a stale period: a good answer after failed lookups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleEnd {
+    /// Lookups that failed in a row.
+    pub failures: u32,
+    /// How long the set was stale, in seconds.
+    pub seconds: u64,
 }
 
 /// Shared by the discovery task (writes) and readers (the status page, the API).
@@ -170,18 +198,27 @@ impl DiscoveryStatus {
         self.with(|s| s.clone())
     }
 
-    /// A usable answer of `backends` (`dropped` more left out); next lookup in `next`.
-    pub fn resolved(&self, backends: usize, dropped: usize, next: Duration) {
+    /// A usable answer; next lookup in `next`. Returns the stale period it ends, if
+    /// the lookups before it failed.
+    pub fn resolved(&self, a: &Answer, next: Duration) -> Option<StaleEnd> {
         let now = unix(SystemTime::now());
-        let name = self.with(|s| {
+        let (backends, dropped) = (a.backends.len(), a.dropped);
+        let (name, ended) = self.with(|s| {
+            let ended = s.stale.then(|| StaleEnd {
+                failures: s.failures,
+                seconds: now.saturating_sub(s.stale_since.unwrap_or(now)),
+            });
             s.last_resolved = Some(now);
             s.last_attempt = Some(now);
             s.stale = false;
+            s.stale_since = None;
+            s.failures = 0;
             s.error = None;
             s.backends = backends;
             s.dropped = dropped;
+            s.own = a.own.clone();
             s.next_in_ms = Some(next.as_millis() as u64);
-            s.name.clone()
+            (s.name.clone(), ended)
         });
         let l = [self.service.as_str(), name.as_str()];
         let m = &self.metrics;
@@ -189,13 +226,21 @@ impl DiscoveryStatus {
         m.stale.with_label_values(&l).set(0);
         m.backends.with_label_values(&l).set(backends as i64);
         m.dropped.with_label_values(&l).set(dropped as i64);
+        m.own.with_label_values(&l).set(a.own.len() as i64);
         m.last_ok.with_label_values(&l).set(now as i64);
+        ended
     }
 
     /// A failed lookup: the set in use is now stale; next try in `next`.
     pub fn failed(&self, e: &LookupError, next: Duration) {
+        let now = unix(SystemTime::now());
         let name = self.with(|s| {
-            s.last_attempt = Some(unix(SystemTime::now()));
+            s.last_attempt = Some(now);
+            s.stale_since = s.stale_since.or(Some(now));
+            s.failures = s.failures.saturating_add(1);
+            if let LookupError::OnlyItself(why) = e {
+                s.own = why.split("; ").map(str::to_string).collect();
+            }
             s.stale = true;
             s.error = Some(e.to_string());
             s.next_in_ms = Some(next.as_millis() as u64);

@@ -31,6 +31,24 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
                 add(Severity::Info, None, format!("listen {}: {p}", l.addr));
             }
         }
+        let listens = crate::config::listen_addresses(&config.services);
+        for b in &svc.backends {
+            let Some(sa) = b.address.as_socket_addr() else {
+                continue;
+            };
+            if let Some(why) =
+                crate::config::own_address(sa, &listens, crate::config::is_local_address)
+            {
+                add(
+                    Severity::Error,
+                    Some(&b.name),
+                    format!(
+                        "`{}`: {why}: remove the backend, or give the address of another host",
+                        b.address
+                    ),
+                );
+            }
+        }
         let none_pass = no_backend_passes(&mine);
         for b in &mine {
             for (sev, msg) in backend_findings(svc, b) {

@@ -117,7 +117,9 @@ impl Report {
 }
 
 /// Inspect every backend of `config` (all at once) and judge what was seen.
-pub async fn run(config: &Config, opts: Options) -> Report {
+/// `dns` is what the `discover` names resolved to: a service left with no backend,
+/// a record naming crossbar itself, are errors.
+pub async fn run(config: &Config, opts: Options, dns: &crate::discovery::Resolved) -> Report {
     let mut tasks = tokio::task::JoinSet::new();
     for (s, svc) in config.services.iter().enumerate() {
         for (i, b) in svc.backends.iter().enumerate() {
@@ -148,7 +150,15 @@ pub async fn run(config: &Config, opts: Options) -> Report {
             }
         })
         .collect();
-    let findings = findings::judge(config, &backends);
+    let mut findings = findings::judge(config, &backends);
+    for (service, message) in dns.no_backend.iter().chain(&dns.own) {
+        findings.push(Finding {
+            severity: Severity::Error,
+            service: service.clone(),
+            backend: None,
+            message: message.clone(),
+        });
+    }
     report(config, backends, findings, opts)
 }
 

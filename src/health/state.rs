@@ -23,7 +23,15 @@ pub fn observe(svc: &Service, b: &Backend, ok: bool) -> Option<Flip> {
     let h = &b.config.health;
     let streak = b.health().record(ok);
     if ok {
-        if b.is_healthy() || streak < h.rise {
+        // A newcomer waiting for its first checks while no backend of the service
+        // takes new connections serves after one pass: `rise` protects the clients
+        // of backends that serve, and none does.
+        let rise =
+            match b.awaiting_first_check() && !svc.pool.backends.iter().any(|o| o.takes_new()) {
+                true => 1,
+                false => h.rise,
+            };
+        if b.is_healthy() || streak < rise {
             return None;
         }
         // Held only if another backend took over: it is available and was given a

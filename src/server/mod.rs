@@ -13,10 +13,13 @@
 //! its socket across reloads and only its routing table (and its limit, backlog)
 //! changes. A reload is a transaction: everything that can fail is done off to the
 //! side without writing live state, then one commit applies it.
+mod first_checks;
 mod listeners;
+mod operator;
 mod reload;
 mod running;
 mod services;
+mod state_file;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,7 +37,9 @@ use crate::metrics::Metrics;
 use crate::service::{ProcessWide, Service};
 
 pub use listeners::FreebindChanged;
-pub use reload::{ApplyError, Outcome};
+pub use operator::{Against, Held, Judged, Operating, OperatorState, Override};
+pub use reload::{Applied, ApplyError, Outcome};
+pub use state_file::StateError;
 
 use reload::{Parts, ReloadTask, Request, Requests};
 use running::{Published, Running};
@@ -80,6 +85,7 @@ impl Server {
             hard_stop: crate::relay::HardStop::new(),
             log_limiter: LogLimiter::new(),
             confirm_budget: crate::budget::Budget::new(config.confirm_budget),
+            own_sockets: Default::default(),
         });
         let running = Arc::new(ArcSwap::from_pointee(Running::before_start(config.clone())));
         let (tracker, savers, accepting) = (
@@ -178,6 +184,21 @@ impl Server {
         self.requests
             .ask(|reply| Request::ReloadFile { reply })
             .await
+    }
+
+    /// Run an operator write in the reload task (one at a time, between commits):
+    /// `write` gets the running services and the operator's record, which is saved
+    /// to the state file and published after it.
+    pub async fn operate<R: Send + 'static>(
+        &self,
+        write: impl FnOnce(&mut Operating<'_>) -> R + Send + 'static,
+    ) -> Result<R, ApplyError> {
+        self.requests.operate(write).await
+    }
+
+    /// What the operator set at run time (drain, weight...), per service and backend.
+    pub fn operator_state(&self) -> Arc<OperatorState> {
+        self.running.load().operator.clone()
     }
 
     /// Save every stick table that has a `state_file`, on a blocking thread (file

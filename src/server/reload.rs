@@ -12,21 +12,30 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::listeners::{listen_groups, FreebindChanged, ListenGroup, Listeners, NewSockets};
+use super::operator::{Judged, Operating, OperatorState};
 use super::running::{Published, Running};
 use super::services::{self, Probe};
+use super::state_file::{self, Saved, StateError};
 use crate::config::{Config, ConfigError};
-use crate::discovery::{DnsChange, FirstLookup, Registry};
+use crate::discovery::{DnsChange, FirstLookups, Registry};
 use crate::listener::BindError;
 use crate::service::{prepare_table, PreparedTable, ProcessWide, Service};
 
 /// How many requests may wait for the task; a sender beyond that waits its turn.
 const QUEUE: usize = 64;
+/// How long a reload that changes a `discover` name waits, at most, for the new
+/// name's first answer, only so that its answer can say whether the lookup failed:
+/// a resolver that answers at all (SERVFAIL, REFUSED, NXDOMAIN) does so in a few
+/// milliseconds; one that is down or slow is reported as "no answer yet" and never
+/// holds a reload up longer than this (the lookup goes on after the commit).
+const RELOAD_DNS_GRACE: Duration = Duration::from_millis(250);
 
 /// A change asked of the running configuration: what the reload task takes from its
 /// channel, one at a time.
@@ -34,7 +43,6 @@ const QUEUE: usize = 64;
 /// Operator writes that must outlive a reload, and DNS answers for several names at
 /// once, are requests to add here. Load feedback is not one: it scales the weights
 /// of the backends in force and never changes what runs.
-#[derive(Debug)]
 pub(crate) enum Request {
     /// Re-read the config file, check it as `crossbar check` does (the files it
     /// names opened too), and apply it; logged, counted and shown on the status page
@@ -54,6 +62,22 @@ pub(crate) enum Request {
     /// A DNS watcher's name answered a new set of backends: the running config
     /// again, with that set. Nobody waits for the outcome; a failure is logged.
     Dns(Box<DnsChange>),
+    /// An operator write that must outlive a reload (drain, enable, disable,
+    /// weight, reset): run in the task against the running services and the
+    /// operator's record, which it answers through its own channel; the record is
+    /// saved and published after it.
+    Operator(Box<dyn FnOnce(&mut Operating<'_>) + Send>),
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Request::ReloadFile { .. } => f.write_str("ReloadFile"),
+            Request::Apply { .. } => f.write_str("Apply"),
+            Request::Dns(c) => write!(f, "Dns({})", c.service),
+            Request::Operator(_) => f.write_str("Operator"),
+        }
+    }
 }
 
 impl From<DnsChange> for Request {
@@ -62,9 +86,32 @@ impl From<DnsChange> for Request {
     }
 }
 
-/// An applied change's warnings (the file's, the health gate's, what only a
-/// restart applies), or why nothing changed.
-pub type Outcome = Result<Vec<String>, ApplyError>;
+/// What an applied request did: its warnings (the file's, the health gate's, what
+/// only a restart applies, new DNS names that did not answer), and what it did to
+/// the operator's run-time state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Warnings, one a line.
+    pub warnings: Vec<String>,
+    /// Operator states (drain, weight...) kept: their backends did not change.
+    pub kept: Vec<Judged>,
+    /// Operator states reset to the file's: their backends changed, or left.
+    pub reset: Vec<Judged>,
+    /// Something changed (false: the configuration in force already was this one,
+    /// and nothing was committed).
+    pub changed: bool,
+}
+
+impl Applied {
+    /// The kept and reset operator states, for the log line: `kept=a/b drain`.
+    pub fn operator_text(&self) -> (String, String) {
+        let join = |v: &[Judged]| v.iter().map(Judged::text).collect::<Vec<_>>().join("; ");
+        (join(&self.kept), join(&self.reset))
+    }
+}
+
+/// An applied change's [`Applied`], or why nothing changed.
+pub type Outcome = Result<Applied, ApplyError>;
 
 /// Where the task sends a request's [`Outcome`].
 pub(crate) type Reply = oneshot::Sender<Outcome>;
@@ -96,20 +143,61 @@ pub enum ApplyError {
     /// Shutdown has begun: the reload task takes no more requests.
     #[error("crossbar is shutting down: the running configuration stays until it exits")]
     ShuttingDown,
+    /// The reload task ended without shutdown (it panicked: see the log); the
+    /// running configuration stays as it was, and no change can be applied until
+    /// a restart.
+    #[error("the reload task ended unexpectedly (see the log): the running configuration stays as it is, and changes need a restart")]
+    TaskEnded,
+    /// The server-state file (`state_file`) could not be read at start.
+    #[error(transparent)]
+    StateFile(#[from] StateError),
 }
 
 /// The sending side of the reload task's channel.
 #[derive(Clone)]
-pub(crate) struct Requests(mpsc::Sender<Request>);
+pub(crate) struct Requests {
+    sender: mpsc::Sender<Request>,
+    /// Cancelled when shutdown begins: a closed channel is then no surprise.
+    stopping: CancellationToken,
+}
 
 impl Requests {
     /// Send a request made around its reply channel and wait for the outcome.
     pub(crate) async fn ask(&self, request: impl FnOnce(Reply) -> Request) -> Outcome {
         let (reply, outcome) = oneshot::channel();
-        if self.0.send(request(reply)).await.is_err() {
-            return Err(ApplyError::ShuttingDown);
+        if self.sender.send(request(reply)).await.is_err() {
+            return Err(self.gone());
         }
-        outcome.await.unwrap_or(Err(ApplyError::ShuttingDown))
+        outcome.await.unwrap_or_else(|_| Err(self.gone()))
+    }
+
+    /// Run `write` in the task on the running services and the operator's record;
+    /// its result.
+    pub(crate) async fn operate<R: Send + 'static>(
+        &self,
+        write: impl FnOnce(&mut Operating<'_>) -> R + Send + 'static,
+    ) -> Result<R, ApplyError> {
+        let (reply, answer) = oneshot::channel();
+        let run = move |op: &mut Operating<'_>| {
+            let _ = reply.send(write(op)); // ok: the asker may have gone
+        };
+        if self
+            .sender
+            .send(Request::Operator(Box::new(run)))
+            .await
+            .is_err()
+        {
+            return Err(self.gone());
+        }
+        answer.await.map_err(|_| self.gone())
+    }
+
+    /// Why the task no longer answers: shutdown, or its unexpected end.
+    fn gone(&self) -> ApplyError {
+        match self.stopping.is_cancelled() {
+            true => ApplyError::ShuttingDown,
+            false => ApplyError::TaskEnded,
+        }
     }
 }
 
@@ -132,10 +220,11 @@ struct Prepared {
     groups: Vec<ListenGroup>,
     /// Sockets bound for the addresses the running config does not listen on.
     fresh: NewSockets,
-    /// First lookups of new or changed `discover` settings.
-    discovered: Vec<FirstLookup>,
-    /// A DNS change, not the operator's reload: run-time weights carry over.
-    keep_weights: bool,
+    /// First lookups of new or changed `discover` settings, under way.
+    first: FirstLookups,
+    /// Each backend's health before it serves, at start: the state file's last
+    /// known, else its first check's (`None`: no check to wait for).
+    initial: HashMap<(String, String), bool>,
 }
 
 /// What the reload task is started with.
@@ -173,6 +262,11 @@ pub(super) struct ReloadTask {
     /// Handed to the DNS watchers this task starts: their changes come back here.
     requests: mpsc::Sender<Request>,
     inbox: mpsc::Receiver<Request>,
+    /// What the operator set at run time (file < DNS < operator), applied at
+    /// every commit.
+    operator: OperatorState,
+    /// What the state file holds now (`None`: not saved yet).
+    saved: Option<Saved>,
 }
 
 impl ReloadTask {
@@ -193,11 +287,17 @@ impl ReloadTask {
             published: p.published,
             shared: p.shared,
             savers: p.savers,
-            stopping: p.accepting,
+            stopping: p.accepting.clone(),
             requests: requests.clone(),
             inbox,
+            operator: OperatorState::default(),
+            saved: None,
         };
-        (task, Requests(requests))
+        let requests = Requests {
+            sender: requests,
+            stopping: p.accepting,
+        };
+        (task, requests)
     }
 
     /// The first transaction: build every service, bind every listen address, start
@@ -207,9 +307,55 @@ impl ReloadTask {
         &mut self,
     ) -> Result<(Vec<Probe>, HashMap<SocketAddr, std::net::TcpListener>), ApplyError> {
         let config = (*self.config).clone();
-        let (prepared, _no_gate) = self.prepare(config, Applying::Start).await?;
-        let probes = self.commit(prepared);
+        let known = self.load_state().await?;
+        let (mut prepared, _no_gate) = self.prepare(config, Applying::Start).await?;
+        prepared.initial =
+            super::first_checks::initial_health(&prepared.config, known.as_ref()).await;
+        let (probes, _) = self.commit(prepared);
         Ok((probes, std::mem::take(&mut self.inherited)))
+    }
+
+    /// At start: the state file's operator record becomes ours; its content, for
+    /// the backends' last known health.
+    async fn load_state(&mut self) -> Result<Option<Saved>, ApplyError> {
+        let Some(path) = self.config.state_file.clone() else {
+            return Ok(None);
+        };
+        let loaded = tokio::task::spawn_blocking(move || state_file::load(&path))
+            .await
+            .map_err(ApplyError::Read)??;
+        if let Some(saved) = &loaded {
+            self.operator = saved.operator.clone();
+            tracing::info!(
+                backends = saved
+                    .operator
+                    .services
+                    .values()
+                    .map(|b| b.len())
+                    .sum::<usize>(),
+                "operator state read from the state file"
+            );
+        }
+        self.saved = loaded.clone();
+        Ok(loaded)
+    }
+
+    /// Save the operator's record and the backends' health to `state_file`, if
+    /// set and if either changed since the last save (blocking I/O, off the workers).
+    async fn save_state(&mut self) {
+        let Some(path) = self.config.state_file.clone() else {
+            return;
+        };
+        let now = Saved::now(&self.services, &self.operator);
+        if self.saved.as_ref().is_some_and(|s| s.same_as(&now)) {
+            return;
+        }
+        let (p, content) = (path.clone(), now.clone());
+        match tokio::task::spawn_blocking(move || state_file::save(&p, &content)).await {
+            Ok(Ok(())) => self.saved = Some(now),
+            Ok(Err(e)) => tracing::error!("saving the state file {} failed: {e}", path.display()),
+            Err(e) => tracing::error!("saving the state file failed: {e}"),
+        }
     }
 
     /// Take requests until shutdown begins; then close the listening sockets' copies,
@@ -218,6 +364,8 @@ impl ReloadTask {
     /// and answered [`ApplyError::ShuttingDown`].
     pub(super) async fn serve(mut self) {
         let stopping = self.stopping.clone();
+        let mut tick = tokio::time::interval(state_file::SAVE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let request = tokio::select! {
                 biased;
@@ -226,6 +374,11 @@ impl ReloadTask {
                     Some(r) => r,
                     None => break,
                 },
+                _ = tick.tick() => {
+                    self.sweep_departed().await;
+                    self.save_state().await;
+                    continue;
+                }
             };
             tokio::select! {
                 biased;
@@ -233,6 +386,7 @@ impl ReloadTask {
                 () = self.handle(request) => {}
             }
         }
+        self.save_state().await;
         self.stop();
     }
 
@@ -247,6 +401,14 @@ impl ReloadTask {
                 let _ = reply.send(outcome); // ok: the asker may have gone
             }
             Request::Dns(change) => self.rediscover(*change).await,
+            Request::Operator(write) => {
+                let mut op = Operating::new(&self.services, &mut self.operator);
+                write(&mut op);
+                if op.changed() {
+                    self.publish();
+                    self.save_state().await;
+                }
+            }
         }
     }
 
@@ -260,31 +422,48 @@ impl ReloadTask {
         let result = match load_config(path).await {
             Ok(cfg) => {
                 cfg.log_warnings();
-                let mut warnings: Vec<String> =
-                    cfg.warnings.iter().map(|w| w.to_string()).collect();
-                self.reload(cfg).await.map(|gate| {
-                    for w in &gate {
+                let warnings: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
+                self.reload(cfg).await.map(|mut applied| {
+                    for w in &applied.warnings {
                         tracing::warn!("{w}");
                     }
-                    warnings.extend(gate);
-                    warnings
+                    let gate = std::mem::replace(&mut applied.warnings, warnings);
+                    applied.warnings.extend(gate);
+                    applied
                 })
             }
             Err(e) => Err(e),
         };
         crate::system::sd_notify("READY=1");
         let metrics = &self.shared.metrics;
-        let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
+        let shown = result
+            .as_ref()
+            .map(|a| {
+                let (kept, reset) = (a.kept.iter(), a.reset.iter());
+                crate::live::ReloadNote {
+                    warnings: a.warnings.clone(),
+                    kept: kept.map(Judged::text).collect(),
+                    reset: reset.map(Judged::text).collect(),
+                }
+            })
+            .map_err(|e| e.to_string());
         metrics.process.note_reload(&shown);
-        match &shown {
-            Ok(warnings) => {
+        match &result {
+            Ok(a) => {
                 metrics.reload(true);
-                tracing::info!(warnings = warnings.len(), "reload complete");
+                let (kept, reset) = a.operator_text();
+                tracing::info!(
+                    warnings = a.warnings.len(),
+                    changed = a.changed,
+                    kept,
+                    reset,
+                    "reload complete"
+                );
             }
             Err(e) => {
                 metrics.reload(false);
                 // One log line per event (journald): the diagnostics joined with "; ".
-                let reason = e.lines().collect::<Vec<_>>().join("; ");
+                let reason = e.to_string().lines().collect::<Vec<_>>().join("; ");
                 tracing::error!(reason, "reload failed, keeping the running configuration");
             }
         }
@@ -299,8 +478,25 @@ impl ReloadTask {
     /// the gate's warnings.
     async fn reload(&mut self, config: Config) -> Outcome {
         let (prepared, warnings) = self.prepare(config, Applying::Reload).await?;
-        self.commit(prepared);
-        Ok(warnings)
+        if same_running(&self.config, &prepared.config) && prepared.first.is_empty() {
+            // Nothing to commit: every backend, and the operator's state, as it was.
+            let kept = self.operator.apply(&self.services);
+            return Ok(Applied {
+                warnings,
+                kept,
+                reset: Vec::new(),
+                changed: false,
+            });
+        }
+        let (_, judged) = self.commit(prepared);
+        let (kept, reset) = judged.into_iter().partition(|j| j.why.is_none());
+        self.save_state().await;
+        Ok(Applied {
+            warnings,
+            kept,
+            reset,
+            changed: true,
+        })
     }
 
     /// A discovery watcher found a new set: apply the running config again with it,
@@ -313,9 +509,11 @@ impl ReloadTask {
             return;
         }
         let config = (*self.config).clone();
+        let before = self.service_backends(&service);
         match self.prepare(config, Applying::Discovery).await {
             Ok((prepared, _)) => {
                 self.commit(prepared);
+                log_joins_and_leaves(&service, &before, &self.service_backends(&service));
             }
             Err(e) => tracing::error!(service, "applying the discovered backends failed: {e}"),
         }
@@ -330,12 +528,12 @@ impl ReloadTask {
         mut config: Config,
         applying: Applying,
     ) -> Result<(Prepared, Vec<String>), ApplyError> {
-        // DNS first: the gate, the state files and the pools see the discovered backends.
-        let discovered = self
-            .discovery
-            .first_lookups(&config, &self.shared.metrics.discovery)
-            .await;
-        self.discovery.expand(&mut config, &discovered);
+        // DNS is never waited for: new names are looked up off to the side, and the
+        // set found so far (the last good answer) is what the gate and pools see.
+        self.discovery
+            .set_own(own_addresses(&config, &self.listeners));
+        let mut first = self.discovery.begin(&config);
+        self.discovery.expand(&mut config);
         let groups = listen_groups(&config);
         self.listeners.check_kept(&groups)?;
         let warnings = match applying {
@@ -344,6 +542,7 @@ impl ReloadTask {
                 let mut w = start_only_changes(&self.config, &config);
                 let gate = crate::health::gate::judge(&self.services, &config).await;
                 w.extend(gate.map_err(ApplyError::HealthGate)?);
+                w.extend(first.settle(RELOAD_DNS_GRACE, &self.discovery).await);
                 w
             }
         };
@@ -354,8 +553,8 @@ impl ReloadTask {
             tables,
             groups,
             fresh,
-            discovered,
-            keep_weights: applying == Applying::Discovery,
+            first,
+            initial: HashMap::new(),
         };
         Ok((prepared, warnings))
     }
@@ -365,9 +564,13 @@ impl ReloadTask {
     /// registrations are written), swap every listener's routes, retire what the new
     /// config drops, start the new services' tasks, publish. Cannot fail; returns the
     /// first-round signals of the new ticket-key learners.
-    fn commit(&mut self, p: Prepared) -> Vec<Probe> {
-        self.discovery
-            .install(&p.config, p.discovered, &self.requests);
+    fn commit(&mut self, p: Prepared) -> (Vec<Probe>, Vec<Judged>) {
+        self.discovery.install(
+            &p.config,
+            p.first,
+            &self.shared.metrics.discovery,
+            &self.requests,
+        );
         let services: Vec<Arc<Service>> = p
             .config
             .services
@@ -380,23 +583,67 @@ impl ReloadTask {
             })
             .collect();
         publish_discovered(&services);
-        if p.keep_weights {
-            services::keep_run_time_weights(&self.services, &services);
-        }
+        let judged = self.operator.apply(&services);
+        super::first_checks::set_initial(&services, &p.initial);
         self.listeners.commit(p.groups, p.fresh, &services);
+        self.discovery
+            .set_own(own_addresses(&p.config, &self.listeners));
         let old = std::mem::replace(&mut self.services, services);
         services::retire(&old, &self.services, &self.shared.metrics);
         let probes = services::spawn(&self.services, &self.shared.metrics, &self.savers);
         self.shared.confirm_budget.set_rate(p.config.confirm_budget);
         self.config = Arc::new(p.config);
         self.publish();
-        probes
+        (probes, judged)
     }
 
     /// Show readers what runs now.
     fn publish(&self) {
-        let running = Running::new(self.config.clone(), self.services.clone(), &self.listeners);
+        let running = Running::new(
+            self.config.clone(),
+            self.services.clone(),
+            &self.listeners,
+            Arc::new(self.operator.clone()),
+        );
         self.published.store(Arc::new(running));
+    }
+
+    /// The names of `service`'s backends now, with their addresses.
+    fn service_backends(&self, service: &str) -> Vec<(String, String)> {
+        self.services
+            .iter()
+            .find(|s| s.name() == service)
+            .map(|s| {
+                let b = s.pool.backends.iter();
+                b.map(|b| (b.name.to_string(), b.config.address.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Departed backends (left DNS, drained, no connection left) leave the pool:
+    /// the running config again without them, their series all at once.
+    async fn sweep_departed(&mut self) {
+        let services = &self.services;
+        let busy = |service: &str, backend: &str| {
+            let Some(svc) = services.iter().find(|s| s.name() == service) else {
+                return false;
+            };
+            let drained = !svc.pool.departed_serve();
+            svc.pool
+                .get(backend)
+                .is_some_and(|b| !drained || b.active() > 0)
+        };
+        if !self.discovery.forget_departed(busy) {
+            return;
+        }
+        let config = (*self.config).clone();
+        match self.prepare(config, Applying::Discovery).await {
+            Ok((prepared, _)) => {
+                self.commit(prepared);
+            }
+            Err(e) => tracing::error!("removing the backends that left DNS failed: {e}"),
+        }
     }
 
     /// Shutdown: our copies of the listening sockets close (while any copy is open
@@ -410,6 +657,63 @@ impl ReloadTask {
         }
         self.discovery.stop_all();
     }
+}
+
+/// A DNS change's effect on a service's pool in the log, by name: who joined, who
+/// left, who moved.
+fn log_joins_and_leaves(service: &str, before: &[(String, String)], after: &[(String, String)]) {
+    let names = |v: &[(String, String)], other: &[(String, String)]| {
+        v.iter()
+            .filter(|(n, _)| !other.iter().any(|(o, _)| o == n))
+            .map(|(n, a)| format!("{n} ({a})"))
+            .collect::<Vec<_>>()
+    };
+    let (joined, left) = (names(after, before), names(before, after));
+    let moved: Vec<String> = after
+        .iter()
+        .filter_map(|(n, a)| {
+            let was = before.iter().find(|(o, _)| o == n)?;
+            (was.1 != *a).then(|| format!("{n} ({} -> {a})", was.1))
+        })
+        .collect();
+    tracing::info!(
+        service,
+        joined = joined.join(", "),
+        left = left.join(", "),
+        moved = moved.join(", "),
+        "DNS change applied"
+    );
+}
+
+/// The configuration in force would not change: the same services (their
+/// discovered backends included), listeners, admin endpoint and tuning.
+fn same_running(old: &Config, new: &Config) -> bool {
+    let admin = |c: &Config| {
+        c.admin.as_ref().map(|a| {
+            (
+                a.listen,
+                a.token_file.clone(),
+                a.allowed_hosts.clone(),
+                a.healthz_needs_backends,
+            )
+        })
+    };
+    old.services == new.services
+        && old.workers == new.workers
+        && old.confirm_budget == new.confirm_budget
+        && old.state_file == new.state_file
+        && admin(old) == admin(new)
+}
+
+/// crossbar's own listen addresses: the configured ones and those bound (a port 0
+/// resolved), which no DNS record may name.
+fn own_addresses(config: &Config, listeners: &Listeners) -> Vec<SocketAddr> {
+    let mut own = crate::config::listen_addresses(&config.services);
+    own.extend(listeners.handles().values().map(|h| h.local));
+    own.retain(|a| a.port() != 0);
+    own.sort();
+    own.dedup();
+    own
 }
 
 /// Each service's discovery status learns which of its backends came from DNS.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use super::listeners::{ListenKey, Listeners};
+use super::operator::OperatorState;
 use crate::admission::Admission;
 use crate::config::Config;
 use crate::service::{ListenerRoutes, Service};
@@ -33,6 +34,8 @@ pub(super) struct Running {
     /// The running services, in config order.
     pub(super) services: Vec<Arc<Service>>,
     listeners: HashMap<ListenKey, ListenerView>,
+    /// What the operator set at run time, as of the last commit or write.
+    pub(super) operator: Arc<OperatorState>,
 }
 
 impl Running {
@@ -42,6 +45,7 @@ impl Running {
             config: Arc::new(config),
             services: Vec::new(),
             listeners: HashMap::new(),
+            operator: Arc::default(),
         }
     }
 
@@ -50,6 +54,7 @@ impl Running {
         config: Arc<Config>,
         services: Vec<Arc<Service>>,
         listeners: &Listeners,
+        operator: Arc<OperatorState>,
     ) -> Running {
         let listeners = listeners
             .handles()
@@ -67,6 +72,7 @@ impl Running {
             config,
             services,
             listeners,
+            operator,
         }
     }
 

@@ -61,28 +61,6 @@ pub(super) fn retire(old: &[Arc<Service>], new: &[Arc<Service>], metrics: &Metri
     }
 }
 
-/// A DNS change rebuilds the pools; a weight the operator set at run time on a
-/// backend that stays (same name, same weight in the answer) is kept: only a reload
-/// or a restart returns to the configured weight. A backend whose answer now gives
-/// another weight takes the answer's.
-pub(super) fn keep_run_time_weights(old: &[Arc<Service>], new: &[Arc<Service>]) {
-    for svc in new {
-        let Some(was) = old.iter().find(|o| o.name() == svc.name()) else {
-            continue;
-        };
-        for b in &svc.pool.backends {
-            let kept = was.pool.backends.iter().find(|o| {
-                o.name == b.name
-                    && o.config.weight == b.config.weight
-                    && o.weight() != o.config.weight
-            });
-            if let Some(o) = kept {
-                b.set_weight(o.weight());
-            }
-        }
-    }
-}
-
 /// Remove a service's expired stick entries every [`SWEEP_INTERVAL`].
 fn spawn_sweeper(svc: &Arc<Service>) {
     let Some(table) = svc.table.clone() else {

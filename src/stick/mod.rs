@@ -60,6 +60,7 @@ pub use policy::{
     RESUME_HINT_TTL,
 };
 pub use state_file::StateFileError;
+pub(crate) use state_file::{read_bounded, write_atomically};
 pub use table::StickTable;
 
 /// The kind of a stick key (also the `key` label of the lookup metrics, via `label()`).

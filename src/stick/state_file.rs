@@ -332,7 +332,7 @@ fn save_lock(path: &Path) -> Arc<Mutex<()>> {
 
 /// Read a whole file of at most `max` bytes; a longer one is `InvalidData`
 /// ([`StateFileError::TooLarge`]) without reading it.
-fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_bounded(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     let file = open_regular(path)?;
     let found = file.metadata()?.len();
     let too_large = |found| {
@@ -553,7 +553,7 @@ pub(super) fn tmp_path(path: &Path) -> PathBuf {
 /// Writes `bytes` to `path` via a new fsynced temp file and a rename, then fsyncs
 /// the directory. The temp file is removed if anything fails; it stays locked until
 /// it is renamed (see [`remove_stale_temps`]).
-pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let (mut file, tmp) = create_temp(path)?;
     let result = (|| {
         file.write_all(bytes)?;

@@ -43,6 +43,15 @@ pub struct ReloadAnswer {
     pub reloaded: bool,
     /// What the applied configuration warned about.
     pub warnings: Vec<String>,
+    /// The file was the configuration in force already: nothing was committed.
+    #[serde(default)]
+    pub unchanged: bool,
+    /// Operator states (drain, weight...) the reload kept: their backends did not change.
+    #[serde(default)]
+    pub kept: Vec<super::HeldView>,
+    /// Operator states the reload reset to the file's, and why.
+    #[serde(default)]
+    pub reset: Vec<super::HeldView>,
 }
 
 /// Every error: `{"error": "..."}`.

@@ -161,8 +161,22 @@ pub struct BackendView {
     pub connections_total: u64,
     /// The weight new connections are balanced by now.
     pub weight: u32,
-    /// The file's weight.
+    /// The file's weight (or the SRV record's, for a backend from DNS).
     pub configured_weight: u32,
+    /// Who set `weight`: `file`, `dns` (the SRV record) or `operator`.
+    #[serde(default)]
+    pub weight_origin: super::Origin,
+    /// Who set the state's operator part: `file` (`disabled:`, or enabled by
+    /// default), `operator`, or `dns` (it left DNS: `drain (left DNS)`).
+    #[serde(default)]
+    pub state_origin: super::Origin,
+    /// What the operator set on it (`null`: nothing; the file's and DNS's values hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<super::OperatorView>,
+    /// It left DNS: it drains (or, while no listed backend can take new
+    /// connections, still serves) and is listed until its last connection ends.
+    #[serde(default)]
+    pub left_dns: bool,
     /// Used only when no primary is available.
     pub backup: bool,
     /// Bytes relayed each way.
@@ -222,6 +236,10 @@ impl Default for BackendView {
             connections_total: 0,
             weight: 1,
             configured_weight: 1,
+            weight_origin: super::Origin::File,
+            state_origin: super::Origin::File,
+            operator: None,
+            left_dns: false,
             backup: false,
             bytes: Bytes::default(),
             connect_errors: 0,
@@ -263,7 +281,31 @@ impl BackendView {
 
     /// Its weight was set at run time (`crossbar backend weight`).
     pub fn weight_set_at_run_time(&self) -> bool {
-        self.weight != self.configured_weight
+        self.weight_origin == super::Origin::Operator || self.weight != self.configured_weight
+    }
+
+    /// Who set the state, when it is not the plain default: `left DNS`,
+    /// `operator`, `file` (the file's `disabled: true`).
+    pub fn state_note(&self) -> Option<&'static str> {
+        match (self.state_origin, self.state) {
+            (super::Origin::Dns, _) => Some("left DNS"),
+            (super::Origin::Operator, BackendState::Up | BackendState::Down) => {
+                Some("enabled by the operator")
+            }
+            (super::Origin::File, BackendState::Disabled) => Some("file"),
+            _ if self.left_dns => Some("left DNS, serving until a listed backend can"),
+            _ => None,
+        }
+    }
+
+    /// Who set the weight, when not the file: `dns` (the SRV record), or
+    /// `operator; file 2`.
+    pub fn weight_note(&self) -> Option<String> {
+        match self.weight_origin {
+            super::Origin::File if !self.weight_set_at_run_time() => None,
+            super::Origin::Dns => Some("dns".into()),
+            _ => Some(format!("operator; file {}", self.configured_weight)),
+        }
     }
 
     /// Its health in a word: `up`, or `DOWN` while failing.
@@ -286,8 +328,15 @@ impl BackendView {
         };
         match self.state {
             BackendState::Down => format!("DOWN: {health}"),
+            BackendState::Drain if self.state_origin == super::Origin::Dns => {
+                format!("DRAINING: it left DNS ({health})")
+            }
             BackendState::Drain => format!("DRAINED by the operator ({health})"),
+            BackendState::Disabled if self.state_origin == super::Origin::File => {
+                format!("DISABLED in the file ({health})")
+            }
             BackendState::Disabled => format!("DISABLED by the operator ({health})"),
+
             BackendState::Standby => "in STANDBY: recovered, waiting for manual failback".into(),
             BackendState::Up if self.weight == 0 => {
                 "at WEIGHT 0 by the operator (sticky clients only)".into()
@@ -313,8 +362,8 @@ impl BackendView {
                 format!("enable {target}"),
             ),
             _ if self.weight_set_at_run_time() => (
-                "weight set at run time; to return to the file's (a reload does too)",
-                format!("weight {target} {}", self.configured_weight),
+                "weight set at run time (kept across reloads that leave the backend alone); to return to the file's",
+                format!("reset {target}"),
             ),
             _ => return None,
         };

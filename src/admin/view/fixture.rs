@@ -22,6 +22,10 @@ pub fn backend(name: &str, state: BackendState) -> BackendView {
         state_since: at(0),
         available: state == BackendState::Up,
         healthy: state != BackendState::Down,
+        state_origin: match state.hides_health() {
+            true => super::Origin::Operator,
+            false => super::Origin::File,
+        },
         ..BackendView::default()
     }
 }
@@ -60,6 +64,8 @@ pub fn process() -> ProcessView {
             ok: true,
             error: None,
             warnings: vec!["services.puppet.relay: warning: `kernel` was retired".into()],
+            kept: vec!["puppet/compile2 drain".into()],
+            reset: vec![],
         }),
     }
 }
@@ -85,6 +91,7 @@ fn busy() -> BackendView {
         connections_total: 30_512,
         weight: 4,
         configured_weight: 2,
+        weight_origin: super::Origin::Operator,
         bytes: Bytes {
             client_to_server: 912_345_678,
             server_to_client: 8_123_456_789,
@@ -151,6 +158,10 @@ fn compilers() -> ServiceView {
             backends: 1,
             dropped: 2,
             next_in_ms: Some(5_000),
+            stale_since: Some(at(60)),
+            failures: 3,
+            serving: 1,
+            ..DiscoveryView::default()
         }),
         ..service(
             "puppet",

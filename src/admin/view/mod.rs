@@ -10,6 +10,7 @@
 //! step) is here too, once.
 mod answers;
 mod backend;
+mod origin;
 mod services;
 mod tables;
 pub mod time;
@@ -19,6 +20,7 @@ pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
     BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
 };
+pub use origin::{HeldView, OperatorView, Origin, ResetView};
 pub use services::{
     Balance, Bytes, DiscoveryView, Handshakes, Lookups, Mode, ProcessView, ProxyListenerView,
     ReloadView, ServiceView, ServicesView, StickTableView, TableCounts, Totals,
@@ -133,6 +135,21 @@ mod tests {
         round_trip(&ReloadAnswer {
             reloaded: true,
             warnings: vec!["w".into()],
+            unchanged: false,
+            kept: vec![HeldView {
+                service: "puppet".into(),
+                backend: "compile1".into(),
+                state: Some(BackendState::Drain),
+                weight: None,
+                why: None,
+            }],
+            reset: vec![HeldView {
+                service: "puppet".into(),
+                backend: "compile2".into(),
+                state: None,
+                weight: Some(5),
+                why: Some("the reload changed the backend: weight 2 -> 3 in the file".into()),
+            }],
         });
         round_trip(&ErrorView {
             error: "unknown service \"x\"".into(),
@@ -159,7 +176,15 @@ mod tests {
         assert_eq!(p["started_at"], "2026-11-23T09:12:40Z");
         assert_eq!(
             keys(&p["last_reload"]),
-            ["at", "error", "ok", "seconds_ago", "warnings"]
+            [
+                "at",
+                "error",
+                "kept",
+                "ok",
+                "reset",
+                "seconds_ago",
+                "warnings"
+            ]
         );
         let s = &v["services"][0];
         assert_eq!(
@@ -208,15 +233,20 @@ mod tests {
                 "backends",
                 "dropped",
                 "error",
+                "failures",
                 "kind",
                 "last_attempt",
                 "last_resolved",
                 "name",
                 "next_in_ms",
-                "stale"
+                "own",
+                "serving",
+                "stale",
+                "stale_since"
             ]
         );
-        assert_eq!(d["last_resolved"], T0 + 50, "Unix seconds");
+        // ISO 8601 like every other time of the document (Unix seconds before).
+        assert_eq!(d["last_resolved"], "2026-11-23T09:13:30Z");
     }
 
     #[test]
@@ -241,14 +271,21 @@ mod tests {
                 "handshakes",
                 "healthy",
                 "last_check",
+                "left_dns",
                 "name",
                 "peak_connections",
                 "source",
                 "state",
+                "state_origin",
                 "state_seconds",
                 "state_since",
-                "weight"
+                "weight",
+                "weight_origin"
             ]
+        );
+        assert_eq!(
+            (&b["weight_origin"], &b["state_origin"]),
+            (&"operator".into(), &"file".into())
         );
         assert_eq!((&b["source"], &b["state"]), (&"dns".into(), &"up".into()));
         assert_eq!(b["check"], "tls-hello");
@@ -306,7 +343,7 @@ mod tests {
         );
         assert_eq!(
             puppet.backends[0].next_step("puppet").map(|s| s.command),
-            Some("weight puppet/compile1 2".into())
+            Some("reset puppet/compile1".into())
         );
         assert_eq!(
             puppet.backends[2].next_step("puppet").map(|s| s.command),

@@ -65,6 +65,12 @@ pub struct ReloadView {
     pub error: Option<String>,
     /// What an applied one warned about.
     pub warnings: Vec<String>,
+    /// Operator states it kept (`puppet/compile1 drain`).
+    #[serde(default)]
+    pub kept: Vec<String>,
+    /// Operator states it reset, and why.
+    #[serde(default)]
+    pub reset: Vec<String>,
 }
 
 /// `mode:` of a service.
@@ -216,11 +222,11 @@ pub struct DiscoveryView {
     pub kind: String,
     /// The name looked up.
     pub name: String,
-    /// When it last gave a usable answer (Unix seconds on the wire).
-    #[serde(with = "time::unix_seconds_opt")]
+    /// When it last gave a usable answer (`null`: never).
+    #[serde(with = "time::rfc3339_opt")]
     pub last_resolved: Option<SystemTime>,
-    /// When it was last looked up (Unix seconds on the wire).
-    #[serde(with = "time::unix_seconds_opt")]
+    /// When it was last looked up.
+    #[serde(with = "time::rfc3339_opt")]
     pub last_attempt: Option<SystemTime>,
     /// The last lookup failed: the backends are the last good answer's.
     pub stale: bool,
@@ -232,6 +238,30 @@ pub struct DiscoveryView {
     pub dropped: usize,
     /// Milliseconds from the last lookup to the next.
     pub next_in_ms: Option<u64>,
+    /// Records of the last answer left out because they name crossbar itself.
+    #[serde(default)]
+    pub own: Vec<String>,
+    /// Since when lookups fail (while stale).
+    #[serde(default, with = "time::rfc3339_opt")]
+    pub stale_since: Option<SystemTime>,
+    /// Failed lookups in a row (while stale).
+    #[serde(default)]
+    pub failures: u32,
+    /// Backends from this name in the pool now (those that left DNS and still
+    /// drain included); 0 with `last_resolved` null: none has ever been resolved.
+    #[serde(default)]
+    pub serving: usize,
+}
+
+impl DiscoveryView {
+    /// While a lookup fails, what serves meanwhile, in words.
+    pub fn meanwhile(&self) -> &'static str {
+        if self.serving == 0 {
+            "no backend has ever been resolved"
+        } else {
+            "the last good set serves on"
+        }
+    }
 }
 
 /// A service's backends summed, as the page's Total row shows them.

@@ -23,6 +23,26 @@ pub mod rfc3339 {
     }
 }
 
+/// `Option<SystemTime>` as an RFC 3339 string or `null`.
+pub mod rfc3339_opt {
+    use super::*;
+
+    /// Write `t` (its fraction of a second dropped), or `null`.
+    pub fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(&humantime::format_rfc3339_seconds(*t)),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Read an RFC 3339 string, or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| humantime::parse_rfc3339(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// `Option<SystemTime>` as Unix seconds or `null`.
 pub mod unix_seconds_opt {
     use super::*;

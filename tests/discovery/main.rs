@@ -6,7 +6,21 @@
 //! Backends are separate TLS servers on their own 127.0.0.x addresses; agents are
 //! rustls clients with their own session caches, running through crossbar while
 //! the records change.
+//!
+//! DNS as safe as static pools (issue 41), against a scripted DNS server
+//! (`common::dns`, answers SERVFAIL, REFUSED, late or never, per name):
+//! - [`itself`]: never dial yourself;
+//! - [`off_the_path`]: start and reload never wait for DNS, and the tools say
+//!   when a service would have no backend;
+//! - [`operator`]: the operator's state wins over DNS changes;
+//! - [`swap`]: make before break, with the `discover.backend` template.
+#[path = "../common/mod.rs"]
 mod common;
+
+mod itself;
+mod off_the_path;
+mod operator;
+mod swap;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -90,12 +104,56 @@ fn a(name: &str, ip: IpAddr) -> String {
     format!("host-record={name}.test,{ip}\n")
 }
 
-/// The names of the backends `service` runs with now (sorted).
+/// The names of the backends `service` runs with now that DNS (or the file) still
+/// lists (sorted); those that left DNS and still drain are [`departed`].
 fn pool(cb: &Crossbar, service: &str) -> BTreeSet<String> {
-    cb.server
-        .service(service)
-        .map(|s| s.pool.backends.iter().map(|b| b.name.to_string()).collect())
-        .unwrap_or_default()
+    backends_where(cb, service, false)
+}
+
+/// The backends of `service` that left DNS and are still listed (draining).
+fn departed(cb: &Crossbar, service: &str) -> BTreeSet<String> {
+    backends_where(cb, service, true)
+}
+
+fn backends_where(cb: &Crossbar, service: &str, left_dns: bool) -> BTreeSet<String> {
+    let Some(svc) = cb.server.service(service) else {
+        return BTreeSet::new();
+    };
+    let found = svc
+        .pool
+        .backends
+        .iter()
+        .filter(|b| b.config.left_dns == left_dns);
+    found.map(|b| b.name.to_string()).collect()
+}
+
+/// Metric series that name `backend` (every family), as text lines.
+fn series_of(cb: &Crossbar, backend: &str) -> Vec<String> {
+    let label = format!("backend=\"{backend}\"");
+    let text = cb.server.metrics().encode();
+    let named = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&label));
+    named.map(str::to_string).collect()
+}
+
+/// Wait until `svc` runs with exactly `want` and every one of them takes new
+/// connections: DNS is not on the start path, so a started crossbar fills its pool
+/// when the first answer comes, and each newcomer serves once its checks pass.
+async fn serving(cb: &Crossbar, want: &BTreeSet<String>) {
+    wait_until(&format!("pool {want:?} serving"), || {
+        let Some(svc) = cb.server.service("svc") else {
+            return false;
+        };
+        let names: BTreeSet<String> = svc
+            .pool
+            .backends
+            .iter()
+            .map(|b| b.name.to_string())
+            .collect();
+        &names == want && svc.pool.backends.iter().all(|b| b.is_available())
+    })
+    .await;
 }
 
 /// A TLS compiler on its own loopback address.
@@ -247,7 +305,7 @@ async fn srv_changes_are_hitless() {
         "    stick: { on: [session_id, ticket, psk] }\n",
     ))
     .await;
-    assert_eq!(pool(&cb, "svc"), BTreeSet::from([name(0), name(1)]));
+    serving(&cb, &BTreeSet::from([name(0), name(1)])).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -385,15 +443,25 @@ async fn srv_changes_are_hitless() {
                 "c3",
                 "the held connection still answers from c3"
             );
-            let before = c[2].stats.connections.load(Ordering::Acquire);
+            // Counted by crossbar: client connections only (c3 is still listed while
+            // it drains, so its health checks go on and reach the compiler).
+            let n3 = name(2);
+            let c3 = [("service", "svc"), ("backend", n3.as_str())];
+            let clients = || cb.metric("crossbar_connections_total", &c3);
+            let before = clients();
             one_more_round(&rounds, AGENTS).await;
             one_more_round(&rounds, AGENTS).await;
-            assert_eq!(
-                c[2].stats.connections.load(Ordering::Acquire),
-                before,
-                "a removed compiler got new connections"
-            );
+            assert_eq!(clients(), before, "a removed compiler got new connections");
             assert_eq!(held_request(t).await, "c3");
+            // Listed (draining, left DNS) while its connection is open; gone with
+            // every one of its series once that connection ends.
+            assert_eq!(departed(&cb, "svc"), BTreeSet::from([name(2)]));
+            assert!(!series_of(&cb, &name(2)).is_empty());
+            drop(held.take());
+            wait_until("c3 gone once idle", || {
+                departed(&cb, "svc").is_empty() && series_of(&cb, &name(2)).is_empty()
+            })
+            .await;
         }
     }
     stop.store(true, Ordering::Release);
@@ -489,7 +557,7 @@ async fn dns_failures_keep_the_last_good_set() {
         .iter()
         .map(|ip| format!("{ip}-{port}"))
         .collect();
-    assert_eq!(pool(&cb, "svc"), want);
+    serving(&cb, &want).await;
     let snap = || {
         cb.server
             .service("svc")
@@ -613,6 +681,10 @@ async fn two_nodes_place_source_clients_alike() {
     let discover = format!("host: pool.test, port: {port}");
     let yaml = service_yaml(&dns, &discover, "    balance: source\n");
     let (n1, n2) = (Crossbar::start(&yaml).await, Crossbar::start(&yaml).await);
+    let all: BTreeSet<String> = ips.iter().map(|ip| format!("{ip}-{port}")).collect();
+    for cb in [&n1, &n2] {
+        serving(cb, &all).await;
+    }
     let (a1, a2) = (place(&ca, &n1).await, place(&ca, &n2).await);
     assert_eq!(a1, a2, "both nodes place each client alike");
     assert!(
@@ -712,15 +784,22 @@ async fn check_resolve_says_what_names_resolve_to() {
     );
     dns.stop();
     let (ok, out, err) = common::crossbar_cli(check).await;
-    assert!(ok, "a failed lookup does not fail check: {out}{err}");
-    assert!(out.contains("lookup failed"), "{out}");
+    assert!(
+        !ok,
+        "a service left with no backend fails check: {out}{err}"
+    );
+    assert!(
+        format!("{out}{err}").contains("service svc: DNS srv _x-puppet._tcp.test: no backend"),
+        "{out}{err}"
+    );
 }
 
-/// A weight the operator set at run time survives a DNS change (the pool is rebuilt
-/// from the new answer) on the backends that stay; a reload returns it to the
-/// configured weight (docs/operations.md).
+/// A weight the operator set at run time on a discovered backend survives a DNS
+/// change (the pool is rebuilt from the new answer) and a reload that leaves the
+/// backend alone (file < DNS < operator); `backend reset` returns it to the
+/// record's weight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_time_weights_survive_a_dns_change_but_not_a_reload() {
+async fn run_time_weights_survive_dns_changes_and_reloads_until_reset() {
     let ca = TestCa::new("discovery CA").expect("CA");
     let ips = ["127.0.0.41", "127.0.0.42", "127.0.0.43"];
     let (port, _live) = compilers_on_one_port(&ca, &ips).await;
@@ -728,31 +807,57 @@ async fn run_time_weights_survive_a_dns_change_but_not_a_reload() {
     let mut dns = Dns::start(&records(3)).await;
     let yaml = service_yaml(&dns, &format!("host: pool.test, port: {port}"), "");
     let cb = Crossbar::start(&yaml).await;
-    let backend = |ip: &str| {
-        let svc = cb.server.service("svc").expect("service svc");
-        let found = svc
-            .pool
-            .backends
-            .iter()
-            .find(|b| b.name.starts_with(ip))
-            .cloned();
-        found.unwrap_or_else(|| panic!("no backend for {ip} in {:?}", pool(&cb, "svc")))
-    };
-    let configured = backend(ips[0]).config.weight;
-    backend(ips[0]).set_weight(configured + 6);
+    let all: BTreeSet<String> = ips.iter().map(|ip| format!("{ip}-{port}")).collect();
+    serving(&cb, &all).await;
+    let first = format!("{}-{port}", ips[0]);
+    let backend = |name: &str| cb.backend("svc", name);
+    let configured = backend(&first).config.weight;
+    let set = first.clone();
+    cb.server
+        .operate(move |op| {
+            let b = op.service("svc").and_then(|s| s.pool.get(&set)).cloned();
+            let b = b.expect("the discovered backend");
+            op.set("svc", &b, None, Some(configured + 6));
+        })
+        .await
+        .expect("operator write");
     dns.serve(&records(2)).await;
-    wait_until("the removal applied", || pool(&cb, "svc").len() == 2).await;
+    wait_until("the removal applied", || {
+        cb.server.service("svc").is_some_and(|s| {
+            s.pool
+                .backends
+                .iter()
+                .filter(|b| !b.config.left_dns)
+                .count()
+                == 2
+        })
+    })
+    .await;
     assert_eq!(
-        backend(ips[0]).weight(),
+        backend(&first).weight(),
         configured + 6,
         "kept across the DNS change"
     );
-    assert_eq!(backend(ips[1]).weight(), backend(ips[1]).config.weight);
+    let second = format!("{}-{port}", ips[1]);
+    assert_eq!(backend(&second).weight(), backend(&second).config.weight);
     cb.reload(&yaml).await;
     assert_eq!(
-        backend(ips[0]).weight(),
+        backend(&first).weight(),
+        configured + 6,
+        "kept across a reload that leaves the backend alone"
+    );
+    let reset = first.clone();
+    cb.server
+        .operate(move |op| {
+            let b = op.service("svc").and_then(|s| s.pool.get(&reset)).cloned();
+            op.reset("svc", &b.expect("the discovered backend"))
+        })
+        .await
+        .expect("operator reset");
+    assert_eq!(
+        backend(&first).weight(),
         configured,
-        "a reload returns to the file"
+        "reset: the record's weight"
     );
     drop(dns);
 }
@@ -776,7 +881,7 @@ async fn a_configured_backend_named_like_a_discovered_one_wins() {
     );
     let cb = Crossbar::start(&service_yaml(&dns, &format!("srv: {SRV}"), &extra)).await;
     let want: BTreeSet<String> = [name.clone(), format!("c2.test-{port}")].into();
-    wait_until("the discovered backend joined", || pool(&cb, "svc") == want).await;
+    serving(&cb, &want).await;
     let svc = cb.server.service("svc").expect("service svc");
     let ours = svc.pool.get(&name).expect("the configured backend");
     assert_eq!(
