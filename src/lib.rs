@@ -34,8 +34,9 @@
 //! - [`server`]: the running balancer: builds services, owns listeners, reload and
 //!   shutdown;
 //! - [`conn`] (placement confirmation included), [`health`] (active checks and passive failure
-//!   counting: rise/fall) and [`ticket_keys`] (learning backends' ticket-key names),
-//!   all working on
+//!   counting: rise/fall), [`feedback`] (load feedback: each backend's weight scaled by
+//!   its free JRubies or its agent's answer) and [`ticket_keys`] (learning backends'
+//!   ticket-key names), all working on
 //! - [`service`]: the runtime model (a service, a listen address's routing, what
 //!   connections share, among it the confirmation [`budget`]), built from [`config`]
 //!   (YAML -> validated model) over [`balance`], [`stick`], [`route`], [`metrics`]
@@ -55,6 +56,7 @@ pub mod config;
 pub mod demo;
 pub mod discovery;
 pub mod doctor;
+pub mod feedback;
 pub mod health;
 pub mod hello;
 pub mod log_writer;

@@ -67,6 +67,8 @@ pub struct Metrics {
     pub admin: AdminMetrics,
     /// DNS discovery of backends: lookups, staleness, answer sizes.
     pub discovery: crate::discovery::DiscoveryMetrics,
+    /// Load feedback: factors, samples, polls (`crossbar_backend_feedback_*`).
+    feedback: crate::feedback::FeedbackMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,8 +172,8 @@ impl Metrics {
             backend_weight: gauge_vec(
                 &r,
                 "crossbar_backend_weight",
-                "The weight new connections are balanced by: the configured one, or the \
-                 one set at run time (0: no new connections, sticky hits only).",
+                "The weight before load feedback: the configured one, or the one set at \
+                 run time (0: no new connections, sticky hits only).",
                 &["service", "backend"],
             ),
             backend_state: gauge_vec(
@@ -271,6 +273,7 @@ impl Metrics {
             live: Mutex::new(HashMap::new()),
             admin: AdminMetrics::register(&r),
             discovery: crate::discovery::DiscoveryMetrics::register(&r),
+            feedback: crate::feedback::FeedbackMetrics::register(&r),
             registry: {
                 // The log writer's drops (process-wide: crate::log_writer).
                 let dropped = crate::log_writer::dropped_lines().clone();
@@ -371,6 +374,7 @@ impl Metrics {
                 .health_checks
                 .with_label_values(&[service, backend, "fail"]),
             state: self.backend_state.clone(),
+            feedback: self.feedback.backend(service, backend),
             live: self.backend_live(service, backend),
             service: service.to_string(),
             backend: backend.to_string(),
@@ -402,6 +406,7 @@ impl Metrics {
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_weight.remove_label_values(&l); // ok: absent labels are fine
+        self.feedback.forget(service, backend);
         for state in BACKEND_STATES {
             let _ = self
                 .backend_state
@@ -617,6 +622,8 @@ pub struct BackendMetrics {
     pub check_fail: IntCounter,
     /// Since-when, peak and last check (see [`crate::live`]).
     pub live: Arc<BackendLive>,
+    /// Its load feedback's factor, samples and polls.
+    pub feedback: crate::feedback::BackendFeedbackMetrics,
     state: IntGaugeVec,
     service: String,
     backend: String,

@@ -642,12 +642,13 @@ impl Server {
         }
     }
 
-    /// Start the committed services' tasks (health checks, sweeper, ticket-key
-    /// learners, saver) and publish their stick tables to the metrics.
+    /// Start the committed services' tasks (health checks, sweeper, load feedback,
+    /// ticket-key learners, saver) and publish their stick tables to the metrics.
     fn spawn_services(&self, services: &[Arc<Service>]) -> Vec<Probe> {
         let mut probes = Vec::new();
         for svc in services {
             self.spawn_service_tasks(svc);
+            crate::feedback::spawn(svc);
             probes.extend(crate::ticket_keys::spawn(svc));
             spawn_saver(svc, &self.savers);
         }

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::query::{ConnectionsQuery, Pick, TableQuery};
 use super::view::{self, time::seconds_between};
 use crate::balance::Backend;
-use crate::config::{Balance, Mode};
+use crate::config::{Balance, FeedbackConfig, Mode};
 use crate::server::Server;
 use crate::service::Service;
 
@@ -62,7 +62,11 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
         },
         active_backend: active_backend(svc),
         discovery: svc.discovery.as_ref().map(|d| discovery(&d.snapshot())),
-        backends: backends.iter().map(|b| backend(b, now)).collect(),
+        feedback: svc.config.feedback.as_ref().map(super::weights::settings),
+        backends: backends
+            .iter()
+            .map(|b| backend(b, svc.config.feedback.as_ref(), now))
+            .collect(),
     }
 }
 
@@ -139,9 +143,10 @@ pub(super) fn state(b: &Backend) -> view::BackendState {
     view::BackendState::parse(b.state_name()).unwrap_or_default()
 }
 
-fn backend(b: &Backend, now: SystemTime) -> view::BackendView {
+fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> view::BackendView {
     let (m, live) = (&b.metrics, &b.metrics.live);
     let since = live.state_since();
+    let (effective_weight, effective_origin, feedback) = super::weights::effective(b, feedback);
     view::BackendView {
         name: b.name.to_string(),
         address: b.config.address.to_string(),
@@ -159,7 +164,11 @@ fn backend(b: &Backend, now: SystemTime) -> view::BackendView {
         peak_connections: live.peak(),
         connections_total: m.connections.get(),
         weight: b.weight(),
+        weight_origin: super::weights::origin(b),
         configured_weight: b.config.weight,
+        effective_weight,
+        effective_origin,
+        feedback,
         backup: b.config.backup,
         bytes: view::Bytes {
             client_to_server: m.bytes_c2s.get(),

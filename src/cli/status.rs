@@ -13,6 +13,7 @@ use crate::admin::page::{check_none, hit_ratio, listeners};
 use crate::admin::view::time::seconds_between;
 use crate::admin::view::{
     BackendView, Balance, DiscoveryView, ProcessView, ServiceView, ServicesView, SourcesView,
+    WeightOrigin,
 };
 
 /// The whole status: `v` and `sources` of the same moment, `flags` appended to the
@@ -91,6 +92,20 @@ fn service(svc: &ServiceView, flags: &str, now: SystemTime) -> String {
     for table in [state, traffic] {
         for line in columns(&table).lines() {
             let _ = writeln!(out, "  {line}"); // ok: writing to a String
+        }
+    }
+    if let Some(f) = &svc.feedback {
+        let _ = writeln!(
+            out,
+            "  load feedback ({} every {}, floor {}%):",
+            f.kind_str(),
+            f.interval_text(),
+            f.floor_percent
+        ); // ok: writing to a String
+        for b in &svc.backends {
+            if let Some(fb) = &b.feedback {
+                let _ = writeln!(out, "    {} {}", b.name, fb.summary()); // ok: writing to a String
+            }
         }
     }
     for b in &svc.backends {
@@ -248,8 +263,23 @@ fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
     rows
 }
 
-/// The weight, and the file's when one was set at run time: `10 (file 20)`.
+/// The weight, and the file's when one was set at run time: `10 (file 20)`; with
+/// load feedback the weight balanced by, who set the weight and the factor:
+/// `0.35 (file 1 x0.35 feedback)`, `1.24 (operator 4 x0.31 feedback; file 2)`.
 fn weight_cell(b: &BackendView) -> String {
+    if let (WeightOrigin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
+        let file = match b.weight_set_at_run_time() {
+            true => format!("; file {}", b.configured_weight),
+            false => String::new(),
+        };
+        return format!(
+            "{:.2} ({} {} x{:.2} feedback{file})",
+            b.effective_weight,
+            b.weight_origin.as_str(),
+            b.weight,
+            f.factor
+        );
+    }
     if b.weight_set_at_run_time() {
         format!("{} (file {})", b.weight, b.configured_weight)
     } else {
@@ -474,6 +504,15 @@ mod tests {
         if let Some(a) = &svc.active_backend {
             want.push(format!("active: {a}"));
         }
+        if let Some(f) = &svc.feedback {
+            want.push(format!("every {}", f.interval_text()));
+            want.extend(
+                svc.backends
+                    .iter()
+                    .filter_map(|b| b.feedback.as_ref())
+                    .map(|f| f.summary()),
+            );
+        }
         if svc.none_available() {
             want.push("NO BACKEND AVAILABLE".into());
             want.extend(svc.backends.iter().map(|b| b.why_unavailable()));
@@ -502,6 +541,10 @@ mod tests {
         ];
         if b.weight_set_at_run_time() {
             want.push(format!("file {}", b.configured_weight));
+        }
+        if let (WeightOrigin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
+            want.push(format!("{:.2}", b.effective_weight));
+            want.push(format!("x{:.2} feedback", f.factor));
         }
         if b.state.hides_health() {
             want.push(b.health().into());

@@ -9,6 +9,7 @@ mod address;
 mod checker;
 mod discover;
 mod error;
+mod feedback;
 mod files;
 mod health;
 mod indent;
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 pub use discover::{DiscoverConfig, DiscoverQuery};
 pub use error::{ConfigError, Diagnostic};
+pub use feedback::{AgentFeedback, FeedbackConfig, FeedbackSource, PuppetFeedback};
 pub(crate) use files::describe_file_type;
 pub use per_source::PerSource;
 pub use proxy_accept::{IpNet, ProxyAccept};
@@ -434,6 +436,8 @@ pub struct ServiceConfig {
     pub backends: Vec<BackendConfig>,
     /// Backends found in DNS, re-resolved on the records' TTL.
     pub discover: Option<DiscoverConfig>,
+    /// Load feedback that scales the backends' weights (`None`: off, the default).
+    pub feedback: Option<FeedbackConfig>,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// TCP keepalive on client and backend sockets; `None` disables.

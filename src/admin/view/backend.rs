@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{time, Bytes, Handshakes};
+use super::{time, Bytes, FeedbackView, Handshakes, WeightOrigin};
 
 /// Where a backend comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,10 +159,19 @@ pub struct BackendView {
     pub peak_connections: u32,
     /// Connections relayed.
     pub connections_total: u64,
-    /// The weight new connections are balanced by now.
+    /// The weight before load feedback: the file's, DNS's or the operator's.
     pub weight: u32,
-    /// The file's weight.
+    /// Who set `weight`: `file`, `dns` or `operator`.
+    pub weight_origin: WeightOrigin,
+    /// The file's weight (or the SRV record's, for a backend from DNS).
     pub configured_weight: u32,
+    /// The weight new connections are balanced by now: `weight` times the load
+    /// feedback factor.
+    pub effective_weight: f64,
+    /// Who decided it: `weight_origin`, or `feedback` while a factor applies.
+    pub effective_origin: WeightOrigin,
+    /// Its load feedback (`null` without `feedback:`).
+    pub feedback: Option<FeedbackView>,
     /// Used only when no primary is available.
     pub backup: bool,
     /// Bytes relayed each way.
@@ -195,7 +204,11 @@ impl Default for BackendView {
             peak_connections: 0,
             connections_total: 0,
             weight: 1,
+            weight_origin: WeightOrigin::File,
             configured_weight: 1,
+            effective_weight: 1.0,
+            effective_origin: WeightOrigin::File,
+            feedback: None,
             backup: false,
             bytes: Bytes::default(),
             connect_errors: 0,

@@ -10,6 +10,7 @@
 //! step) is here too, once.
 mod answers;
 mod backend;
+mod feedback;
 mod services;
 mod tables;
 pub mod time;
@@ -18,6 +19,9 @@ mod traffic;
 pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
     BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep,
+};
+pub use feedback::{
+    FeedbackKind, FeedbackPhase, FeedbackSample, FeedbackSettings, FeedbackView, WeightOrigin,
 };
 pub use services::{
     Balance, Bytes, DiscoveryView, Handshakes, Lookups, Mode, ProcessView, ProxyListenerView,
@@ -167,6 +171,7 @@ mod tests {
                 "backends",
                 "balance",
                 "discovery",
+                "feedback",
                 "handshakes",
                 "listeners",
                 "mode",
@@ -236,6 +241,9 @@ mod tests {
                 "connect_errors",
                 "connections_total",
                 "dns_name",
+                "effective_origin",
+                "effective_weight",
+                "feedback",
                 "handshakes",
                 "healthy",
                 "last_check",
@@ -245,8 +253,44 @@ mod tests {
                 "state",
                 "state_seconds",
                 "state_since",
-                "weight"
+                "weight",
+                "weight_origin"
             ]
+        );
+        assert_eq!(
+            (&b["weight_origin"], &b["effective_origin"]),
+            (&"operator".into(), &"feedback".into())
+        );
+        assert_eq!(
+            keys(&b["feedback"]),
+            [
+                "error",
+                "expected_jrubies",
+                "factor",
+                "failing_seconds",
+                "max_connections",
+                "phase",
+                "refused_since_last",
+                "sample",
+                "sample_age_ms",
+                "saturated"
+            ]
+        );
+        assert_eq!(
+            keys(&b["feedback"]["sample"]),
+            [
+                "borrowed",
+                "free",
+                "jrubies",
+                "kind",
+                "lock",
+                "queue_limit_hits",
+                "queued"
+            ]
+        );
+        assert_eq!(
+            keys(&s["feedback"]),
+            ["floor_percent", "interval_ms", "kind", "saturated_sticky"]
         );
         assert_eq!((&b["source"], &b["state"]), (&"dns".into(), &"up".into()));
         assert_eq!(b["check"], "tls-hello");
