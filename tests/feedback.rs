@@ -459,3 +459,56 @@ async fn an_agent_sets_a_share_and_drain_holds_the_floor() {
         "10% of c2's share: {seen:?}"
     );
 }
+
+/// Round robin rebuilds its schedule whenever a factor crosses a sixteenth, which
+/// load feedback does every few seconds: a backend with few places in the cycle
+/// must still get its turn, so a rebuild carries the position on (a schedule
+/// restarted at its first place each time never reached it).
+#[test]
+fn round_robin_keeps_a_small_share_in_turn_while_factors_change() {
+    use crossbar::balance::{Pool, PoolParams};
+    use crossbar::config::{BackendAddress, BackendConfig, Balance, HealthConfig};
+    use crossbar::feedback::cell::fixed;
+    let backend = |name: &str, port| BackendConfig {
+        name: name.into(),
+        address: BackendAddress {
+            host: "127.0.0.1".into(),
+            port,
+        },
+        weight: 1,
+        backup: false,
+        max_connections: None,
+        proxy_protocol: None,
+        health: HealthConfig::default(),
+        disabled: false,
+        from_dns: None,
+    };
+    let metrics = crossbar::metrics::Metrics::new();
+    let params = PoolParams {
+        algo: Balance::RoundRobin,
+        slow_start: std::time::Duration::ZERO,
+        queue_size: 0,
+        queue_timeout: std::time::Duration::from_secs(1),
+    };
+    let configs = [backend("small", 1), backend("big", 2)];
+    let pool = Pool::new(&configs, params, |b| metrics.backend("svc", &b.name), None);
+    pool.backends[0]
+        .feedback()
+        .publish(fixed(0.05), false, None);
+    let client = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut small = 0;
+    for round in 0..400 {
+        // 1.6 and 1.7: 26 and 27 sixteenths, a new schedule every round
+        let f = if round % 2 == 0 { 1.6 } else { 1.7 };
+        pool.backends[1].feedback().publish(fixed(f), false, None);
+        for _ in 0..5 {
+            let lease = pool.try_pick(client, &[]).expect("a backend");
+            small += usize::from(&*lease.backend().name == "small");
+        }
+    }
+    // its share is 1 place in 27 or 28: about 2000 / 27.5 = 73
+    assert!(
+        small > 2000 / 28 / 2,
+        "the small share got {small} of 2000 picks"
+    );
+}
