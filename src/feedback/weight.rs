@@ -172,24 +172,13 @@ impl Tracker {
         self.error = Some((why, since));
     }
 
-    /// The value the EWMA follows: a compiler's capacity (free JRubies against the
-    /// queue, times its pool when `by_pool_size`), an agent's factor. `None` while a
-    /// sample says nothing of load (a locked pool, an agent's stop word): those act
-    /// at once and leave the average as it was.
+    /// The value the EWMA follows: a compiler's capacity ([`capacity`]), an
+    /// agent's factor. `None` while a sample says nothing of load (a locked pool,
+    /// an agent's stop word): those act at once and leave the average as it was.
     fn instant_value(&self, r: &Reading, p: &Params) -> Option<f64> {
         match r {
             Reading::Puppet(s) if s.lock != PoolLock::NotInUse => None,
-            Reading::Puppet(s) => {
-                let jrubies = f64::from(s.jrubies);
-                let free = f64::from(s.free.min(s.jrubies));
-                let load = (free + 1.0) / (jrubies + f64::from(s.queued) + 1.0);
-                let size = if p.by_pool_size {
-                    jrubies.max(1.0)
-                } else {
-                    1.0
-                };
-                Some(load * size)
-            }
+            Reading::Puppet(s) => Some(capacity(s, p)),
             Reading::Agent(a) if a.stops() => None,
             Reading::Agent(a) => Some(f64::from(a.percent.unwrap_or(100)) / 100.0),
         }
@@ -338,6 +327,38 @@ impl Tracker {
     }
 }
 
+/// What a compiler can take now, from one sample. With its queue's limit known
+/// (`queue_limit`: its `max-queued-requests`), the requests it takes before it
+/// answers 503: free JRubies plus the queue's free places. An idle compiler of 1
+/// JRuby and one of 3, both with a queue of 2, take a herd 3:5, which is where
+/// neither refuses before the other. Without the limit, free JRubies against the
+/// queue, (free + 1) / (JRubies + queued + 1), times the pool. `by_pool_size: false`
+/// makes either a share of its own size (idle compilers alike).
+pub fn capacity(s: &PuppetSample, p: &Params) -> f64 {
+    let jrubies = f64::from(s.jrubies.max(1));
+    let free = f64::from(s.free.min(s.jrubies));
+    let queued = f64::from(s.queued);
+    match p.queue_limit {
+        Some(limit) => {
+            let limit = f64::from(limit);
+            let room = free + (limit - queued).max(0.0);
+            if p.by_pool_size {
+                room
+            } else {
+                room / (jrubies + limit)
+            }
+        }
+        None => {
+            let load = (free + 1.0) / (jrubies + queued + 1.0);
+            if p.by_pool_size {
+                load * jrubies
+            } else {
+                load
+            }
+        }
+    }
+}
+
 /// The factors of a service's backends from their verdicts (same order): a
 /// compiler's score relative to the mean of those with a say, an agent's as said,
 /// 1 without a say; then at least `floor` and at most [`MAX_FACTOR`].
@@ -375,7 +396,7 @@ mod tests {
             expiry: 10 * S,
             smoothing: Duration::ZERO,
             jrubies: None,
-            queue_limit: Some(2),
+            queue_limit: None,
             by_pool_size: true,
         }
     }
@@ -445,6 +466,54 @@ mod tests {
             f,
             vec![0.5, 1.5],
             "relative to the mean: idle 1 and 3 JRubies share 1:3"
+        );
+    }
+
+    #[test]
+    fn with_the_queue_limit_capacity_is_the_requests_taken_before_a_503() {
+        let (t0, p) = (
+            Instant::now(),
+            Params {
+                queue_limit: Some(2),
+                ..params()
+            },
+        );
+        let take = |r: Reading| score(&fed(&p, t0, &[r]).0, t0, &p);
+        assert_eq!(
+            (take(pool(1, 1, 0)), take(pool(3, 3, 0))),
+            (3.0, 5.0),
+            "free JRubies + free queue places"
+        );
+        assert_eq!(take(pool(1, 0, 1)), 1.0, "one place left in the queue");
+        assert_eq!(
+            take(pool(1, 0, 2)),
+            0.0,
+            "full: the next request is refused"
+        );
+        assert_eq!(
+            take(pool(1, 0, 7)),
+            0.0,
+            "a queue over the limit is full too"
+        );
+        let v = |s| Verdict {
+            phase: Phase::Active,
+            score: Some(s),
+            absolute: false,
+        };
+        let herd = factors(&[v(3.0), v(5.0)], 0.05);
+        assert_eq!(
+            herd,
+            vec![0.75, 1.25],
+            "an idle herd goes 3:5 to compilers of 1 and 3 JRubies"
+        );
+        let flat = Params {
+            by_pool_size: false,
+            ..p
+        };
+        assert_eq!(
+            score(&fed(&flat, t0, &[pool(3, 3, 0)]).0, t0, &flat),
+            1.0,
+            "a share of its own room"
         );
     }
 
@@ -698,7 +767,10 @@ mod tests {
     #[test]
     fn saturated_means_no_free_jruby_and_a_full_queue_or_new_503s() {
         let t0 = Instant::now();
-        let p = params();
+        let p = Params {
+            queue_limit: Some(2),
+            ..params()
+        };
         let (t, at) = fed(&p, t0, &[pool(1, 0, 2)]);
         assert!(t.saturated(at, &p), "0 free, queue at queue_limit");
         let (t, at) = fed(&p, t0, &[pool(1, 0, 1)]);
