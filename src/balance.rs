@@ -489,6 +489,26 @@ pub struct Pool {
     queue_timeout: Duration,
 }
 
+/// A slow-start ramp under way: how far along it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ramp {
+    /// Since the backend became available again.
+    pub elapsed: Duration,
+    /// The whole ramp (`slow_start`).
+    pub total: Duration,
+}
+
+impl Pool {
+    /// `b`'s slow-start ramp, while one is under way (it recovered less than
+    /// `slow_start` ago): new connections reach it in proportion to how far along.
+    pub fn ramp_of(&self, b: &Backend) -> Option<Ramp> {
+        b.ramp(self.slow_start).map(|(elapsed, total)| Ramp {
+            elapsed: Duration::from_millis(elapsed),
+            total: Duration::from_millis(total),
+        })
+    }
+}
+
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
@@ -965,6 +985,7 @@ mod tests {
             health: HealthConfig::default(),
             disabled: false,
             from_dns: None,
+            source: None,
         }
     }
 

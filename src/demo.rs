@@ -115,8 +115,29 @@ async fn free_port() -> Result<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
-/// Run the demo; with `serve`, keep everything running until Ctrl-C.
-pub async fn run(serve: bool) -> Result<()> {
+/// Where `crossbar demo` writes crossbar's own log lines (warnings such as the
+/// failover's `backend down`), so that its story on stdout reads alone; kept after
+/// the demo, named at the end of its story.
+pub fn log_path() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("crossbar-demo-{}.log", std::process::id()))
+}
+
+/// The story's last line: how many lines crossbar logged, its warnings among
+/// them, and where (`log`: the file they went to, if they did).
+fn log_summary(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let warnings = text.lines().filter(|l| l.contains(" WARN ")).count();
+    format!(
+        "\ncrossbar's own log: {} line(s), {warnings} warning(s) (step 1's failover: ca1 \
+         stopped on purpose, `connect failed` and `backend down`), in {}",
+        text.lines().count(),
+        log.display()
+    )
+}
+
+/// Run the demo; with `serve`, keep everything running until Ctrl-C. `log` is the
+/// file crossbar's log lines go to, named at the end of the story.
+pub async fn run(serve: bool, log: Option<&Path>) -> Result<()> {
     let ca = TestCa::new("crossbar demo CA")?;
     let backends = start_backends(&ca).await?;
     let shared = free_port().await?;
@@ -161,6 +182,9 @@ pub async fn run(serve: bool) -> Result<()> {
     let outcome = clients(&server, &ca, &site).await;
     print_tables(&server);
     print_metrics(&server);
+    if let Some(log) = log {
+        println!("{}", log_summary(log));
+    }
     if serve {
         println!("\nserving until Ctrl-C. Status page: http://{admin_addr}/  Try:");
         println!("  openssl s_client -connect {shared} -servername puppet.{DOMAIN} </dev/null");

@@ -2,7 +2,7 @@
 //! client connections, health checks and the ticket-key learner alike, and what it
 //! is sent before its first relayed byte.
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -11,12 +11,17 @@ use tokio::net::TcpStream;
 
 use crate::config::{BackendAddress, ProxyProtocol};
 
-/// Connect to a backend address within `timeout`; host names are resolved now, so
+/// Connect to a backend address within `timeout`, from the local address `source`
+/// if given (`source:`; the port is the system's); host names are resolved now, so
 /// DNS changes are picked up, and each resolved address is tried in turn.
-pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<TcpStream> {
+pub async fn connect_to(
+    addr: &BackendAddress,
+    timeout: Duration,
+    source: Option<IpAddr>,
+) -> io::Result<TcpStream> {
     let attempt = async {
         let stream = match addr.as_socket_addr() {
-            Some(sa) => connect_addr(sa).await?,
+            Some(sa) => connect_addr(sa, source).await?,
             None => {
                 let mut last = io::Error::new(
                     io::ErrorKind::NotFound,
@@ -24,7 +29,7 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
                 );
                 let mut found = None;
                 for sa in tokio::net::lookup_host((addr.host.as_str(), addr.port)).await? {
-                    match connect_addr(sa).await {
+                    match connect_addr(sa, source).await {
                         Ok(s) => {
                             found = Some(s);
                             break;
@@ -52,7 +57,7 @@ pub async fn connect_to(addr: &BackendAddress, timeout: Duration) -> io::Result<
 /// and only then is `SO_ERROR` read, to say why. (`TcpStream::connect` reads
 /// `SO_ERROR` after every connect: one system call per connection that HAProxy,
 /// nginx and this don't make.)
-async fn connect_addr(sa: SocketAddr) -> io::Result<TcpStream> {
+async fn connect_addr(sa: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> {
     #[cfg(target_os = "linux")]
     let socket = Socket::new(
         Domain::for_address(sa),
@@ -65,6 +70,9 @@ async fn connect_addr(sa: SocketAddr) -> io::Result<TcpStream> {
         s.set_nonblocking(true)?;
         s
     };
+    if let Some(ip) = source {
+        bind_source(&socket, ip, sa)?;
+    }
     match socket.connect(&sa.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -80,6 +88,30 @@ async fn connect_addr(sa: SocketAddr) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
+/// Bind `socket` to the local address `ip` (any port) before connecting to `to`:
+/// `source:`, the address backends see connections come from (a firewall or a
+/// backend's allow list names it). Of another family than `to`, it cannot be.
+fn bind_source(socket: &Socket, ip: IpAddr, to: SocketAddr) -> io::Result<()> {
+    if ip.is_ipv4() != to.is_ipv4() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("source {ip} is not of the address family of {to}"),
+        ));
+    }
+    // The port is chosen at connect, per destination: binding port 0 would take
+    // one for good and run out at 28,000 connections from one source address.
+    #[cfg(target_os = "linux")]
+    nix::sys::socket::setsockopt(
+        socket,
+        nix::sys::socket::sockopt::IpBindAddressNoPort,
+        &true,
+    )
+    .map_err(io::Error::from)?;
+    socket
+        .bind(&SocketAddr::new(ip, 0).into())
+        .map_err(|e| io::Error::new(e.kind(), format!("binding the source address {ip}: {e}")))
+}
+
 /// Connect for a connection of crossbar's own (health checks, the ticket-key
 /// probe): [`connect_to`], then a PROXY `LOCAL` header if the backend expects PROXY
 /// protocol, so it doesn't reject the connection.
@@ -88,7 +120,7 @@ pub async fn connect_own(
     timeout: Duration,
     proxy: Option<ProxyProtocol>,
 ) -> io::Result<TcpStream> {
-    let mut tcp = connect_to(addr, timeout).await?;
+    let mut tcp = connect_to(addr, timeout, None).await?;
     if let Some(v) = proxy {
         tcp.write_all(&crate::proxy_protocol::local(v)).await?;
     }

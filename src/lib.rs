@@ -17,8 +17,9 @@
 //! - [`dial`]: connect to the backend; [`proxy_protocol`]: the PROXY header first.
 //! - [`relay`]: replay the hello, watch the server's handshake, then pump bytes both
 //!   ways untouched.
-//! - [`connections`]: listed from backend choice to its end (`crossbar connections`).
-//! - [`access_log`]: one line per connection at its end.
+//! - [`open_connections`]: the registry of open connections, from backend choice to
+//!   the end (`crossbar connections`).
+//! - [`access_log`]: one line per connection at its end, through [`log_writer`].
 //!
 //! The layers, each using only the ones below it:
 //!
@@ -28,23 +29,29 @@
 //!   admin endpoint), [`demo`] (a self-contained run with local TLS backends),
 //!   [`doctor`] (`crossbar doctor`: every backend's certificates, TLS, stickiness and
 //!   status checked before traffic is switched);
-//! - [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz, /api, each
-//!   document a typed view in `admin::view` that the page and the CLI read too) and
-//!   [`upgrade`] (hitless binary upgrades);
-//! - [`server`]: the running balancer: builds services, owns listeners, reload and
-//!   shutdown;
-//! - [`conn`] (placement confirmation included), [`health`] (active checks and passive failure
-//!   counting: rise/fall), [`feedback`] (load feedback: each backend's weight scaled by
-//!   its free JRubies or its agent's answer) and [`ticket_keys`] (learning backends'
-//!   ticket-key names), all working on
-//! - [`service`]: the runtime model (a service, a listen address's routing, what
-//!   connections share, among it the confirmation [`budget`]), built from [`config`]
-//!   (YAML -> validated model) over [`balance`], [`stick`], [`route`], [`metrics`]
-//!   (with [`live`]: since-when,
-//!   peaks, last check and reload for the status page), [`connections`] (the open
-//!   ones, per service) and [`access_log`];
+//! - endpoints: [`admin`] (the HTTP endpoint: the status page, /metrics, /healthz,
+//!   /api, each document a typed view in `admin::view` that the page and the CLI read
+//!   too) and [`upgrade`] (hitless binary upgrades);
+//! - the running balancer: [`server`] (start, shutdown, saving; its listeners; its
+//!   reload task, the one owner of the running config, which SIGHUP, `POST
+//!   /api/reload` and the DNS watchers send requests to);
+//! - per connection: [`conn`] (placement confirmation included);
+//! - in the background: [`health`] (active checks and passive failure counting:
+//!   rise/fall; the reload's health gate), [`feedback`] (load feedback: each
+//!   backend's weight scaled by its free JRubies or its agent's answer) and
+//!   [`ticket_keys`] (learning backends' ticket-key names);
+//! - the model: [`service`] (a service at run time, a listen address's routing, what
+//!   every connection of the process reaches), with the confirmation [`budget`];
+//! - decisions and state: [`balance`], `admission`, [`stick`], [`route`],
+//!   [`access_log`], [`metrics`] (with [`live`]: since-when, peaks, last check and
+//!   reload for the status page) and [`open_connections`];
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
-//!   [`relay`], [`system`]; [`testbed`] holds the TLS peers tests and benches share.
+//!   [`relay`], [`system`], [`log_writer`] (the bounded queue in front of stderr),
+//!   `shard` (per-thread shards of the structures connections write); [`testbed`]
+//!   holds the TLS peers tests and benches share;
+//! - inputs, which every layer reads: [`config`] (YAML -> validated model) and
+//!   [`discovery`] (DNS: backends found by name, each watcher sending its changes
+//!   to the reload task).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -73,10 +80,10 @@ mod access_log;
 mod admission;
 mod budget;
 mod conn;
-mod connections;
 mod dial;
 mod listener;
 mod live;
+mod open_connections;
 mod route;
 mod service;
 mod shard;

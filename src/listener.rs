@@ -7,12 +7,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntCounter;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Keepalive, ListenConfig};
-use crate::metrics::ListenerMetrics;
+
+/// What an accept loop counts, per listen address (registered by the metrics
+/// registry: `crossbar_listener_accepts_total`, `crossbar_listener_refused_total`).
+#[derive(Clone)]
+pub struct AcceptCounters {
+    /// Accepted connections.
+    pub accepts: IntCounter,
+    /// Refused: the listener's max_connections was reached.
+    pub refused_full: IntCounter,
+    /// accept(2) errors.
+    pub accept_errors: IntCounter,
+}
 
 /// First pause after an accept error (EMFILE, ECONNABORTED...); doubles while
 /// errors repeat, reset by the next successful accept.
@@ -291,7 +303,7 @@ impl Inheritance {
 pub async fn accept_loop(
     listener: TcpListener,
     limit: Arc<ConnLimit>,
-    metrics: ListenerMetrics,
+    metrics: AcceptCounters,
     stop: CancellationToken,
     keepalive: impl Fn() -> Option<Keepalive>,
     mut spawn: impl FnMut(Accepted),
@@ -371,7 +383,6 @@ pub async fn accept_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
 
     /// A lowered limit admits nothing until enough open connections ended (none is
     /// cut); a raised one admits more at once.
@@ -408,7 +419,12 @@ mod tests {
     /// second copy of tokio and everything on it for the tests.)
     #[tokio::test]
     async fn every_accept_error_is_backed_off() {
-        let metrics = Metrics::new().listener("test");
+        let counter = |name: &str| IntCounter::new(name, "a test's count").unwrap();
+        let metrics = AcceptCounters {
+            accepts: counter("accepts"),
+            refused_full: counter("refused_full"),
+            accept_errors: counter("accept_errors"),
+        };
         let errors = metrics.accept_errors.clone();
         let stop = CancellationToken::new();
         let task = tokio::spawn(accept_loop(

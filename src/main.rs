@@ -13,6 +13,19 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 fn init_logging(format: LogFormat, default: &str) -> Option<crossbar::log_writer::Flush> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    if let Some(file) = demo_log_file() {
+        // The demo's story is on stdout alone: crossbar's own lines go to a file
+        // the story names at its end.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file));
+        match format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().flatten_event(true).init(),
+        }
+        return None;
+    }
     // Colour only for a person at a terminal: journald and files store escape codes as is.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -40,7 +53,32 @@ fn init_logging(format: LogFormat, default: &str) -> Option<crossbar::log_writer
     flush
 }
 
+/// The demo's log file, created (`None` for other commands, or when it cannot be:
+/// then the lines go to stderr as for every command).
+fn demo_log_file() -> Option<std::fs::File> {
+    DEMO_LOG.get().and_then(|p| match std::fs::File::create(p) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!(
+                "warning: cannot create {} ({e}): logging to stderr",
+                p.display()
+            );
+            None
+        }
+    })
+}
+
+/// The demo's log file, when its lines go there.
+fn demo_log_file_path() -> Option<std::path::PathBuf> {
+    DEMO_LOG.get().filter(|p| p.exists()).cloned()
+}
+
+/// Where the demo logs, set before logging starts when the command is `demo`.
+static DEMO_LOG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 fn main() -> ExitCode {
+    // `COMPLETE=bash crossbar -- ...`: the shell asks for completions; answered, it exits.
+    clap_complete::CompleteEnv::with_factory(Cli::command).complete();
     let matches = Cli::command().get_matches();
     let url_from_env = cli::args::admin_url_from_env(&matches);
     let cli = match Cli::from_arg_matches(&matches) {
@@ -52,6 +90,9 @@ fn main() -> ExitCode {
         Command::Run { .. } | Command::Check { .. } => "info",
         _ => "warn",
     };
+    if let Command::Demo { .. } = cli.command {
+        let _ = DEMO_LOG.set(crossbar::demo::log_path()); // ok: set once, here
+    }
     let _flush = init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Run {
@@ -69,7 +110,7 @@ fn main() -> ExitCode {
             status,
             wide,
         } => cli::doctor(&config, format, crossbar::doctor::Options { status, wide }),
-        Command::Demo { serve } => cli::demo(serve),
+        Command::Demo { serve } => cli::demo(serve, demo_log_file_path()),
         Command::Generate { what, dir } => cli::generate(what, dir),
         Command::Status { admin } => cli::client(admin, url_from_env, ClientCommand::Status),
         Command::Table { command } => cli::table(command, url_from_env),
@@ -89,6 +130,10 @@ fn main() -> ExitCode {
             cli::backend(args, admin, url_from_env)
         }
         Command::Connections {
+            action: Some(kill), ..
+        } => cli::kill(kill, url_from_env),
+        Command::Connections {
+            action: None,
             service,
             client,
             limit,

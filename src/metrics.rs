@@ -13,6 +13,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::listener::AcceptCounters;
 use crate::live::BackendLive;
 pub use crate::live::BACKEND_STATES;
 use crate::relay::Peer;
@@ -53,6 +54,7 @@ pub struct Metrics {
     listener_accepts: IntCounterVec,
     listener_refused: IntCounterVec,
     sources_tracked: IntGaugeVec,
+    proxy_probes: IntCounterVec,
     routing_refused: IntCounterVec,
     queue_timeouts: IntCounterVec,
     resets: IntCounterVec,
@@ -238,6 +240,12 @@ impl Metrics {
                 "Client sources a listener's per_source table tracks (updated each second).",
                 &["listener"],
             ),
+            proxy_probes: counter_vec(
+                &r,
+                "crossbar_proxy_probes_total",
+                "Health checks of a trusted tier: a PROXY header for its own connection (v2 LOCAL) and a close, neither an error nor logged.",
+                &["listener"],
+            ),
             routing_refused: counter_vec(
                 &r,
                 "crossbar_route_refused_total",
@@ -415,10 +423,11 @@ impl Metrics {
     }
 
     /// Handles for a listener (label: its address).
-    pub fn listener(&self, listener: &str) -> ListenerMetrics {
+    pub(crate) fn listener(&self, listener: &str) -> AcceptCounters {
         // Exported (0) for every listener, `per_source` or not, like its counters.
         self.sources_tracked.with_label_values(&[listener]);
-        ListenerMetrics {
+        self.proxy_probes.with_label_values(&[listener]);
+        AcceptCounters {
             accepts: self.listener_accepts.with_label_values(&[listener]),
             refused_full: self
                 .listener_refused
@@ -434,6 +443,11 @@ impl Metrics {
     /// totals in Prometheus, until the process ends.
     pub fn forget_listener(&self, listener: &str) {
         let _ = self.sources_tracked.remove_label_values(&[listener]); // ok: absent is fine
+    }
+
+    /// Count a trusted tier's health check on `listener` (a PROXY LOCAL header and a close).
+    pub fn proxy_probe(&self, listener: &str) {
+        self.proxy_probes.with_label_values(&[listener]).inc();
     }
 
     /// Count a connection a listener ended at its front for a PROXY header reason
@@ -708,17 +722,6 @@ impl AdminMetrics {
     pub fn refused(&self, reason: &str) {
         self.requests_refused.with_label_values(&[reason]).inc();
     }
-}
-
-/// Per-listener handles.
-#[derive(Clone)]
-pub struct ListenerMetrics {
-    /// Accepted connections.
-    pub accepts: IntCounter,
-    /// Refused: the listener's max_connections was reached.
-    pub refused_full: IntCounter,
-    /// accept(2) errors.
-    pub accept_errors: IntCounter,
 }
 
 /// Reads every stick table's stats when Prometheus scrapes.

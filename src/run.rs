@@ -191,7 +191,7 @@ impl Signals {
             tokio::select! {
                 _ = self.hup.recv() => {
                     // Logged and counted inside; on failure the running config stays.
-                    let _outcome: Result<Vec<String>, String> = server.reload_file().await;
+                    let _outcome: crate::server::Outcome = server.reload_file().await;
                 }
                 _ = self.term.recv() => break,
                 _ = self.int.recv() => break,
@@ -216,24 +216,37 @@ impl Signals {
 
 /// Raise the open-file limit to what the listeners' `max_connections` may use.
 fn raise_open_files(config: &Config) {
-    let listeners: Vec<(String, u64)> = config
-        .services
-        .iter()
-        .flat_map(|s| {
-            s.listen
-                .iter()
-                .map(|l| (format!("{} {}", s.name, l.addr), l.max_connections as u64))
-        })
-        .collect();
-    let wanted: u64 = listeners.iter().map(|(_, n)| n).sum();
-    let drivers = listeners
-        .iter()
-        .map(|(at, n)| format!("{at} max_connections {n}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let (wanted, drivers) = open_file_demand(config);
     if let Err(e) = crate::system::raise_nofile(wanted, &drivers) {
         tracing::warn!("cannot read the open-file limit: {e}");
     }
+}
+
+/// The connections the listening sockets may hold at once, and the settings behind
+/// the sum (`puppet, puppetca 10.0.0.10:8140 max_connections 10000`): each socket
+/// once, however many services share its address (port 0 is a socket per entry).
+fn open_file_demand(config: &Config) -> (u64, String) {
+    // (address, services, max_connections), a shared address once
+    let mut sockets: Vec<(std::net::SocketAddr, Vec<&str>, u64)> = Vec::new();
+    for s in &config.services {
+        for l in &s.listen {
+            let max = l.max_connections as u64;
+            match sockets
+                .iter_mut()
+                .find(|(a, ..)| l.addr.port() != 0 && *a == l.addr)
+            {
+                Some((_, names, _)) => names.push(&s.name),
+                None => sockets.push((l.addr, vec![&s.name], max)),
+            }
+        }
+    }
+    let wanted = sockets.iter().map(|(.., n)| n).sum();
+    let drivers = sockets
+        .iter()
+        .map(|(a, names, n)| format!("{} {a} max_connections {n}", names.join(", ")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (wanted, drivers)
 }
 
 /// Say which relay each service with a `relay:` other than the default uses.
@@ -297,4 +310,37 @@ fn shutdown_grace(config: &Config) -> std::time::Duration {
         .map(|s| s.timeouts.shutdown)
         .max()
         .unwrap_or(std::time::Duration::from_secs(30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket shared by three services counts once in the open-file budget.
+    #[test]
+    fn a_shared_socket_counts_once_in_the_open_file_demand() {
+        let backends = "    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n";
+        let svc = |name: &str, listen: &str, names: &str| {
+            format!("  {name}:\n    listen: [{listen}]\n    server_names: [{names}]\n{backends}")
+        };
+        let shared = "{ address: \"10.0.0.10:8140\", max_connections: 10000 }";
+        let yaml = format!(
+            "admin: {{ enabled: false }}\nservices:\n{}{}{}",
+            svc("puppet", shared, "puppet.example.com"),
+            svc("puppetca", shared, "puppetca.example.com"),
+            svc(
+                "other",
+                "{ address: \"10.0.0.11:8140\", max_connections: 5 }",
+                "x.example.com"
+            ),
+        );
+        let cfg = Config::from_str_at(&yaml, std::path::Path::new("fd.yaml")).unwrap();
+        let (wanted, drivers) = open_file_demand(&cfg);
+        assert_eq!(wanted, 10_005, "{drivers}");
+        assert_eq!(
+            drivers,
+            "puppet, puppetca 10.0.0.10:8140 max_connections 10000, other 10.0.0.11:8140 \
+             max_connections 5"
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! The runtime model: a service as built from its config (backends, stick table,
-//! metrics), the routing of a listen address, and what every connection task shares.
+//! metrics), the routing of a listen address, and what every connection task of the
+//! process reaches ([`ProcessWide`]).
 //!
 //! Everything here is immutable once built; a reload builds new values and swaps
 //! them in, so a connection keeps the `Arc<Service>` it was accepted under.
@@ -10,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::balance::{Pool, PoolParams};
 use crate::config::{Keepalive, Mode, OnNonTls, ProxyAccept, ServiceConfig, StickConfig, StickOn};
-use crate::connections::OpenConnections;
 use crate::log_writer::LogLimiter;
 use crate::metrics::{Metrics, ServiceMetrics};
+use crate::open_connections::OpenConnections;
 use crate::route::Routes;
 use crate::stick::{
     BackendIndex, KeyKind, StickMetrics, StickTable, Sticking, TableParams, RESUME_HINT_TTL,
@@ -137,8 +138,10 @@ pub struct ListenerRoutes {
     pub admission: Option<Arc<crate::admission::Admission>>,
 }
 
-/// State every connection task can reach.
-pub struct Shared {
+/// What every connection task of the process reaches: the metrics registry, the
+/// hard stop, the log-line limiter and the confirmation budget. One per process,
+/// kept across reloads.
+pub struct ProcessWide {
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Fires when established connections must be cut (end of shutdown grace).

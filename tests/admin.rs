@@ -1187,7 +1187,7 @@ async fn cli_end_to_end() {
     assert!(lines.next().unwrap().starts_with("puppet: "), "{out}");
     assert_eq!(
         lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["KIND", "KEY", "BACKEND", "AGE", "EXPIRES", "IN"]
+        ["KIND", "KEY", "BACKEND", "AGE", "EXPIRES", "IN", "CLIENT"]
     );
     assert!(out.contains("psk"), "{out}");
     let (ok, out, _) = cli(args(&[
@@ -1962,6 +1962,95 @@ fn cli_config(dir: &Path, admin: SocketAddr, token: Option<&Path>) -> PathBuf {
     path
 }
 
+/// `crossbar ARGS` with `config` installed at the default path,
+/// /etc/crossbar/crossbar.yaml, in a private mount namespace (`unshare -m`, root):
+/// /etc is overlaid with a tmpfs upper layer in `scratch`, so nothing on the host
+/// changes; (exit ok, stdout, stderr).
+async fn cli_with_default_config(
+    scratch: &Path,
+    config: &Path,
+    cmd: &[&str],
+) -> (bool, String, String) {
+    let script = r#"mount -t tmpfs none "$0" && mkdir "$0/up" "$0/work" &&
+        mount -t overlay overlay -o "lowerdir=/etc,upperdir=$0/up,workdir=$0/work" /etc &&
+        mkdir -p /etc/crossbar && cp "$1" /etc/crossbar/crossbar.yaml && shift && exec "$@""#;
+    std::fs::create_dir_all(scratch).unwrap();
+    let mut list = vec![
+        "-m".to_string(),
+        "sh".into(),
+        "-c".into(),
+        script.into(),
+        scratch.display().to_string(),
+        config.display().to_string(),
+        env!("CARGO_BIN_EXE_crossbar").into(),
+    ];
+    list.extend(cmd.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new("unshare")
+            .args(&list)
+            .env_remove("CROSSBAR_ADMIN")
+            .env_remove("CROSSBAR_TOKEN_FILE")
+            .output()
+            .expect("unshare (util-linux) runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .expect("the CLI's thread")
+}
+
+/// Without -c, the admin commands read the config `check` and `run` read,
+/// /etc/crossbar/crossbar.yaml, for the admin address and the token; when the
+/// token is refused or nothing answers, the error names that file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_without_c_reads_the_default_config() {
+    let bed = Bed::start(Some("cli-token")).await;
+    let dir = bed.xb.dir();
+    let file = cli_config(dir, bed.admin, Some(&bed.token_file()));
+    let scratch = dir.join("ns");
+    let (ok, out, err) = cli_with_default_config(&scratch, &file, &["status"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("plain (tls, roundrobin)"), "{out}");
+    let drain = ["backend", "drain", "plain/p1"];
+    let (ok, out, err) = cli_with_default_config(&scratch.join("2"), &file, &drain).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "plain/p1: drain (0 active connections)\n");
+    assert_eq!(state(&bed, "plain", "p1"), "drain");
+
+    // A token the server refuses: the 401 names where the token came from.
+    let wrong = dir.join("wrong.token");
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    let file = cli_config(dir, bed.admin, Some(&wrong));
+    let enable = ["backend", "enable", "plain/p1"];
+    let (ok, _, err) = cli_with_default_config(&scratch.join("3"), &file, &enable).await;
+    assert!(!ok);
+    assert!(
+        err.contains("401 Unauthorized")
+            && err.contains("the token: admin.token_file of /etc/crossbar/crossbar.yaml")
+            && err.contains("--token-file FILE"),
+        "{err}"
+    );
+    // No token at all: said so.
+    let file = cli_config(dir, bed.admin, None);
+    let (ok, _, err) = cli_with_default_config(&scratch.join("4"), &file, &enable).await;
+    assert!(!ok);
+    assert!(
+        err.contains("401") && err.contains("the token: none was sent"),
+        "{err}"
+    );
+    // Nothing answers at the file's address: the error names the file.
+    let file = cli_config(dir, refusing_addr(), None);
+    let (ok, _, err) = cli_with_default_config(&scratch.join("5"), &file, &["status"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("the address is admin.listen of /etc/crossbar/crossbar.yaml"),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_with_a_config_file_force_lookups_and_connections() {
     let bed = Bed::start(Some("cli-token")).await;
@@ -2057,6 +2146,14 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
         out.contains("crossbar connections --client 127.0.0.2"),
         "{out}"
     );
+    // `table show` lists the source entries with their client, not just the hash.
+    let (ok, out, err) = cli(args(&["table", "show", "puppet", "-c", &c])).await;
+    assert!(ok, "{err}");
+    let source = out
+        .lines()
+        .find(|l| l.starts_with("source ") && l.contains(&key))
+        .unwrap_or_else(|| panic!("no source entry {key}: {out}"));
+    assert!(source.trim_end().ends_with(" 127.0.0.2/32"), "{out}");
     let (ok, out, err) = cli(args(&["table", "show", "puppet", "--key", &key, "-c", &c])).await;
     assert!(ok, "{err}");
     assert!(
@@ -2110,15 +2207,15 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
     );
     assert_eq!(
         lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["SERVICE", "CLIENT", "BACKEND", "AGE", "C->S", "BYTES", "S->C", "BYTES", "STATE"]
+        ["ID", "SERVICE", "CLIENT", "BACKEND", "AGE", "C->S", "BYTES", "S->C", "BYTES", "STATE"]
     );
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
-        (row[0], row[2], row[6]),
+        (row[1], row[3], row[7]),
         ("plain", backend.as_str(), "relaying"),
         "{out}"
     );
-    assert!(row[1].starts_with("127.0.0.1:"), "{out}");
+    assert!(row[2].starts_with("127.0.0.1:"), "{out}");
     let (ok, out, _) = cli(args(&["connections", "--json", "-c", &c])).await;
     assert!(ok);
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -2474,4 +2571,113 @@ async fn repeated_hosts_are_bad_requests_and_absolute_targets_name_the_host() {
         ),
         3.0
     );
+}
+
+/// The page's text with the clocks blanked: ages (`3s`, `2m13s`, `1h05m`) and RFC 3339
+/// times move between two reads of the same crossbar.
+fn page_without_clocks(html: &str) -> String {
+    let mut out = String::with_capacity(html.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let clock = word.chars().next().is_some_and(|c| c.is_ascii_digit())
+            && (word.ends_with('s')
+                || word.ends_with('m')
+                || word.ends_with('h')
+                || word.ends_with('Z'))
+            && word
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '-');
+        out.push_str(if clock { "#" } else { word });
+        word.clear();
+    };
+    for c in html.chars() {
+        if c.is_ascii_alphanumeric() || c == ':' || c == '-' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// `crossbar status --json` carries every field the status page shows: the page
+/// rendered from its document is the page served (the clocks aside), with a DOWN
+/// backend and its check's error, the ACTIVE one of `balance: first` ramping up
+/// after recovery (slow start), one drained with its health, and a listener with
+/// PROXY headers and `per_source` limits holding a source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_carries_every_field_the_page_shows() {
+    let echo = common::Backend::echo("ca3", false).await;
+    let (dead, late) = (refusing_addr(), common::free_port());
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  ca:\n    listen:\n      - {{ address: \"127.0.0.1:0\", proxy_protocol: {{ accept_from: [\"192.0.2.0/24\"] }}, per_source: {{ max_connections: 5, rate: 10, burst: 20 }} }}\n    balance: first\n    slow_start: 1h\n    timeouts: {{ client_hello: 1h }}\n    health: {{ check: tcp, interval: 2s, timeout: 1s, fall: 1, rise: 1 }}\n    backends:\n{}{}{}",
+        common::backend_line("ca1", dead, ""),
+        common::backend_line("ca2", late, ""),
+        common::backend_line("ca3", echo.addr, ""),
+    );
+    let xb = Crossbar::start(&yaml).await;
+    let endpoint = xb.serve_admin(None).await;
+    common::wait_until("ca2 down", || !xb.backend("ca", "ca2").is_healthy()).await;
+    let _late = tokio::net::TcpListener::bind(late).await.unwrap();
+    common::wait_until("ca2 back up", || xb.backend("ca", "ca2").is_healthy()).await;
+    let drained = call(
+        endpoint.addr,
+        Method::POST,
+        "/api/backends/ca/ca3/drain",
+        None,
+    )
+    .await;
+    assert_eq!(drained.status, StatusCode::OK, "{}", drained.body);
+    // A source holding a connection (waiting for its hello).
+    let _held = TcpStream::connect(xb.addr("ca")).await.unwrap();
+    let url = format!("http://{}", endpoint.addr);
+    let mut last = String::new();
+    // Checks every 2 s change the counters: compare reads between two of them.
+    for _ in 0..10 {
+        let before = call(endpoint.addr, Method::GET, "/?refresh=0", None)
+            .await
+            .body;
+        let (ok, out, err) = cli(args(&["status", "--admin", &url, "--json"])).await;
+        assert!(ok, "{err}");
+        let after = call(endpoint.addr, Method::GET, "/?refresh=0", None)
+            .await
+            .body;
+        let v: admin::view::ServicesView = serde_json::from_str(&out).unwrap();
+        let rendered = admin::page::render(
+            admin::page::PageData {
+                services: &v,
+                sources: &v.per_source,
+            },
+            0,
+            "",
+        );
+        let (served, again) = (page_without_clocks(&before), page_without_clocks(&after));
+        if served != again {
+            continue; // a check ran in between
+        }
+        last = page_without_clocks(&rendered);
+        if last == served {
+            for shown in [
+                "ramp ",
+                "health up",
+                "active",
+                "sources on 127.0.0.1",
+                "PROXY headers from 192.0.2.0/24",
+                "tcp FAIL",
+            ] {
+                assert!(
+                    served.contains(shown),
+                    "the page shows no {shown:?}:\n{served}"
+                );
+            }
+            return;
+        }
+        assert_eq!(
+            last, served,
+            "the page from status --json differs from the page served"
+        );
+    }
+    panic!("no stable pair of reads in 10 tries: {last}");
 }

@@ -53,6 +53,40 @@ async fn cli(url: &str, token: &Path, args: &[&str]) -> (bool, String, String) {
     crossbar_cli(all).await
 }
 
+/// What bash's completion (the script `crossbar generate bash` prints, as the
+/// package installs it) offers for the last word of `line`, with the admin API at
+/// `url`; sorted.
+fn bash_completes(url: &str, line: &str) -> Vec<String> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_crossbar"));
+    let words: Vec<&str> = line.split(' ').collect();
+    let script = format!(
+        "source <(crossbar generate bash)\nCOMP_WORDS=({line})\nCOMP_CWORD={}\nCOMP_TYPE=9\n\
+         _clap_complete_crossbar crossbar {} {}\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+        words.len() - 1,
+        words[words.len() - 1],
+        words[words.len() - 2],
+    );
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .env("PATH", path)
+        .env("CROSSBAR_ADMIN", url)
+        .output()
+        .expect("bash runs");
+    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    got.sort();
+    got
+}
+
 /// The config names of the backends answering each agent (a fresh session each).
 async fn placed(listen: SocketAddr, agents: &[Arc<ClientConfig>]) -> Vec<(String, bool)> {
     let mut out = Vec::new();
@@ -162,6 +196,35 @@ async fn dotted_backend_names_work_in_every_view() {
     let target2 = format!("puppet/{LIKE_DNS}");
     let (ok, _, err) = cli(&url, &token, &["backend", "weight", &target2, "7"]).await;
     assert!(ok, "{err}");
+    // Bash completes service and backend names from the running crossbar (its
+    // admin address from CROSSBAR_ADMIN here: no config at the default path).
+    for (words, want) in [
+        (
+            "crossbar backend drain pu",
+            vec![format!("puppet/{FQDN}"), format!("puppet/{LIKE_DNS}")],
+        ),
+        (
+            "crossbar backend weight puppet/compile2",
+            vec![format!("puppet/{LIKE_DNS}")],
+        ),
+        ("crossbar table show pu", vec!["puppet".to_string()]),
+        ("crossbar connections p", vec!["puppet".to_string()]),
+    ] {
+        assert_eq!(bash_completes(&url, words), want, "{words}");
+    }
+    // A name asked short, or misspelt: every 404 suggests the one meant.
+    for (args, meant) in [
+        (vec!["backend", "weight", "puppet/compile2", "5"], LIKE_DNS),
+        (vec!["backend", "drain", "puppet/compile01"], FQDN),
+        (vec!["table", "show", "pupet"], "puppet"),
+        (vec!["connections", "puppte"], "puppet"),
+    ] {
+        let (ok, _, err) = cli(&url, &token, &args).await;
+        assert!(
+            !ok && err.contains("404") && err.contains(&format!("did you mean \"{meant}\"?")),
+            "{args:?}: {err}"
+        );
+    }
 
     // The API: the names in /api/services, and as path segments.
     let (status, body) = admin(admin_addr, "GET", "/api/services").await;

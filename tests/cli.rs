@@ -221,6 +221,25 @@ fn demo_runs_and_keeps_every_resumption_on_its_backend() {
         !stdout.contains("browser") && !stdout.contains("http://"),
         "{stdout}"
     );
+    // The story reads alone: crossbar's own lines (the failover's warnings) are in
+    // a log file the story names at its end, not between its steps.
+    let stderr = text(&out.stderr);
+    assert!(
+        !stderr.contains("WARN"),
+        "crossbar's lines in the story:\n{stderr}"
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    let log = last
+        .split_once("crossbar's own log: ")
+        .and_then(|(_, rest)| rest.rsplit_once(", in "))
+        .map(|(_, path)| PathBuf::from(path))
+        .unwrap_or_else(|| panic!("no log file named at the end:\n{stdout}"));
+    let logged = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    assert!(
+        logged.contains("backend down") && logged.contains("ca1"),
+        "{logged}"
+    );
+    std::fs::remove_file(&log).unwrap();
 }
 
 #[test]

@@ -522,3 +522,39 @@ fn check_refuses_a_state_file_shared_by_two_services() {
     );
     assert!(err.contains(&at) && err.contains(&what), "{err}");
 }
+
+/// A shared address's settings (one socket's) are written once: the first service
+/// to write `proxy_protocol`, `per_source`, `backlog`, `freebind` or
+/// `max_connections` gives it to the others, which name the address alone; a
+/// service that writes the same value again is fine.
+#[test]
+fn a_shared_address_takes_its_settings_from_the_one_service_that_writes_them() {
+    let yaml = "services:\n\
+      \x20 puppet:\n    listen:\n      - { address: \"10.0.0.10:8140\", backlog: 2048, freebind: true, max_connections: 5000, proxy_protocol: { accept_from: [\"10.0.0.0/24\"] }, per_source: { max_connections: 20 } }\n    server_names: [puppet.example.com]\n    backends: [{ name: a, address: \"10.0.1.1:8140\" }]\n\
+      \x20 puppetca:\n    listen: [\"10.0.0.10:8140\"]\n    server_names: [puppetca.example.com]\n    backends: [{ name: ca1, address: \"10.0.1.9:8140\" }]\n\
+      \x20 puppetfiles:\n    listen:\n      - { address: \"10.0.0.10:8140\", max_connections: 5000 }\n    server_names: [puppetfiles.example.com]\n    backends: [{ name: f1, address: \"10.0.1.3:8140\" }]\n";
+    let c = ok(yaml);
+    let first = &c.services[0].listen[0];
+    assert!(first.proxy_protocol.is_some() && first.per_source.is_some());
+    for svc in &c.services[1..] {
+        let l = &svc.listen[0];
+        assert_eq!(
+            (l.backlog, l.freebind, l.max_connections),
+            (2048, true, 5000),
+            "{}",
+            svc.name
+        );
+        assert_eq!(l.proxy_protocol, first.proxy_protocol, "{}", svc.name);
+        assert_eq!(l.per_source, first.per_source, "{}", svc.name);
+    }
+    // Another value for one of them: an error naming that setting, at its line.
+    let err = load(&yaml.replace("max_connections: 5000 }", "max_connections: 6000 }"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(":13:")
+            && err.contains("services.puppetfiles.listen[0].max_connections: 10.0.0.10:8140 is shared with puppet: its `max_connections` differs"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

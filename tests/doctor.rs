@@ -37,7 +37,17 @@ struct Ca {
 
 impl Ca {
     fn new(name: &str) -> Ca {
+        Ca::valid_for(name, None)
+    }
+
+    /// A CA valid until `days` from now (`None`: rcgen's default, far away).
+    fn valid_for(name: &str, days: Option<i64>) -> Ca {
         let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        if let Some(days) = days {
+            let now = time::OffsetDateTime::now_utc();
+            p.not_before = now - DAY * 30;
+            p.not_after = now + DAY * (days as i32) + time::Duration::hours(1);
+        }
         p.distinguished_name.push(DnType::CommonName, name);
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
@@ -749,4 +759,68 @@ async fn relays_are_splice_auto_whatever_relay_says() {
         assert!(table.contains(relay_says), "{table}");
         assert!(r.json().contains("\"relay\": \"splice-auto\""));
     }
+}
+
+/// The commonest Puppet mistake, a compiler whose certificate lacks the name agents
+/// dial (the VIP's): one error with the one right fix (`dns_alt_names`), its failed
+/// check said as the same cause, and no finding anywhere suggesting
+/// `health.server_name` (which would make the check pass while agents fail). The CA
+/// certificate every backend serves in its chain, near expiry, is said once for
+/// the service, not once per backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_right_fix_per_finding_and_repeated_findings_said_once() {
+    let ca = Ca::valid_for("Puppet CA: soon", Some(12));
+    let with_ca = |mut id: Identity| {
+        id.chain.push(ca.cert.der().clone());
+        id
+    };
+    let mut peers = Vec::new();
+    for (n, sans) in [
+        ("c1", vec![NAME, "c1.example.com"]),
+        ("c2", vec![NAME, "c2.example.com"]),
+        ("c4", vec!["c4.example.com"]),
+    ] {
+        peers.push(peer(Spec::new(with_ca(ca.leaf(n, &sans, 400)))).await);
+    }
+    let backends: Vec<(&str, SocketAddr, &str)> = ["c1", "c2", "c4"]
+        .into_iter()
+        .zip(&peers)
+        .map(|(n, p)| (n, p.addr, ""))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = pem_file(&dir, "ca.pem", &ca.cert.pem());
+    let svc = format!(
+        "    server_names: [\"{NAME}\"]\n    health: {{ check: https, ca_file: \"{}\" }}\n",
+        ca_file.display()
+    );
+    let r = doctor_run(&config("puppet", &svc, &backends), false).await;
+    let all: Vec<String> = r
+        .findings
+        .iter()
+        .map(|f| format!("{}: {}", f.backend.as_deref().unwrap_or("-"), f.message))
+        .collect();
+    assert!(
+        all.iter().all(|f| !f.contains("health.server_name")),
+        "a fix that hides the broken certificate: {all:#?}"
+    );
+    let errors = messages(&r, Severity::Error);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].starts_with("c4: ") && errors[0].contains("dns_alt_names"),
+        "{errors:#?}"
+    );
+    let c4: Vec<&String> = all.iter().filter(|f| f.starts_with("c4: ")).collect();
+    assert!(
+        c4.iter().filter(|f| f.contains("dns_alt_names")).count() <= 1,
+        "the fix said once: {c4:#?}"
+    );
+    let expiry: Vec<&String> = all
+        .iter()
+        .filter(|f| f.contains("CN=Puppet CA: soon expires in"))
+        .collect();
+    assert_eq!(expiry.len(), 1, "said once: {all:#?}");
+    assert!(
+        expiry[0].starts_with("-: ") && expiry[0].contains("c1, c2, c4"),
+        "{expiry:#?}"
+    );
 }

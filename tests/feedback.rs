@@ -482,6 +482,7 @@ fn round_robin_keeps_a_small_share_in_turn_while_factors_change() {
         health: HealthConfig::default(),
         disabled: false,
         from_dns: None,
+        source: None,
     };
     let metrics = crossbar::metrics::Metrics::new();
     let params = PoolParams {

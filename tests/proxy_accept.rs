@@ -819,3 +819,87 @@ async fn untrusted_and_repeated_headers_are_refused_before_forwarding() {
     }
     assert_eq!(echo.accepted(), forwarded);
 }
+
+/// Probes of [`a_tiers_local_probes_are_not_errors`]: one every [`PROBE_EVERY`] for
+/// 10 s, as the issue's (HAProxy's `check-send-proxy` sends one per `inter`).
+const PROBES: usize = 100;
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// HAProxy checks awaited, at `inter 100ms`.
+const HAPROXY_CHECKS: f64 = 20.0;
+
+/// Every `crossbar_client_hello_errors_total` sample summed.
+fn hello_errors(lb: &Crossbar) -> f64 {
+    lb.metric("crossbar_client_hello_errors_total", &[])
+}
+
+/// A PROXY v2 LOCAL header followed by a close (a tier's health check with
+/// `check-send-proxy`) is a probe: counted in `crossbar_proxy_probes_total`, never a
+/// hello error, never an INFO line, never a per-source entry (HAProxy's
+/// `dontlognull`). Sent by hand every 100 ms for 10 s, then by HAProxy itself with
+/// `send-proxy-v2 check check-send-proxy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiers_local_probes_are_not_errors() {
+    let log = LogBuffer::install();
+    let echo = Backend::echo("e", false).await;
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen:\n      - {{ address: \"127.0.0.1:0\", proxy_protocol: {{ accept_from: [\"127.0.0.1\"] }}, per_source: {{ rate: 1, burst: 1000 }} }}\n    health: {{ check: none }}\n    backends:\n{}",
+        backend_line("e", echo.addr, "")
+    );
+    let lb = Crossbar::start(&yaml).await;
+    let addr = lb.addr("svc");
+    let listener = addr.to_string();
+    let admin = lb.serve_admin(None).await;
+    let local = v2(0x20, 0x00, &[]);
+    let info_before = log.count(" INFO ");
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    for _ in 0..PROBES {
+        tick.tick().await;
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&local).await.unwrap();
+        drop(c);
+    }
+    let probes =
+        |lb: &Crossbar| lb.metric("crossbar_proxy_probes_total", &[("listener", &listener)]);
+    // Each probe ends as a probe or (before probes were told apart) as a hello error.
+    wait_until("every probe counted", || {
+        probes(&lb) + hello_errors(&lb) >= PROBES as f64
+    })
+    .await;
+    assert_eq!(hello_errors(&lb), 0.0, "no probe is a hello error");
+    assert_eq!(probes(&lb), PROBES as f64);
+    let sources = common::admin_json(admin.addr, "/api/sources").await;
+    assert_eq!(sources["listeners"][0]["tracked"], 0, "{sources}");
+    let info = || log.lines_with(" INFO ");
+    assert_eq!(
+        log.count(" INFO "),
+        info_before,
+        "no INFO line: {:#?}",
+        info()
+    );
+
+    // HAProxy's own checks of crossbar as its server.
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // The frontend (which haproxy::start connects to, to see it up) leads elsewhere:
+    // only the checks reach crossbar.
+    let elsewhere = common::refusing_addr();
+    let proxies = format!(
+        "frontend fe\n  bind {front}\n  default_backend idle\n\
+         backend idle\n  server none {elsewhere}\n\
+         backend be\n  server cb {addr} send-proxy-v2 check check-send-proxy inter 100ms\n"
+    );
+    let _h = haproxy::start("proxy_accept", front, &proxies).await;
+    wait_until("HAProxy's checks counted", || {
+        probes(&lb) + hello_errors(&lb) >= PROBES as f64 + HAPROXY_CHECKS
+    })
+    .await;
+    assert_eq!(hello_errors(&lb), 0.0, "no HAProxy check is a hello error");
+    assert_eq!(
+        log.count(" INFO "),
+        info_before,
+        "no INFO line: {:#?}",
+        info()
+    );
+}

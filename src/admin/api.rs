@@ -19,9 +19,13 @@ use crate::service::Service;
 
 /// `name` of `server`, or the API's 404.
 pub(super) fn service(server: &Server, name: &str) -> Result<Arc<Service>, ApiError> {
-    server
-        .service(name)
-        .ok_or_else(|| ApiError::UnknownService(name.to_string()))
+    server.service(name).ok_or_else(|| {
+        let all = server.services();
+        ApiError::UnknownService {
+            name: name.to_string(),
+            nearest: crate::config::nearest(name, all.iter().map(|s| s.name())).map(str::to_string),
+        }
+    })
 }
 
 /// `GET /api/services`: the process, then every service with its listeners and
@@ -35,6 +39,7 @@ pub fn services(server: &Server) -> view::ServicesView {
             .iter()
             .map(|svc| service_view(server, svc, now))
             .collect(),
+        per_source: sources(server, super::page::PAGE_SOURCES).listeners,
     }
 }
 
@@ -65,7 +70,10 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
         feedback: svc.config.feedback.as_ref().map(super::weights::settings),
         backends: backends
             .iter()
-            .map(|b| backend(b, svc.config.feedback.as_ref(), now))
+            .map(|b| view::BackendView {
+                slow_start: svc.pool.ramp_of(b).map(ramp),
+                ..backend(b, svc.config.feedback.as_ref(), now)
+            })
             .collect(),
     }
 }
@@ -190,6 +198,18 @@ fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> v
             resumed: m.resumed.get(),
             full: m.full.get(),
         },
+        // The pool's to say (`service_view`).
+        slow_start: None,
+    }
+}
+
+/// A ramp under way as the view says it (whole seconds left, rounded up).
+fn ramp(r: crate::balance::Ramp) -> view::RampView {
+    let (elapsed, total) = (r.elapsed.as_millis(), r.total.as_millis().max(1));
+    view::RampView {
+        percent: u8::try_from((elapsed * 100 / total).min(99)).unwrap_or(99),
+        seconds_left: (r.total.saturating_sub(r.elapsed).as_millis() as u64).div_ceil(1000),
+        seconds_total: r.total.as_secs(),
     }
 }
 
@@ -231,6 +251,7 @@ pub(super) fn entry(e: &crate::stick::EntryView) -> view::EntryView {
         backend: e.backend.as_deref().map(str::to_string),
         age_seconds: e.age.as_secs(),
         expires_in_seconds: e.expires_in.as_secs(),
+        client: e.client.clone(),
     }
 }
 
@@ -350,7 +371,8 @@ pub fn connections(
         Some(name) => vec![service(server, name)?],
         None => server.services(),
     };
-    let keep = |c: &crate::connections::OpenConn| q.client.map_or(true, |ip| c.client.ip() == ip);
+    let keep =
+        |c: &crate::open_connections::OpenConn| q.client.map_or(true, |ip| c.client.ip() == ip);
     let mut total = 0;
     let mut all = Vec::new();
     for svc in &services {
@@ -363,28 +385,38 @@ pub fn connections(
     let draining = server.is_draining();
     let connections = all
         .into_iter()
-        .map(|(service, c)| view::ConnectionView {
-            service,
-            client: c.client.to_string(),
-            backend: c.backend.to_string(),
-            since: crate::connections::wall_clock(c.started),
-            age_seconds: c.started.elapsed().as_secs(),
-            state: match (draining, c.state()) {
-                (true, _) => view::ConnState::Draining,
-                (false, "relaying") => view::ConnState::Relaying,
-                (false, _) => view::ConnState::Handshake,
-            },
-            bytes: view::Bytes {
-                client_to_server: c.bytes.c2s.load(Ordering::Relaxed),
-                server_to_client: c.bytes.s2c.load(Ordering::Relaxed),
-            },
-        })
+        .map(|(service, c)| connection_view(service, &c, draining))
         .collect();
     Ok(view::ConnectionsView {
         limit: q.limit,
         total,
         connections,
     })
+}
+
+/// One open connection of `service` as the API shows it.
+pub(super) fn connection_view(
+    service: String,
+    c: &crate::open_connections::OpenConn,
+    draining: bool,
+) -> view::ConnectionView {
+    view::ConnectionView {
+        id: c.id,
+        service,
+        client: c.client.to_string(),
+        backend: c.backend.to_string(),
+        since: crate::open_connections::wall_clock(c.started),
+        age_seconds: c.started.elapsed().as_secs(),
+        state: match (draining, c.state()) {
+            (true, _) => view::ConnState::Draining,
+            (false, "relaying") => view::ConnState::Relaying,
+            (false, _) => view::ConnState::Handshake,
+        },
+        bytes: view::Bytes {
+            client_to_server: c.bytes.c2s.load(Ordering::Relaxed),
+            server_to_client: c.bytes.s2c.load(Ordering::Relaxed),
+        },
+    }
 }
 
 /// [`connections`] as JSON text, built on the blocking pool like table dumps.

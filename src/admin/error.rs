@@ -5,16 +5,26 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// No such service.
-    #[error("unknown service {0:?}")]
-    UnknownService(String),
+    #[error("unknown service {name:?}{}", did_you_mean(nearest.as_deref()))]
+    UnknownService {
+        /// The name asked.
+        name: String,
+        /// The service's name nearest to it ([`crate::config::nearest`]).
+        nearest: Option<String>,
+    },
     /// No such backend in the service.
-    #[error("unknown backend {backend:?} in service {service:?}")]
+    #[error("unknown backend {backend:?} in service {service:?}{}", did_you_mean(nearest.as_deref()))]
     UnknownBackend {
         /// Service.
         service: String,
         /// Backend.
         backend: String,
+        /// The service's backend name nearest to it.
+        nearest: Option<String>,
     },
+    /// No open connection matched the id or client to close.
+    #[error("no open connection with {0} (crossbar connections lists them, with their ids)")]
+    NoConnection(String),
     /// The service has no stick table.
     #[error("service {0:?} has no stick table (no `stick:` in its config)")]
     NoTable(String),
@@ -55,10 +65,15 @@ pub enum ApiError {
     },
     /// The configuration file could not be reloaded; the old one keeps running.
     #[error("reload failed, keeping the running configuration: {0}")]
-    ReloadFailed(String),
+    ReloadFailed(crate::server::ApplyError),
     /// The answer could not be built (a worker thread failed).
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// `: did you mean "x"?`, or nothing.
+fn did_you_mean(nearest: Option<&str>) -> String {
+    nearest.map_or(String::new(), |n| format!(": did you mean {n:?}?"))
 }
 
 impl ApiError {
@@ -66,9 +81,10 @@ impl ApiError {
     pub fn status(&self) -> hyper::StatusCode {
         use hyper::StatusCode as S;
         match self {
-            ApiError::UnknownService(_)
+            ApiError::UnknownService { .. }
             | ApiError::UnknownBackend { .. }
             | ApiError::NoTable(_)
+            | ApiError::NoConnection(_)
             | ApiError::NoEntry { .. } => S::NOT_FOUND,
             ApiError::BadQuery(_) => S::BAD_REQUEST,
             ApiError::LastBackend { .. } | ApiError::LastWeighted { .. } => S::CONFLICT,

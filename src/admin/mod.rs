@@ -1,6 +1,7 @@
 //! The admin HTTP endpoint: the status page at `/`, `/metrics`, `/healthz` and the `/api` to inspect
 //! services and open connections, show, look up and delete stick entries,
-//! drain/enable/disable backends, set their weights and reload.
+//! drain/enable/disable backends, set their weights, close connections (one, a
+//! client's, or a backend's) and reload.
 //!
 //! hyper HTTP/1.1, one task per connection, a bounded number of connections, a
 //! header read timeout, no request bodies (no endpoint takes one: a request that
@@ -344,6 +345,8 @@ enum Route<'a> {
     Table(&'a str),
     Backend(&'a str, &'a str, Action),
     Weight(&'a str, &'a str),
+    ShutdownSessions(&'a str, &'a str),
+    Kill,
     Reload,
 }
 
@@ -356,10 +359,14 @@ impl Route<'_> {
             ["healthz"] => Route::Healthz,
             ["api", "services"] => Route::Services,
             ["api", "connections"] => Route::Connections,
+            ["api", "connections", "kill"] => Route::Kill,
             ["api", "sources"] => Route::Sources,
             ["api", "tables", s] if !s.is_empty() => Route::Table(s),
             ["api", "backends", s, b, "weight"] if !s.is_empty() && !b.is_empty() => {
                 Route::Weight(s, b)
+            }
+            ["api", "backends", s, b, "shutdown-sessions"] if !s.is_empty() && !b.is_empty() => {
+                Route::ShutdownSessions(s, b)
             }
             ["api", "backends", s, b, a] if !s.is_empty() && !b.is_empty() => {
                 Route::Backend(s, b, Action::parse(a)?)
@@ -372,7 +379,11 @@ impl Route<'_> {
     fn allow(&self) -> &'static [Method] {
         match self {
             Route::Table(_) => &[Method::GET, Method::DELETE],
-            Route::Backend(..) | Route::Weight(..) | Route::Reload => &[Method::POST],
+            Route::Backend(..)
+            | Route::Weight(..)
+            | Route::ShutdownSessions(..)
+            | Route::Kill
+            | Route::Reload => &[Method::POST],
             _ => &[Method::GET],
         }
     }
@@ -577,6 +588,12 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
         Route::Weight(s, b) => view_reply(
             query::weight_query(query)
                 .and_then(|(ask, force)| writes::set_weight(server, s, b, ask, force)),
+        ),
+        Route::ShutdownSessions(s, b) => view_reply(
+            query::none_query(query).and_then(|()| writes::shutdown_sessions(server, s, b)),
+        ),
+        Route::Kill => view_reply(
+            query::kill_query(query).and_then(|pick| writes::kill_connections(server, pick)),
         ),
         Route::Reload => view_reply(writes::reload(server).await),
     }

@@ -51,10 +51,9 @@ pub fn response(server: &Server, query: Option<&str>) -> Response<Full<Bytes>> {
         Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
     };
     let services = super::api::services(server);
-    let sources = super::api::sources(server, PAGE_SOURCES);
     let data = PageData {
         services: &services,
-        sources: &sources.listeners,
+        sources: &services.per_source,
     };
     let html = render(data, refresh, &cli_flags(server));
     let mut r = Response::new(Full::new(Bytes::from(html)));
@@ -120,6 +119,10 @@ fn cli_flags(server: &Server) -> String {
     let Some(admin) = &config.admin else {
         return String::new();
     };
+    // The CLI reads the default config without -c: its address and token file.
+    if config.source == std::path::Path::new(crate::config::DEFAULT_CONFIG_PATH) {
+        return String::new();
+    }
     let mut flags = String::new();
     // Port 0 (tests, demos) is not an address a CLI could use: leave it out.
     // A wildcard address is reached on loopback (the endpoint refuses a Host of
@@ -466,6 +469,15 @@ fn write_backend(
 /// the file's below it.
 fn write_weight(o: &mut String, b: &BackendView) -> fmt::Result {
     let (now, file) = (b.weight, b.configured_weight);
+    if let Some(r) = &b.slow_start {
+        return write!(
+            o,
+            "<td title=\"slow_start: a recovered backend takes new connections in proportion \
+             to how far along its {}s ramp is\">{now}<span class=\"hl\">{}</span></td>",
+            r.seconds_total,
+            r.text()
+        );
+    }
     if !b.weight_set_at_run_time() {
         return write!(o, "<td>{now}</td>");
     }
@@ -666,6 +678,7 @@ mod tests {
         ServicesView {
             crossbar: fixture::process(),
             services: vec![svc],
+            per_source: Vec::new(),
         }
     }
 

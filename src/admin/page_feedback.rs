@@ -36,7 +36,8 @@ pub(super) fn write_caption(o: &mut String, svc: &ServiceView) -> fmt::Result {
 }
 
 /// The weight cell when load feedback scales the weight: the weight balanced by,
-/// the factor, the file's weight when the operator set another; `None` otherwise.
+/// the factor, the file's weight when the operator set another, the slow-start
+/// ramp under way; `None` otherwise.
 pub(super) fn write_weight(o: &mut String, b: &BackendView) -> Option<fmt::Result> {
     let (WeightOrigin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) else {
         return None;
@@ -45,10 +46,14 @@ pub(super) fn write_weight(o: &mut String, b: &BackendView) -> Option<fmt::Resul
         true => format!("<span class=\"hl\">file {}</span>", b.configured_weight),
         false => String::new(),
     };
+    let ramp = match &b.slow_start {
+        Some(r) => format!("<span class=\"hl\">{}</span>", r.text()),
+        None => String::new(),
+    };
     Some(write!(
         o,
         "<td class=\"rtw\" title=\"weight {} ({}) x{:.2} from load feedback: {}\">\
-             {:.2}<span class=\"hl\">x{:.2} feedback</span>{file}</td>",
+             {:.2}<span class=\"hl\">x{:.2} feedback</span>{file}{ramp}</td>",
         b.weight,
         b.weight_origin.as_str(),
         f.factor,

@@ -126,6 +126,11 @@ pub fn force_query(query: Option<&str>) -> Result<bool, ApiError> {
     force_param(params(query, &["force"])?.first().map(|(_, v)| *v))
 }
 
+/// A query where none is taken: any parameter is refused.
+pub fn none_query(query: Option<&str>) -> Result<(), ApiError> {
+    params(query, &[]).map(|_| ())
+}
+
 /// The value of `force` (absent: false).
 fn force_param(v: Option<&str>) -> Result<bool, ApiError> {
     match v {
@@ -238,6 +243,45 @@ pub fn connections_query(query: Option<&str>) -> Result<ConnectionsQuery, ApiErr
         }
     }
     Ok(q)
+}
+
+/// Which open connections `POST /api/connections/kill` closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillPick {
+    /// The one with this id (`crossbar connections` lists them).
+    Id(u64),
+    /// Those from this client address (every one of its connections).
+    Client(IpAddr),
+    /// The one from this client address and port.
+    ClientPort(std::net::SocketAddr),
+}
+
+/// Parse `POST /api/connections/kill`'s query: `id=N`, or `client=ADDR` (an IP:
+/// all its connections; IP:PORT, or [IPv6]:PORT: that one), exactly one of them.
+pub fn kill_query(query: Option<&str>) -> Result<KillPick, ApiError> {
+    let params = params(query, &["id", "client"])?;
+    let picks: Vec<KillPick> = params
+        .iter()
+        .map(|&(k, v)| match k {
+            "id" => v
+                .parse::<u64>()
+                .map(KillPick::Id)
+                .map_err(|_| ApiError::BadQuery(format!("id must be a connection id, got {v:?}"))),
+            _ => match v.parse::<std::net::SocketAddr>() {
+                Ok(sa) => Ok(KillPick::ClientPort(std::net::SocketAddr::new(
+                    sa.ip().to_canonical(),
+                    sa.port(),
+                ))),
+                Err(_) => client_param(v).map(KillPick::Client),
+            },
+        })
+        .collect::<Result<_, _>>()?;
+    match picks.as_slice() {
+        [one] => Ok(*one),
+        _ => Err(ApiError::BadQuery(
+            "give id=N or client=ADDR (one of them): which connection to close".into(),
+        )),
+    }
 }
 
 /// Sources `GET /api/sources` lists per listener without `?limit=`.

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use super::api::{entry, picked, service, state, table_of};
 use super::error::ApiError;
-use super::query::{Pick, WeightAsk};
+use super::query::{KillPick, Pick, WeightAsk};
 use super::view;
 use crate::balance::{AdminState, Backend};
+use crate::open_connections::OpenConn;
 use crate::server::Server;
 use crate::service::Service;
 
@@ -106,6 +107,8 @@ fn backend_of<'a>(svc: &'a Service, backend: &str) -> Result<&'a Arc<Backend>, A
         .ok_or_else(|| ApiError::UnknownBackend {
             service: svc.name().to_string(),
             backend: backend.to_string(),
+            nearest: crate::config::nearest(backend, svc.pool.backends.iter().map(|b| &*b.name))
+                .map(str::to_string),
         })
 }
 
@@ -227,6 +230,67 @@ pub fn set_weight(
         state: state(b),
         active_connections: b.active(),
     })
+}
+
+/// `POST /api/connections/kill?id=N|client=ADDR`: close open connections (HAProxy's
+/// `shutdown session`); a pick that names none is [`ApiError::NoConnection`].
+pub fn kill_connections(server: &Server, pick: KillPick) -> Result<view::KilledView, ApiError> {
+    let matches = |c: &OpenConn| match pick {
+        KillPick::Id(id) => c.id == id,
+        KillPick::Client(ip) => c.client.ip().to_canonical() == ip,
+        KillPick::ClientPort(sa) => {
+            c.client.ip().to_canonical() == sa.ip() && c.client.port() == sa.port()
+        }
+    };
+    let mut killed = Vec::new();
+    for svc in server.services() {
+        for c in svc.connections.kill(matches) {
+            killed.push(super::api::connection_view(
+                svc.name().to_string(),
+                &c,
+                false,
+            ));
+        }
+    }
+    if killed.is_empty() {
+        return Err(ApiError::NoConnection(pick_text(pick)));
+    }
+    tracing::info!(connections = killed.len(), pick = %pick_text(pick), "admin: connections killed");
+    Ok(view::KilledView { killed })
+}
+
+/// What a kill picked, in words: `id 7`, `client 10.2.0.17`.
+fn pick_text(pick: KillPick) -> String {
+    match pick {
+        KillPick::Id(id) => format!("id {id}"),
+        KillPick::Client(ip) => format!("client {ip}"),
+        KillPick::ClientPort(sa) => format!("client {sa}"),
+    }
+}
+
+/// `POST /api/backends/{service}/{backend}/shutdown-sessions`: close every open
+/// connection of the backend (HAProxy's `shutdown sessions server`). Its state is
+/// not changed: new connections still go to it unless it is drained or disabled.
+pub fn shutdown_sessions(
+    server: &Server,
+    name: &str,
+    backend: &str,
+) -> Result<view::KilledView, ApiError> {
+    let svc = service(server, name)?;
+    let b = backend_of(&svc, backend)?;
+    let killed: Vec<view::ConnectionView> = svc
+        .connections
+        .kill(|c| *c.backend == *b.name)
+        .iter()
+        .map(|c| super::api::connection_view(name.to_string(), c, false))
+        .collect();
+    tracing::info!(
+        service = name,
+        backend,
+        connections = killed.len(),
+        "admin: backend's connections shut down"
+    );
+    Ok(view::KilledView { killed })
 }
 
 /// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.

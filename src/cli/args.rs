@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use clap_complete::ArgValueCandidates;
+
+use super::complete;
 
 use crate::admin::WeightAsk;
 use crate::config::DEFAULT_CONFIG_PATH;
@@ -17,13 +20,15 @@ Examples:
   crossbar doctor -c /etc/crossbar/crossbar.yaml --status   # before switching traffic
   crossbar reload -c /etc/crossbar/crossbar.yaml   # check, then reload and wait
   RUST_LOG=crossbar=debug crossbar run -c crossbar.yaml --log-format json
-  crossbar status -c /etc/crossbar/crossbar.yaml   # admin address and token from the config
-  crossbar backend drain puppet/compile1 -c /etc/crossbar/crossbar.yaml
+  crossbar status                       # admin address and token from /etc/crossbar/crossbar.yaml
+  crossbar backend drain puppet/compile1           # -c FILE for another config
   crossbar backend weight puppet/compile3 10 -c /etc/crossbar/crossbar.yaml   # until reload
   crossbar table show puppet --limit 20
   crossbar table show puppet --client 10.1.2.3     # where this agent's source entry points
   crossbar table delete puppet --key 3f2a0c9e51d7b864 -c /etc/crossbar/crossbar.yaml
   crossbar connections puppet                      # open connections, the oldest first
+  crossbar connections kill 4711                   # close one (or --client 10.1.2.3)
+  crossbar backend shutdown-sessions puppet/compile3   # close all of its connections
   crossbar sources                                 # per_source: the busiest client sources";
 
 /// Layer-4 TLS-passthrough load balancer for Puppet masters.
@@ -126,9 +131,11 @@ pub enum Command {
     /// weight in the file.
     Backend {
         /// What to do: drain (no new connections, open ones continue), enable,
-        /// disable, weight.
+        /// disable, weight, shutdown-sessions (close every open connection it has;
+        /// its state stays: drain or disable it first to keep new ones away).
         action: BackendAction,
         /// The backend, as SERVICE/BACKEND.
+        #[arg(add = ArgValueCandidates::new(complete::targets))]
         target: String,
         /// For `weight`: the new weight, 0..=256, or N% of the configured weight.
         #[arg(required_if_eq("action", "weight"), value_parser = parse_weight)]
@@ -141,10 +148,16 @@ pub enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// The open connections, the oldest first: service, client, backend, age,
-    /// bytes each way and state (admin API client; HAProxy's `show sess`).
+    /// The open connections, the oldest first: id, service, client, backend, age,
+    /// bytes each way and state (admin API client; HAProxy's `show sess`); `kill`
+    /// closes one (HAProxy's `shutdown session`).
+    #[command(args_conflicts_with_subcommands = true)]
     Connections {
+        /// `kill`: close a connection.
+        #[command(subcommand)]
+        action: Option<ConnectionsCommand>,
         /// Only this service's connections.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: Option<String>,
         /// Only the connections from this client address.
         #[arg(long, value_name = "ADDR")]
@@ -212,6 +225,25 @@ pub enum ReportFormat {
     Json,
 }
 
+/// `crossbar connections`'s subcommand.
+#[derive(Subcommand)]
+pub enum ConnectionsCommand {
+    /// Close open connections (the client sees its connection close): the one with
+    /// ID (as `crossbar connections` lists it), or every one from --client ADDR
+    /// (IP:PORT for one of them).
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "client"])))]
+    Kill {
+        /// The connection's id.
+        id: Option<u64>,
+        /// The client address: IP (all its connections) or IP:PORT.
+        #[arg(long, value_name = "ADDR")]
+        client: Option<String>,
+        /// How to reach the admin API.
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
 /// `crossbar table`'s subcommands.
 #[derive(Subcommand)]
 pub enum TableCommand {
@@ -219,6 +251,7 @@ pub enum TableCommand {
     /// (--key) or the entry a client address falls under (--client).
     Show {
         /// Service name.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: String,
         /// Entries to show (1..=10000; the server's default is 1000).
         #[arg(long)]
@@ -240,6 +273,7 @@ pub enum TableCommand {
     #[command(group(clap::ArgGroup::new("which").required(true).args(["key", "client"])))]
     Delete {
         /// Service name.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: String,
         /// The entry's key (16 hex digits, as `table show` prints it).
         #[arg(long, value_parser = parse_key)]
@@ -254,6 +288,7 @@ pub enum TableCommand {
     /// Remove every entry (clients then land wherever balancing puts them).
     Flush {
         /// Service name.
+        #[arg(add = ArgValueCandidates::new(complete::services))]
         service: String,
         /// How to reach the admin API.
         #[command(flatten)]
@@ -261,7 +296,8 @@ pub enum TableCommand {
     },
 }
 
-/// `crossbar backend ACTION`: drain, enable, disable, or set the weight.
+/// `crossbar backend ACTION`: drain, enable, disable, set the weight, or close
+/// every connection it has.
 #[allow(missing_docs)] // as LogFormat: no help text per value
 #[derive(Clone, Copy, ValueEnum)]
 pub enum BackendAction {
@@ -269,6 +305,7 @@ pub enum BackendAction {
     Enable,
     Disable,
     Weight,
+    ShutdownSessions,
 }
 
 /// Parse a stick key as `table show` prints it (16 hex digits).
@@ -291,10 +328,11 @@ fn parse_weight(s: &str) -> Result<WeightAsk, String> {
 #[derive(clap::Args)]
 pub struct AdminArgs {
     /// crossbar's configuration file: the admin address and token file come from
-    /// its `admin:` section (--admin and --token-file override it).
+    /// its `admin:` section (--admin and --token-file override it) [default:
+    /// /etc/crossbar/crossbar.yaml, when it exists and --admin is not given].
     #[arg(short, long)]
     pub config: Option<PathBuf>,
-    /// Admin endpoint URL [default: http://127.0.0.1:9140, or admin.listen of -c FILE].
+    /// Admin endpoint URL [default: admin.listen of the config, else http://127.0.0.1:9140].
     #[arg(long = "admin", env = "CROSSBAR_ADMIN", value_name = "URL")]
     pub url: Option<String>,
     /// File holding the bearer token (needed for writes when the server has admin.token_file).

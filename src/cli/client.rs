@@ -10,7 +10,6 @@ use serde::de::DeserializeOwned;
 
 use super::http::{request, CliError, REFUSED};
 use super::options::ClientOptions;
-use crate::admin::page::PAGE_SOURCES;
 use crate::admin::view::{
     BackendStateView, DeleteView, FlushView, ReloadAnswer, ServicesView, SourcesView, TableView,
     WeightView,
@@ -73,6 +72,18 @@ pub enum Command {
         client: Option<IpAddr>,
         /// At most this many (server default 100).
         limit: Option<usize>,
+    },
+    /// Close open connections: one by id, or a client's.
+    Kill {
+        /// `id=N` or `client=ADDR`.
+        pick: String,
+    },
+    /// Close every open connection of a backend.
+    ShutdownSessions {
+        /// Service name.
+        service: String,
+        /// Backend name.
+        backend: String,
     },
     /// The sources with the most open connections, per listener with `per_source`.
     Sources {
@@ -174,6 +185,11 @@ impl Command {
                 let q = query(&[limit.map(|n| format!("limit={n}"))]);
                 (Method::GET, format!("/api/sources{q}"))
             }
+            Command::Kill { pick } => (Method::POST, format!("/api/connections/kill?{pick}")),
+            Command::ShutdownSessions { service, backend } => (
+                Method::POST,
+                format!("/api/backends/{service}/{backend}/shutdown-sessions"),
+            ),
             Command::Reload => (Method::POST, "/api/reload".into()),
         }
     }
@@ -196,14 +212,15 @@ impl Endpoint<'_> {
                     from: self.opts.source.clone(),
                 })
             }
+            Err(CliError::Api { status, body }) if status == hyper::StatusCode::UNAUTHORIZED => {
+                Err(CliError::Unauthorized {
+                    status,
+                    body,
+                    from: self.opts.token_source.clone(),
+                })
+            }
             r => r,
         }
-    }
-
-    /// `GET path`, read as the view `V`.
-    async fn get<V: DeserializeOwned>(&self, path: &str) -> Result<V, CliError> {
-        let body = self.send(Method::GET, path).await?;
-        decode(path, &body)
     }
 }
 
@@ -233,10 +250,10 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
     Ok(match cmd {
         Command::Status => {
             let services: ServicesView = decode(p, &body)?;
-            // The page shows each per-source listener's busiest sources too.
-            let sources: SourcesView = endpoint
-                .get(&format!("/api/sources?limit={PAGE_SOURCES}"))
-                .await?;
+            // The page's per-source tables, in the same document.
+            let sources = SourcesView {
+                listeners: services.per_source.clone(),
+            };
             super::status::render(
                 &services,
                 &sources,
@@ -270,6 +287,9 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
             service, backend, ..
         } => weighted(service, backend, &decode(p, &body)?),
         Command::Reload => reloaded(&decode(p, &body)?),
+        Command::Kill { .. } | Command::ShutdownSessions { .. } => {
+            super::traffic::killed(&decode(p, &body)?)
+        }
     })
 }
 

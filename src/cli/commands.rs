@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use super::args::{AdminArgs, BackendAction, ReportFormat, TableCommand};
+use super::args::{AdminArgs, BackendAction, ConnectionsCommand, ReportFormat, TableCommand};
 use super::client::{Command as ClientCommand, Pick};
 use super::http::CliError;
 use super::options::{options, ClientOptions};
@@ -30,9 +30,10 @@ pub fn run(config: &Path, upgrade_socket: Option<PathBuf>) -> ExitCode {
     report(runtime(cfg.workers).and_then(|rt| rt.block_on(crate::run::run_with(cfg, opts))))
 }
 
-/// `crossbar demo`: local TLS backends, crossbar in front, clients; the story.
-pub fn demo(serve: bool) -> ExitCode {
-    report(runtime(None).and_then(|rt| rt.block_on(crate::demo::run(serve))))
+/// `crossbar demo`: local TLS backends, crossbar in front, clients; the story, and
+/// at its end the file crossbar's own log lines went to (`log`), if they did.
+pub fn demo(serve: bool, log: Option<PathBuf>) -> ExitCode {
+    report(runtime(None).and_then(|rt| rt.block_on(crate::demo::run(serve, log.as_deref()))))
 }
 
 /// `crossbar doctor`: the report on stdout, its verdict as the exit code.
@@ -93,7 +94,7 @@ fn send(opts: &ClientOptions, cmd: &ClientCommand) -> ExitCode {
             print!("{out}");
             ExitCode::SUCCESS
         }
-        Err(CliError::Api { body, .. }) if opts.json => {
+        Err(CliError::Api { body, .. } | CliError::Unauthorized { body, .. }) if opts.json => {
             eprint!("{body}");
             ExitCode::FAILURE
         }
@@ -132,6 +133,24 @@ pub fn table(command: TableCommand, url_from_env: bool) -> ExitCode {
         TableCommand::Flush { service, admin } => (admin, ClientCommand::TableFlush { service }),
     };
     self::client(admin, url_from_env, cmd)
+}
+
+/// `crossbar connections kill ID | --client ADDR`.
+pub fn kill(command: ConnectionsCommand, url_from_env: bool) -> ExitCode {
+    let ConnectionsCommand::Kill { id, client, admin } = command;
+    let pick = match (id, client) {
+        (Some(id), None) => format!("id={id}"),
+        (None, Some(addr)) => match addr.parse::<std::net::SocketAddr>() {
+            // The brackets and colons of an address are query characters as they are.
+            Ok(_) => format!("client={addr}"),
+            Err(_) => match addr.parse::<IpAddr>() {
+                Ok(ip) => format!("client={ip}"),
+                Err(_) => return fail(&format!("--client: expected IP or IP:PORT, got {addr:?}")),
+            },
+        },
+        _ => return fail(&"give the connection's ID or --client ADDR"),
+    };
+    self::client(admin, url_from_env, ClientCommand::Kill { pick })
 }
 
 /// What `crossbar backend ACTION SERVICE/BACKEND [WEIGHT]` asks.
@@ -182,6 +201,9 @@ fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
             return Err(format!(
                 "a weight ({w}) goes with `crossbar backend weight` only"
             ))
+        }
+        (BackendAction::ShutdownSessions, None) => {
+            return Ok(ClientCommand::ShutdownSessions { service, backend })
         }
         (BackendAction::Drain, None) => Action::Drain,
         (BackendAction::Enable, None) => Action::Enable,

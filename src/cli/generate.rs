@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::CommandFactory;
+use clap_complete::env::EnvCompleter;
 
 use super::args::{Cli, Generated, EXAMPLES};
 
@@ -20,12 +21,19 @@ pub fn generate(what: Generated, dir: Option<PathBuf>) -> ExitCode {
                     .with_context(|| format!("writing man pages into {}", dir.display())),
             );
         }
-        Generated::Bash => clap_complete::Shell::Bash,
-        Generated::Zsh => clap_complete::Shell::Zsh,
-        Generated::Fish => clap_complete::Shell::Fish,
+        Generated::Bash => &clap_complete::env::Bash as &dyn EnvCompleter,
+        Generated::Zsh => &clap_complete::env::Zsh,
+        Generated::Fish => &clap_complete::env::Fish,
     };
-    clap_complete::generate(shell, &mut cmd, "crossbar", &mut out);
-    ExitCode::SUCCESS
+    // The script asks `COMPLETE=<shell> crossbar` at each tab, so it completes
+    // service and backend names from the running config (`complete.rs`) and always
+    // matches the installed binary's arguments.
+    cmd.build();
+    let name = cmd.get_name().to_string();
+    match shell.write_registration("COMPLETE", &name, &name, &name, &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => super::outcome::fail(&format!("writing the completion script: {e}")),
+    }
 }
 
 /// crossbar(1) and crossbar-SUBCOMMAND(1) into `dir`. The main page gets EXAMPLES
@@ -59,7 +67,7 @@ const MAN_TAIL: &str = r#".SH EXAMPLES
 .SH FILES
 .TP
 /etc/crossbar/crossbar.yaml
-The configuration (crossbar-run, crossbar-check and crossbar-reload read it without \fB-c\fR).
+The configuration (every command reads it without \fB-c\fR; the admin commands take the admin address and token from it).
 .TP
 /var/lib/crossbar/
 Stick-table state files (stick.state_file).

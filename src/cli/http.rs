@@ -9,7 +9,7 @@ use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::options::AdminSource;
+use super::options::{AdminSource, TokenSource};
 use crate::admin::view::ErrorView;
 use crate::admin::Secret;
 
@@ -50,6 +50,21 @@ pub enum CliError {
         url: String,
         /// Where it came from.
         from: AdminSource,
+    },
+    /// The server refused the token sent (or asked for one).
+    #[error("{status}: {}\n  \
+             the token: {from}\n  \
+             to send another: --token-file FILE (or CROSSBAR_TOKEN_FILE), or -c FILE \
+             whose admin.token_file holds it (without -c, the admin address and token \
+             come from {default_config} when it exists)", error_message(body),
+             default_config = crate::config::DEFAULT_CONFIG_PATH)]
+    Unauthorized {
+        /// HTTP status (401).
+        status: StatusCode,
+        /// The response body (`{"error": "..."}`).
+        body: String,
+        /// Where the token came from.
+        from: TokenSource,
     },
     /// The server answered with an error; `body` is its JSON error.
     #[error("{status}: {}", error_message(body))]

@@ -1,12 +1,13 @@
 //! Where the admin API is and how to talk to it: `--admin`/`--token-file` (or
 //! their environment variables) over the `admin:` section of the config given with
-//! `-c`, over the default address; and where the address came from, for the error
-//! when nothing answers there.
+//! `-c` (else of the default config `check` and `run` read, when it is there), over
+//! the default address; and where the address and the token came from, for the
+//! error when nothing answers there or the token is refused.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::args::AdminArgs;
-use crate::config::Config;
+use crate::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// The default admin URL (the admin endpoint's default listen address).
 pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9140";
@@ -15,8 +16,9 @@ pub use crate::config::admin_url;
 /// Where the admin address a command uses came from (said when nothing answers there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminSource {
-    /// Nothing given: [`DEFAULT_ADMIN_URL`].
-    Default,
+    /// Nothing given and no default config to read (why not: `/etc/crossbar/crossbar.yaml
+    /// does not exist`): [`DEFAULT_ADMIN_URL`].
+    Default(String),
     /// `--admin`.
     Flag,
     /// `CROSSBAR_ADMIN` in the environment.
@@ -28,9 +30,9 @@ pub enum AdminSource {
 impl std::fmt::Display for AdminSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            AdminSource::Default => write!(
+            AdminSource::Default(why) => write!(
                 f,
-                "the default (no -c FILE, --admin or CROSSBAR_ADMIN given)"
+                "the default (no -c FILE, --admin or CROSSBAR_ADMIN given, and {why})"
             ),
             AdminSource::Flag => write!(f, "the one given with --admin"),
             AdminSource::Env => write!(f, "the one in CROSSBAR_ADMIN (environment)"),
@@ -48,8 +50,38 @@ pub struct ClientOptions {
     pub source: AdminSource,
     /// File holding the bearer token for write commands.
     pub token_file: Option<PathBuf>,
+    /// Where `token_file` came from (said when the server refuses the token).
+    pub token_source: TokenSource,
     /// Print the server's JSON instead of a table.
     pub json: bool,
+}
+
+/// Where the token a command sends came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// No token file: writes go without a token.
+    None,
+    /// `--token-file` or `CROSSBAR_TOKEN_FILE`.
+    Flag,
+    /// `admin.token_file` of this config file.
+    Config(PathBuf),
+}
+
+impl std::fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::None => write!(
+                f,
+                "none was sent (no --token-file or CROSSBAR_TOKEN_FILE given, and no \
+                 admin.token_file in the config used)"
+            ),
+            TokenSource::Flag => write!(
+                f,
+                "the file given with --token-file (or CROSSBAR_TOKEN_FILE)"
+            ),
+            TokenSource::Config(p) => write!(f, "admin.token_file of {}", p.display()),
+        }
+    }
 }
 
 /// What the command line said about the admin endpoint.
@@ -85,21 +117,40 @@ impl ClientOptions {
             },
             None => None,
         };
+        Ok(ClientOptions::from_parts(
+            given,
+            from_file,
+            format!("{DEFAULT_CONFIG_PATH} was not read"),
+        ))
+    }
+
+    /// The options from what was given and the `admin:` section of the config read,
+    /// if any; `no_file` says why none was read, for the default address's source.
+    fn from_parts(
+        given: Given,
+        from_file: Option<(&Path, &crate::config::AdminConfig)>,
+        no_file: String,
+    ) -> ClientOptions {
         let (admin, source) = match (given.url, from_file) {
             (Some(url), _) if given.url_from_env => (url, AdminSource::Env),
             (Some(url), _) => (url, AdminSource::Flag),
             (None, Some((path, a))) => (admin_url(a.listen), AdminSource::Config(path.into())),
-            (None, None) => (DEFAULT_ADMIN_URL.to_string(), AdminSource::Default),
+            (None, None) => (DEFAULT_ADMIN_URL.to_string(), AdminSource::Default(no_file)),
         };
-        let token_file = given
-            .token_file
-            .or_else(|| from_file.and_then(|(_, a)| a.token_file.clone()));
-        Ok(ClientOptions {
+        let (token_file, token_source) = match (given.token_file, from_file) {
+            (Some(t), _) => (Some(t), TokenSource::Flag),
+            (None, Some((path, a))) if a.token_file.is_some() => {
+                (a.token_file.clone(), TokenSource::Config(path.into()))
+            }
+            (None, _) => (None, TokenSource::None),
+        };
+        ClientOptions {
             admin,
             source,
             token_file,
+            token_source,
             json: given.json,
-        })
+        }
     }
 
     /// The flags another command needs to reach the same endpoint the same way
@@ -112,9 +163,11 @@ impl ClientOptions {
                 .map_or(String::new(), |t| format!(" --token-file {}", t.display()))
         };
         match &self.source {
+            // The default config is found without -c.
+            AdminSource::Config(p) if p == Path::new(DEFAULT_CONFIG_PATH) => String::new(),
             AdminSource::Config(p) => format!(" -c {}", p.display()),
             AdminSource::Flag => format!(" --admin {}{}", self.admin, token()),
-            AdminSource::Default | AdminSource::Env => String::new(),
+            AdminSource::Default(_) | AdminSource::Env => String::new(),
         }
     }
 }
@@ -134,8 +187,20 @@ pub fn options(
         token_file: args.token_file,
         json: args.json,
     };
-    let Some(path) = args.config else {
-        return ClientOptions::new(given, None).map_err(|e| super::outcome::fail(&e));
+    let path = match (args.config, given.url.is_some()) {
+        (Some(path), _) => path,
+        // --admin names the endpoint: no config is read for it.
+        (None, true) => {
+            return Ok(ClientOptions::from_parts(
+                given,
+                None,
+                "--admin given".into(),
+            ))
+        }
+        (None, false) => match default_config() {
+            Ok(path) => path,
+            Err(why) => return Ok(ClientOptions::from_parts(given, None, why)),
+        },
     };
     let loaded = if check {
         Config::load_and_check_files(&path)
@@ -163,6 +228,20 @@ pub fn options(
         }
     }
     ClientOptions::new(given, Some((&path, &cfg))).map_err(|e| super::outcome::fail(&e))
+}
+
+/// The config `check` and `run` read without `-c`, when there is one to read;
+/// else why not (`/etc/crossbar/crossbar.yaml does not exist`), said with the
+/// default address when nothing answers there.
+fn default_config() -> Result<PathBuf, String> {
+    let path = PathBuf::from(DEFAULT_CONFIG_PATH);
+    match std::fs::File::open(&path) {
+        Ok(_) => Ok(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("{DEFAULT_CONFIG_PATH} does not exist"))
+        }
+        Err(e) => Err(format!("{DEFAULT_CONFIG_PATH} cannot be read: {e}")),
+    }
 }
 
 #[cfg(test)]
@@ -204,7 +283,11 @@ mod tests {
         let o = ClientOptions::new(Given::default(), None).unwrap();
         assert_eq!(
             (o.admin.as_str(), &o.source, o.flags().as_str()),
-            (DEFAULT_ADMIN_URL, &AdminSource::Default, "")
+            (
+                DEFAULT_ADMIN_URL,
+                &AdminSource::Default(format!("{DEFAULT_CONFIG_PATH} was not read")),
+                ""
+            )
         );
         let off = Config::from_str_at(
             "admin: { enabled: false }\nservices:\n  s:\n    listen: [\"127.0.0.1:0\"]\n    backends:\n      - { name: a, address: \"127.0.0.1:1\" }\n",

@@ -263,8 +263,9 @@ fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
     rows
 }
 
-/// The weight, and the file's when one was set at run time: `10 (file 20)`; with
-/// load feedback the weight balanced by, who set the weight and the factor:
+/// The weight, and the slow-start ramp under way (`3 (ramp 40%, 12s left)`) or
+/// the file's weight when one was set at run time (`10 (file 20)`); with load
+/// feedback the weight balanced by, who set the weight and the factor:
 /// `0.35 (file 1 x0.35 feedback)`, `1.24 (operator 4 x0.31 feedback; file 2)`.
 fn weight_cell(b: &BackendView) -> String {
     if let (WeightOrigin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
@@ -272,13 +273,20 @@ fn weight_cell(b: &BackendView) -> String {
             true => format!("; file {}", b.configured_weight),
             false => String::new(),
         };
+        let ramp = match &b.slow_start {
+            Some(r) => format!("; {}", r.text()),
+            None => String::new(),
+        };
         return format!(
-            "{:.2} ({} {} x{:.2} feedback{file})",
+            "{:.2} ({} {} x{:.2} feedback{file}{ramp})",
             b.effective_weight,
             b.weight_origin.as_str(),
             b.weight,
             f.factor
         );
+    }
+    if let Some(r) = &b.slow_start {
+        return format!("{} ({})", b.weight, r.text());
     }
     if b.weight_set_at_run_time() {
         format!("{} (file {})", b.weight, b.configured_weight)
@@ -539,7 +547,9 @@ mod tests {
             b.handshakes.resumed.to_string(),
             b.handshakes.full.to_string(),
         ];
-        if b.weight_set_at_run_time() {
+        if let Some(r) = &b.slow_start {
+            want.push(r.text());
+        } else if b.weight_set_at_run_time() {
             want.push(format!("file {}", b.configured_weight));
         }
         if let (WeightOrigin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {

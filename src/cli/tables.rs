@@ -1,7 +1,7 @@
 //! `crossbar table show|delete`: a stick table's entries as text.
 use std::fmt::Write as _;
 
-use crate::admin::human::{columns, row};
+use crate::admin::human::{columns, human_secs, row};
 use crate::admin::view::{DeleteView, EntryView, Lookup, TableView};
 
 /// `table show`: the counters, then the entries.
@@ -27,14 +27,22 @@ fn backend_cell(e: &EntryView) -> String {
 
 /// Stick entries as a table with its header.
 fn entry_rows(entries: &[EntryView]) -> String {
-    let mut rows = vec![row(&["KIND", "KEY", "BACKEND", "AGE", "EXPIRES IN"])];
+    let mut rows = vec![row(&[
+        "KIND",
+        "KEY",
+        "BACKEND",
+        "AGE",
+        "EXPIRES IN",
+        "CLIENT",
+    ])];
     for e in entries {
         rows.push(vec![
             e.kind.clone(),
             e.key.clone(),
             backend_cell(e),
-            format!("{}s", e.age_seconds),
-            format!("{}s", e.expires_in_seconds),
+            human_secs(e.age_seconds),
+            human_secs(e.expires_in_seconds),
+            e.client.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     columns(&rows)

@@ -1,8 +1,8 @@
 //! `crossbar connections` and `crossbar sources`: open connections and the
 //! busiest client sources as text.
-use crate::admin::human::{columns, row};
+use crate::admin::human::{columns, human_secs, row};
 use crate::admin::page::tokens;
-use crate::admin::view::{ConnectionsView, ListenerSourcesView, SourcesView};
+use crate::admin::view::{ConnectionsView, KilledView, ListenerSourcesView, SourcesView};
 
 /// `crossbar connections`: a count line, then one row per connection.
 pub fn connections(v: &ConnectionsView) -> String {
@@ -12,6 +12,7 @@ pub fn connections(v: &ConnectionsView) -> String {
         v.connections.len()
     );
     let mut rows = vec![row(&[
+        "ID",
         "SERVICE",
         "CLIENT",
         "BACKEND",
@@ -22,16 +23,34 @@ pub fn connections(v: &ConnectionsView) -> String {
     ])];
     for c in &v.connections {
         rows.push(vec![
+            c.id.to_string(),
             c.service.clone(),
             c.client.clone(),
             c.backend.clone(),
-            format!("{}s", c.age_seconds),
+            human_secs(c.age_seconds),
             c.bytes.client_to_server.to_string(),
             c.bytes.server_to_client.to_string(),
             c.state.to_string(),
         ]);
     }
     out.push_str(&columns(&rows));
+    out
+}
+
+/// `crossbar connections kill`, `crossbar backend shutdown-sessions`: a line per
+/// connection closed.
+pub fn killed(v: &KilledView) -> String {
+    let mut out = format!("closed {} connection(s)\n", v.killed.len());
+    for c in &v.killed {
+        out.push_str(&format!(
+            "  {} {} {} -> {} ({} old)\n",
+            c.id,
+            c.service,
+            c.client,
+            c.backend,
+            human_secs(c.age_seconds)
+        ));
+    }
     out
 }
 
@@ -74,7 +93,34 @@ fn listener(l: &ListenerSourcesView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::view::{SourceLimitsView, SourceView};
+    use crate::admin::view::{Bytes, ConnState, ConnectionView, SourceLimitsView, SourceView};
+
+    /// Ages are said as a person reads them: `2m13s`, `3h05m`.
+    #[test]
+    fn connection_ages_are_human() {
+        let conn = |age_seconds| ConnectionView {
+            id: 1,
+            service: "puppet".into(),
+            client: "10.2.0.17:51234".into(),
+            backend: "compile1".into(),
+            since: std::time::SystemTime::UNIX_EPOCH,
+            age_seconds,
+            state: ConnState::Relaying,
+            bytes: Bytes::default(),
+        };
+        let v = ConnectionsView {
+            limit: 100,
+            total: 2,
+            connections: vec![conn(133), conn(11_100)],
+        };
+        let out = connections(&v);
+        let ages: Vec<&str> = out
+            .lines()
+            .skip(2)
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .collect();
+        assert_eq!(ages, ["2m13s", "3h05m"], "{out}");
+    }
 
     #[test]
     fn sources_are_a_line_per_listener_then_rows() {

@@ -13,6 +13,7 @@ mod feedback;
 mod files;
 mod health;
 mod indent;
+mod nearest;
 mod per_source;
 mod position;
 mod problems;
@@ -31,6 +32,7 @@ pub use discover::{DiscoverConfig, DiscoverQuery};
 pub use error::{ConfigError, Diagnostic};
 pub use feedback::{AgentFeedback, FeedbackConfig, FeedbackSource, PuppetFeedback};
 pub(crate) use files::describe_file_type;
+pub use nearest::nearest;
 pub use per_source::PerSource;
 pub use proxy_accept::{IpNet, ProxyAccept};
 
@@ -274,6 +276,17 @@ pub enum Balance {
     Source,
 }
 
+/// `on_marked_down:` — what a backend's health checks marking it down does to the
+/// connections it has open (HAProxy's `on-marked-down`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnMarkedDown {
+    /// They go on (the default: a failed check may be the check's own problem).
+    #[default]
+    Nothing,
+    /// They are closed (`shutdown-sessions`), for a backend down for good.
+    ShutdownSessions,
+}
+
 /// `failback:` — what happens when a primary comes back after a failover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failback {
@@ -404,6 +417,9 @@ pub struct BackendConfig {
     pub disabled: bool,
     /// The DNS name (`discover:`) this backend was found under; `None`: the file.
     pub from_dns: Option<String>,
+    /// The local address connections to it are made from, its own `source:`
+    /// (over the service's [`ServiceConfig::source`]; neither: the system's choice).
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// One service: listeners, routing names, algorithm, stickiness and backends.
@@ -452,6 +468,11 @@ pub struct ServiceConfig {
     pub relay: RelayMode,
     /// A recovered backend's weight ramps up over this period (zero: off).
     pub slow_start: Duration,
+    /// What marking a backend down does to its open connections.
+    pub on_marked_down: OnMarkedDown,
+    /// The local address connections to its backends are made from (`source:`;
+    /// a backend's own wins; `None`: the system's choice).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Config {

@@ -10,14 +10,13 @@ use std::path::Path;
 
 use serde_yaml::Value;
 
+use super::nearest::{distance, TYPO_DISTANCE};
 use super::position::{Pos, PositionIndex};
 use super::raw::RawConfig;
 use super::{ConfigError, Diagnostic};
 
 /// Most problems reported from one file; past this the rest is noise.
 const MAX_PROBLEMS: usize = 50;
-/// Edit distance up to which an unknown key is taken for a typo of a known one.
-const TYPO_DISTANCE: usize = 2;
 
 /// Tabs used as whitespace, all of them: YAML forbids them in indentation and the
 /// parser would report only the first, as "found character that cannot start any token".
@@ -318,22 +317,6 @@ fn backquoted(s: &str) -> Vec<String> {
         .step_by(2)
         .map(str::to_string)
         .collect()
-}
-
-/// Levenshtein distance (keys are short: the quadratic table is tiny).
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 /// serde's type and value messages, in crossbar's words.

@@ -197,6 +197,14 @@ pub(super) enum RawBalance {
     Source,
 }
 
+/// `on_marked_down:`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawOnMarkedDown {
+    None,
+    ShutdownSessions,
+}
+
 /// `failback:`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -228,6 +236,8 @@ pub(super) struct RawService {
     pub queue_size: Option<u64>,
     pub slow_start: Option<RawDuration>,
     pub relay: Option<RawRelay>,
+    pub on_marked_down: Option<RawOnMarkedDown>,
+    pub source: Option<String>,
     /// Absent: only `discover` supplies backends (validation wants one of the two).
     #[serde(default)]
     pub backends: Vec<RawBackend>,
@@ -377,6 +387,7 @@ pub(super) struct RawBackend {
     pub proxy_protocol: Option<RawProxyProtocol>,
     pub health: Option<RawHealth>,
     pub disabled: Option<bool>,
+    pub source: Option<String>,
 }
 
 /// A listen entry: `"10.0.0.1:8140"` or `{ address: ..., backlog: ..., ... }`.

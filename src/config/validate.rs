@@ -477,7 +477,7 @@ impl Checker<'_> {
             *n += 1;
             services.push(self.service(name, svc, tuning, listen));
         }
-        self.shared_listeners(&services);
+        self.shared_listeners(&mut services, list);
         self.state_files(&services);
         services
     }
@@ -501,16 +501,7 @@ impl Checker<'_> {
         if mode == Mode::Tcp && raw.on_non_tls.is_some() {
             self.err(&join(&p, "on_non_tls"), "applies only to `mode: tls`");
         }
-        let balance = match raw.balance {
-            None | Some(RawBalance::RoundRobin) => Balance::RoundRobin,
-            Some(RawBalance::LeastConn) => Balance::LeastConn,
-            Some(RawBalance::First) => Balance::First,
-            Some(RawBalance::Source) => Balance::Source,
-        };
-        let failback = match (raw.failback, balance) {
-            (Some(RawFailback::Manual), _) | (None, Balance::First) => Failback::Manual,
-            _ => Failback::Auto,
-        };
+        let (balance, failback) = balance_of(raw);
         let layer = TuningLayer {
             timeouts: raw.timeouts.as_ref(),
             keepalive: raw.keepalive.as_ref(),
@@ -535,20 +526,7 @@ impl Checker<'_> {
             default: raw.default.unwrap_or(false),
             balance,
             failback,
-            stick: self.stick(
-                raw.stick.as_ref(),
-                mode,
-                // Discovered primaries are not known yet: as many tries as allowed.
-                if raw.discover.is_some() {
-                    usize::MAX
-                } else {
-                    raw.backends
-                        .iter()
-                        .filter(|b| b.backup != Some(true))
-                        .count()
-                },
-                &join(&p, "stick"),
-            ),
+            stick: self.stick(raw.stick.as_ref(), mode, primaries(raw), &join(&p, "stick")),
             backends: self.backends(&raw.backends, raw.discover.is_some(), &tuning.health, &p),
             discover: raw
                 .discover
@@ -565,6 +543,29 @@ impl Checker<'_> {
             queue_size: tuning.queue_size,
             slow_start: tuning.slow_start,
             relay: tuning.relay,
+            on_marked_down: match raw.on_marked_down {
+                Some(RawOnMarkedDown::ShutdownSessions) => OnMarkedDown::ShutdownSessions,
+                None | Some(RawOnMarkedDown::None) => OnMarkedDown::Nothing,
+            },
+            source: raw
+                .source
+                .as_deref()
+                .and_then(|a| self.source_addr(a, &join(&p, "source"))),
+        }
+    }
+
+    /// `source:`: an IP address to bind before connecting to a backend.
+    fn source_addr(&mut self, s: &str, path: &str) -> Option<std::net::IpAddr> {
+        match s.parse::<std::net::IpAddr>() {
+            Ok(ip) => Some(ip.to_canonical()),
+            Err(_) => {
+                let msg = format!(
+                    "`{s}` is not an IP address (the local address connections to backends \
+                     are made from, e.g. 10.0.1.250)"
+                );
+                self.err(path, msg);
+                None
+            }
         }
     }
 
@@ -744,6 +745,10 @@ impl Checker<'_> {
             health: health.to_config(),
             disabled: raw.disabled.unwrap_or(false),
             from_dns: None,
+            source: raw
+                .source
+                .as_deref()
+                .and_then(|a| self.source_addr(a, &join(p, "source"))),
         })
     }
 }
@@ -758,4 +763,32 @@ struct TuningLayer<'a> {
     queue_size: Option<u64>,
     slow_start: Option<&'a RawDuration>,
     relay: Option<RawRelay>,
+}
+
+/// A service's balance algorithm and failback (`first` fails back by hand unless
+/// told otherwise; every other algorithm at once).
+fn balance_of(raw: &RawService) -> (Balance, Failback) {
+    let balance = match raw.balance {
+        None | Some(RawBalance::RoundRobin) => Balance::RoundRobin,
+        Some(RawBalance::LeastConn) => Balance::LeastConn,
+        Some(RawBalance::First) => Balance::First,
+        Some(RawBalance::Source) => Balance::Source,
+    };
+    let failback = match (raw.failback, balance) {
+        (Some(RawFailback::Manual), _) | (None, Balance::First) => Failback::Manual,
+        _ => Failback::Auto,
+    };
+    (balance, failback)
+}
+
+/// How many primary (non-backup) backends a service has, for its confirmation
+/// tries; discovered primaries are not known yet: as many tries as allowed.
+fn primaries(raw: &RawService) -> usize {
+    if raw.discover.is_some() {
+        return usize::MAX;
+    }
+    raw.backends
+        .iter()
+        .filter(|b| b.backup != Some(true))
+        .count()
 }

@@ -26,7 +26,7 @@ use super::upstream::{ClientWatch, Offer, Unopened};
 use crate::balance::Lease;
 use crate::config::StickOn;
 use crate::hello::{ClientHelloInfo, ServerWatcher};
-use crate::service::{Service, Shared};
+use crate::service::{ProcessWide, Service};
 
 /// Most bytes of one backend's answer held while waiting for its verdict: a TLS 1.2
 /// ServerHello plus a certificate chain (Puppet's is ~4 KiB, long chains ~16 KiB).
@@ -136,7 +136,7 @@ pub(super) struct Search<'a> {
     /// The client's side of opening backends (its hello, its address).
     pub offer: Offer<'a>,
     /// Process-wide state (the budget).
-    pub shared: &'a Shared,
+    pub shared: &'a ProcessWide,
     /// Backends already tried (and failed) for this connection.
     pub tried: Vec<usize>,
 }

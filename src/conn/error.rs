@@ -12,6 +12,9 @@ use crate::proxy_protocol::FrontError;
 /// Why a connection ended before or instead of a relay; knows the side at fault.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnError {
+    /// A PROXY header for the tier's own connection, then a close: its health check.
+    #[error("a PROXY LOCAL header and a close: the tier's health check")]
+    Probe,
     #[error("{0}")]
     Front(FrontError),
     #[error("{0}")]
@@ -39,6 +42,7 @@ impl ConnError {
     pub(crate) fn reason(&self) -> End {
         let with = |prefix, word| End { prefix, word };
         match self {
+            ConnError::Probe => End::word("probe"),
             ConnError::Front(e) => with("proxy_error:", e.reason()),
             ConnError::Source(r) => with("refused:", r.reason()),
             ConnError::Hello(e) => with("hello_error:", e.reason()),

@@ -23,11 +23,11 @@ use tokio::net::TcpStream;
 
 use crate::access_log::AccessLog;
 use crate::balance::Lease;
-use crate::connections::Opening;
 use crate::hello::{self, ClientHelloInfo, HelloError, HelloParse};
 use crate::listener::{Accepted, InheritedOptions};
+use crate::open_connections::Opening;
 use crate::proxy_protocol::{self, FrontError};
-use crate::service::{ListenerRoutes, Service, Shared};
+use crate::service::{ListenerRoutes, ProcessWide, Service};
 
 mod capped;
 mod confirm;
@@ -56,7 +56,7 @@ const HELLO_READ_CHUNK: usize = 4096;
 pub fn handle(
     acc: Accepted,
     routes: Arc<ListenerRoutes>,
-    shared: Arc<Shared>,
+    shared: Arc<ProcessWide>,
     listener: Arc<str>,
 ) -> impl std::future::Future<Output = ()> + Send {
     async move {
@@ -79,6 +79,12 @@ pub fn handle(
         };
         let failed = match conn.serve().await {
             Ok(()) => false,
+            // A tier's health check: counted, never an error or an INFO line.
+            Err(ConnError::Probe) => {
+                shared.metrics.proxy_probe(&listener);
+                tracing::debug!(target: "crossbar::access", peer = %acc.peer, %listener, "PROXY LOCAL probe");
+                return;
+            }
             Err(e) => {
                 if let ConnError::Front(f) = &e {
                     shared.metrics.proxy_refused(&listener, f.reason());
@@ -110,7 +116,7 @@ struct Conn<'a> {
     /// The listen address's routing (and its hello limits).
     routes: &'a ListenerRoutes,
     /// What all connections share (metrics, the confirmation budget, shutdown).
-    shared: &'a Shared,
+    shared: &'a ProcessWide,
     /// The access-log line, filled in as the steps go.
     log: AccessLog,
     /// The SNI the client sent (moved out of the hello: routing, the upstream's
@@ -163,9 +169,10 @@ impl Conn<'_> {
         // The hello buffer is not needed for the rest of a possibly hours-long connection.
         drop(buf);
         let open = (replayed, pending.len() as u64, hello.is_some());
-        let listed =
-            svc.connections
-                .open(Opening::new(self.peer, &backend.name, self.started, open));
+        use std::os::fd::AsRawFd;
+        let opening = Opening::new(self.peer, &backend.name, self.started, open)
+            .with_sockets(self.client.as_raw_fd(), server.as_raw_fd());
+        let listed = svc.connections.open(opening);
         let watched = (hello.as_ref(), client_ip, pending.as_slice());
         let hard_stop = &self.shared.hard_stop;
         let (stats, handshake) = watched::relay_watched(
@@ -178,8 +185,13 @@ impl Conn<'_> {
         .await?;
         // The relay leaves the second FIN to close(2): nothing awaits from here until
         // both sockets are dropped (the client's with `self`, after the log line).
+        // No kill touches them once they may close.
+        listed.conn().release_sockets();
         drop(server);
         watched::record_relay(&mut self.log, &stats, handshake, replayed, &svc, &backend);
+        if listed.conn().was_killed() {
+            self.log.end = crate::access_log::End::word("killed");
+        }
         self.log.s2c += pending.len() as u64;
         let elapsed = self.started.elapsed().as_secs_f64();
         svc.metrics.duration.observe(elapsed);
@@ -199,6 +211,9 @@ impl Conn<'_> {
         let f = proxy_protocol::read_front(&mut self.client, self.peer, policy, buf, deadline)
             .await
             .map_err(ConnError::Front)?;
+        if f.own && buf.is_empty() && closes_before_a_byte(&mut self.client, buf, deadline).await {
+            return Err(ConnError::Probe);
+        }
         if f.via.is_some() {
             self.log.proxied = Some(f.client);
         }
@@ -375,6 +390,26 @@ async fn begins_with_header(
         proxy_protocol::header_signature(b)
     });
     decided.await.unwrap_or(true)
+}
+
+/// After a header describing the tier's own connection (PROXY v2 LOCAL), does the
+/// tier close (or reset) before sending a byte? That is its health check
+/// (HAProxy's `check-send-proxy`), a probe. Waits by the hello's `deadline`; a byte
+/// read stays in `buf` for the hello, a stall is left to the hello's timeout.
+async fn closes_before_a_byte(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let cap = Cap {
+        bytes: HELLO_READ_CHUNK,
+        chunk: HELLO_READ_CHUNK,
+        deadline,
+    };
+    let first = read_until(stream, buf, cap, std::future::pending(), |b, _| {
+        (!b.is_empty()).then_some(())
+    });
+    matches!(first.await, Err(Short::Closed))
 }
 
 /// Read until a complete ClientHello (or a reason to give up), by `deadline` and

@@ -109,8 +109,12 @@ impl Offer<'_> {
     async fn reach(&self, b: &Backend, answer: Option<Duration>) -> Result<TcpStream, Unopened> {
         let svc = self.svc;
         let started = Instant::now();
-        let mut server = match dial::connect_to(&b.config.address, svc.config.timeouts.connect)
-            .await
+        let mut server = match dial::connect_to(
+            &b.config.address,
+            svc.config.timeouts.connect,
+            b.config.source.or(svc.config.source),
+        )
+        .await
         {
             Ok(s) => s,
             Err(e) => {

@@ -10,8 +10,8 @@ use tokio::net::TcpStream;
 use super::error::ConnError;
 use crate::access_log::{AccessLog, End};
 use crate::balance::Backend;
-use crate::connections::OpenConn;
 use crate::hello::{ClientHelloInfo, ServerHandshake, ServerWatcher};
+use crate::open_connections::OpenConn;
 use crate::relay::{self, ClientHook, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::Service;
 use crate::stick::LearnWhen;
@@ -76,25 +76,7 @@ pub(super) async fn relay_watched(
             }),
         })
     });
-    if !pending.is_empty() {
-        stream
-            .write_all(pending)
-            .await
-            .map_err(|_| ConnError::ClientGone)?;
-        backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
-        if let Some(w) = watch.as_mut() {
-            if w.watcher.feed(pending) && w.on_client.is_some() {
-                // Done; the relay still runs `on_client` (the done watcher passes
-                // the server's next bytes straight to a no-op).
-                let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
-                on_handshake(w.watcher.info());
-            } else if w.watcher.is_done() {
-                if let Some(w) = watch.take() {
-                    (w.on_handshake)(w.watcher.info());
-                }
-            }
-        }
-    }
+    replay_pending(stream, pending, backend, &mut watch).await?;
     let counters = RelayCounters {
         c2s: &backend.metrics.bytes_c2s,
         s2c: &backend.metrics.bytes_s2c,
@@ -115,6 +97,37 @@ pub(super) async fn relay_watched(
     )
     .await;
     Ok((stats, handshake))
+}
+
+/// Answer bytes read while confirming the placement (`pending`) reach the client
+/// first, counted, and pass through the watcher, which may finish on them.
+async fn replay_pending(
+    stream: &mut TcpStream,
+    pending: &[u8],
+    backend: &Backend,
+    watch: &mut Option<Box<Watch<'_>>>,
+) -> Result<(), ConnError> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    stream
+        .write_all(pending)
+        .await
+        .map_err(|_| ConnError::ClientGone)?;
+    backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
+    if let Some(w) = watch.as_mut() {
+        if w.watcher.feed(pending) && w.on_client.is_some() {
+            // Done; the relay still runs `on_client` (the done watcher passes
+            // the server's next bytes straight to a no-op).
+            let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
+            on_handshake(w.watcher.info());
+        } else if w.watcher.is_done() {
+            if let Some(w) = watch.take() {
+                (w.on_handshake)(w.watcher.info());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a connection is in proving its handshake ([`crate::stick::learn_when`]):

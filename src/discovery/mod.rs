@@ -3,14 +3,14 @@
 //!
 //! DNS is an input like the config file. Each service with `discover` has one task
 //! (its own resolver, off the connection path) that looks the name up and, when the
-//! set of backends changes, has the server apply the running config again with the
-//! new set: the same transaction as a reload, so a backend present in both answers
-//! keeps its live state, counters and stick entries, a new one starts down until
-//! `rise` checks pass (then ramps over `slow_start`), and a vanished one drains:
-//! no new connections, its stick entries dropped, its open connections run to
-//! their end. A failed lookup (timeout, SERVFAIL, NXDOMAIN, no records) changes
-//! nothing: the last good set serves on, marked stale in the log, the metrics,
-//! the API and the status page.
+//! set of backends changes, sends the new set ([`DnsChange`]) to the reload task,
+//! which applies the running config again with it: the same transaction as a
+//! reload, so a backend present in both answers keeps its live state, counters and
+//! stick entries, a new one starts down until `rise` checks pass (then ramps over
+//! `slow_start`), and a vanished one drains: no new connections, its stick entries
+//! dropped, its open connections run to their end. A failed lookup (timeout,
+//! SERVFAIL, NXDOMAIN, no records) changes nothing: the last good set serves on,
+//! marked stale in the log, the metrics, the API and the status page.
 //!
 //! A reload keeps the set found so far when the service's `discover` settings are
 //! unchanged; changed ones are looked up once before the reload commits (and, if
@@ -19,11 +19,10 @@ mod resolve;
 mod status;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BackendConfig, Config, DiscoverConfig};
@@ -57,7 +56,7 @@ struct Entry {
 
 /// A first lookup made off to the side while a configuration is prepared, for a
 /// service whose `discover` is new or changed; installed by [`Registry::install`].
-pub(crate) struct Fresh {
+pub(crate) struct FirstLookup {
     service: String,
     config: DiscoverConfig,
     backends: Vec<BackendConfig>,
@@ -65,41 +64,47 @@ pub(crate) struct Fresh {
     next: Duration,
 }
 
+/// What a watcher sends when its name answers a new set of backends: the whole set,
+/// for the reload task to apply.
+#[derive(Debug)]
+pub(crate) struct DnsChange {
+    /// The service whose `discover` name it is.
+    pub service: String,
+    /// The `discover` settings the watcher was started for: a change from a watcher
+    /// that a reload has replaced since is dropped.
+    pub discover: DiscoverConfig,
+    /// Every backend of the new answer.
+    pub backends: Vec<BackendConfig>,
+}
+
 /// Every service's discovery: its settings, the backends of its last good answer
-/// and its status. The running server owns one.
+/// and its status. The reload task owns the one of the running config.
 #[derive(Default)]
 pub(crate) struct Registry {
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: HashMap<String, Entry>,
 }
 
 impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Look up, once each, the names of `config`'s services whose `discover` is new
     /// or changed. A failure keeps the running set of that service, if it has one.
     pub(crate) async fn first_lookups(
         &self,
         config: &Config,
         metrics: &DiscoveryMetrics,
-    ) -> Vec<Fresh> {
-        let todo: Vec<(String, DiscoverConfig, Vec<BackendConfig>)> = {
-            let entries = self.lock();
-            config
-                .services
-                .iter()
-                .filter_map(|sc| {
-                    let d = sc.discover.as_ref()?;
-                    let running = entries.get(&sc.name);
-                    if running.is_some_and(|e| &e.config == d) {
-                        return None;
-                    }
-                    let last = running.map(|e| e.backends.clone()).unwrap_or_default();
-                    Some((sc.name.clone(), d.clone(), last))
-                })
-                .collect()
-        };
+    ) -> Vec<FirstLookup> {
+        let todo: Vec<(String, DiscoverConfig, Vec<BackendConfig>)> = config
+            .services
+            .iter()
+            .filter_map(|sc| {
+                let d = sc.discover.as_ref()?;
+                let running = self.entries.get(&sc.name);
+                if running.is_some_and(|e| &e.config == d) {
+                    return None;
+                }
+                let last = running.map(|e| e.backends.clone()).unwrap_or_default();
+                Some((sc.name.clone(), d.clone(), last))
+            })
+            .collect();
         let mut out = Vec::new();
         for (service, cfg, last) in todo {
             let status = Arc::new(DiscoveryStatus::new(&service, &cfg.query, metrics));
@@ -118,7 +123,7 @@ impl Registry {
                     (kept, next)
                 }
             };
-            out.push(Fresh {
+            out.push(FirstLookup {
                 service,
                 config: cfg,
                 backends,
@@ -131,14 +136,13 @@ impl Registry {
 
     /// Put the discovered backends into `config`: each service's file backends,
     /// then those of its discovery in force (or of `fresh`). File names win a clash.
-    pub(crate) fn expand(&self, config: &mut Config, fresh: &[Fresh]) {
-        let entries = self.lock();
+    pub(crate) fn expand(&self, config: &mut Config, fresh: &[FirstLookup]) {
         for sc in &mut config.services {
             sc.backends.retain(|b| b.from_dns.is_none());
             let Some(d) = &sc.discover else { continue };
             let found = match fresh.iter().find(|f| f.service == sc.name) {
                 Some(f) => &f.backends,
-                None => match entries.get(&sc.name).filter(|e| &e.config == d) {
+                None => match self.entries.get(&sc.name).filter(|e| &e.config == d) {
                     Some(e) => &e.backends,
                     None => continue,
                 },
@@ -153,47 +157,43 @@ impl Registry {
         }
     }
 
-    /// Make `fresh` the discoveries in force (starting their watchers with `spawn`)
-    /// and end those of services that no longer have a `discover`.
-    pub(crate) fn install(
-        &self,
+    /// Make `fresh` the discoveries in force, starting their watchers (which send
+    /// their changes to `requests`), and end those of services that no longer have a
+    /// `discover`.
+    pub(crate) fn install<R>(
+        &mut self,
         config: &Config,
-        fresh: Vec<Fresh>,
-        spawn: impl Fn(
-            &str,
-            &DiscoverConfig,
-            Arc<DiscoveryStatus>,
-            Vec<BackendConfig>,
-            Duration,
-            CancellationToken,
-        ),
-    ) {
-        let mut entries = self.lock();
+        fresh: Vec<FirstLookup>,
+        requests: &mpsc::Sender<R>,
+    ) where
+        R: From<DnsChange> + Send + 'static,
+    {
         for f in fresh {
             let stop = CancellationToken::new();
             let f_name = f.config.query.name().to_string();
-            spawn(
-                &f.service,
-                &f.config,
-                f.status.clone(),
-                f.backends.clone(),
-                f.next,
-                stop.clone(),
-            );
+            let watcher = Watcher {
+                service: f.service.clone(),
+                config: f.config.clone(),
+                status: f.status.clone(),
+                last: f.backends.clone(),
+                first_wait: f.next,
+                stop: stop.clone(),
+            };
+            tokio::spawn(watcher.watch(requests.clone()));
             let new = Entry {
                 config: f.config,
                 backends: f.backends,
                 status: f.status,
                 stop,
             };
-            if let Some(old) = entries.insert(f.service, new) {
+            if let Some(old) = self.entries.insert(f.service, new) {
                 old.stop.cancel();
                 if old.config.query.name() != f_name {
                     old.status.retire();
                 }
             }
         }
-        entries.retain(|name, e| {
+        self.entries.retain(|name, e| {
             let keep = config
                 .service(name)
                 .and_then(|s| s.discover.as_ref())
@@ -208,19 +208,16 @@ impl Registry {
 
     /// The status of a service's discovery, if it has one.
     pub(crate) fn status(&self, service: &str) -> Option<Arc<DiscoveryStatus>> {
-        self.lock().get(service).map(|e| e.status.clone())
+        self.entries.get(service).map(|e| e.status.clone())
     }
 
-    /// A watcher's new set: stored if its discovery is still the one in force.
-    pub(crate) fn update(
-        &self,
-        service: &str,
-        cfg: &DiscoverConfig,
-        backends: Vec<BackendConfig>,
-    ) -> bool {
-        match self.lock().get_mut(service) {
-            Some(e) if &e.config == cfg => {
-                e.backends = backends;
+    /// A watcher's new set: stored if its discovery is still the one in force and
+    /// the set differs from the stored one; says whether it was stored (whether the
+    /// running config has something to apply).
+    pub(crate) fn update(&mut self, change: DnsChange) -> bool {
+        match self.entries.get_mut(&change.service) {
+            Some(e) if e.config == change.discover && e.backends != change.backends => {
+                e.backends = change.backends;
                 true
             }
             _ => false,
@@ -229,7 +226,7 @@ impl Registry {
 
     /// Stop every watcher (shutdown).
     pub(crate) fn stop_all(&self) {
-        for e in self.lock().values() {
+        for e in self.entries.values() {
             e.stop.cancel();
         }
     }
@@ -275,52 +272,64 @@ fn log_failure(service: &str, cfg: &DiscoverConfig, e: &LookupError, kept: usize
     );
 }
 
-/// What a watcher calls with a changed set (the server applies it).
-pub(crate) type OnChange =
-    Box<dyn Fn(Vec<BackendConfig>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
-
-/// A service's watcher: look the name up again when the last answer's TTL
-/// (clamped) runs out, sooner after a failure; hand a changed set to `changed`.
-pub(crate) async fn watch(
+/// One service's watcher: what it looks up, what it found last, when to look again.
+struct Watcher {
     service: String,
-    cfg: DiscoverConfig,
+    config: DiscoverConfig,
     status: Arc<DiscoveryStatus>,
-    mut last: Vec<BackendConfig>,
-    mut wait: Duration,
+    last: Vec<BackendConfig>,
+    /// Until the first lookup (the first answer's TTL, clamped).
+    first_wait: Duration,
     stop: CancellationToken,
-    changed: OnChange,
-) {
-    let resolver = match resolver(&cfg) {
-        Ok(r) => r,
-        Err(e) => {
-            log_failure(&service, &cfg, &e, last.len());
-            status.failed(&e, Duration::ZERO);
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(wait) => {}
-        }
-        let result = tokio::select! {
-            () = stop.cancelled() => return,
-            r = lookup(&resolver, &cfg) => r,
-        };
-        match result {
-            Ok(a) => {
-                wait = next_lookup(&cfg, a.ttl);
-                status.resolved(a.backends.len(), a.dropped, wait);
-                if a.backends != last {
-                    log_answer(&service, &cfg, &a, wait);
-                    last = a.backends;
-                    changed(last.clone()).await;
-                }
-            }
+}
+
+impl Watcher {
+    /// Look the name up again when the last answer's TTL (clamped) runs out, sooner
+    /// after a failure; send a changed set to `requests` (the reload task's channel).
+    /// Ends at `stop`, or when the reload task is gone.
+    async fn watch<R: From<DnsChange>>(mut self, requests: mpsc::Sender<R>) {
+        let (service, cfg) = (&self.service, &self.config);
+        let resolver = match resolver(cfg) {
+            Ok(r) => r,
             Err(e) => {
-                wait = retry_after(&cfg);
-                log_failure(&service, &cfg, &e, last.len());
-                status.failed(&e, wait);
+                log_failure(service, cfg, &e, self.last.len());
+                self.status.failed(&e, Duration::ZERO);
+                return;
+            }
+        };
+        let mut wait = self.first_wait;
+        loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            let result = tokio::select! {
+                () = self.stop.cancelled() => return,
+                r = lookup(&resolver, cfg) => r,
+            };
+            match result {
+                Ok(a) => {
+                    wait = next_lookup(cfg, a.ttl);
+                    self.status.resolved(a.backends.len(), a.dropped, wait);
+                    if a.backends == self.last {
+                        continue;
+                    }
+                    log_answer(service, cfg, &a, wait);
+                    self.last = a.backends;
+                    let change = DnsChange {
+                        service: service.clone(),
+                        discover: cfg.clone(),
+                        backends: self.last.clone(),
+                    };
+                    if requests.send(R::from(change)).await.is_err() {
+                        return; // the reload task ended: shutting down
+                    }
+                }
+                Err(e) => {
+                    wait = retry_after(cfg);
+                    log_failure(service, cfg, &e, self.last.len());
+                    self.status.failed(&e, wait);
+                }
             }
         }
     }

@@ -217,6 +217,7 @@ fn backend(
         health: cfg.health.clone(),
         disabled: false,
         from_dns: Some(from.to_string()),
+        source: None,
     }
 }
 

@@ -40,7 +40,7 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
                 add(sev, Some(&b.backend), msg);
             }
             if !none_pass {
-                for (sev, msg) in check_findings(b) {
+                for (sev, msg) in check_findings(svc, b) {
                     add(sev, Some(&b.backend), msg);
                 }
             }
@@ -50,6 +50,7 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
         }
         for (sev, msg) in issuers(&mine)
             .into_iter()
+            .chain(shared_expiry(&mine))
             .chain(ca_certificates(svc, &mine))
         {
             add(sev, None, msg);
@@ -86,11 +87,27 @@ fn all_fail(service: &str, backends: &[&BackendReport]) -> String {
     )
 }
 
-/// One backend's failed or slow check (when others of its service pass).
-fn check_findings(b: &BackendReport) -> Vec<(Severity, String)> {
+/// One backend's failed or slow check (when others of its service pass). A check
+/// that fails on a name agents dial which the certificate lacks has the cause and
+/// the fix of that name's error: said as the same cause, the fix once.
+fn check_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, String)> {
     let c = &b.inspection.check;
     if b.inspection.unreachable.is_some() {
         return Vec::new(); // said already, as unreachable
+    }
+    let name = b.inspection.server_name.as_str();
+    let missing = b
+        .inspection
+        .chain
+        .first()
+        .is_some_and(|leaf| dialed_names(svc).contains(&name) && !leaf.covers(name));
+    if !c.passed && missing {
+        let msg = format!(
+            "its health check ({}) fails for the same cause, `{name}` missing from its \
+             certificate, so it stays down until the certificate is re-issued",
+            c.check
+        );
+        return vec![(Severity::Warning, msg)];
     }
     if !c.passed {
         let why = c.reason.as_deref().unwrap_or("failed");
@@ -149,7 +166,9 @@ fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, St
     let Some(leaf) = seen.chain.first() else {
         return vec![(Severity::Error, "presented no certificate".into())];
     };
-    for c in &seen.chain {
+    // The leaf is this backend's own; the rest of the chain (the CA) is shared by
+    // the service's backends and said once for them ([`shared_expiry`]).
+    for c in seen.chain.iter().take(1) {
         if c.days_left < 0 {
             let msg = format!("certificate {} expired on {}", c.subject, c.not_after);
             out.push((Severity::Error, msg));
@@ -238,6 +257,43 @@ fn no_ca_served(svc: &ServiceConfig, backends: &[&BackendReport]) -> Vec<(Severi
              it is not a CA, use `failback: auto`)"
         ),
     )]
+}
+
+/// Expired or expiring certificates of the backends' chains above their leaves
+/// (the Puppet CA every compiler serves): one finding per certificate, naming the
+/// backends that serve it, not one per backend.
+fn shared_expiry(backends: &[&BackendReport]) -> Vec<(Severity, String)> {
+    // (certificate, its servers), in the order first seen
+    let mut seen: Vec<(&super::CertInfo, Vec<&str>)> = Vec::new();
+    for b in backends {
+        for c in b.inspection.chain.iter().skip(1) {
+            let same = |s: &&mut (&super::CertInfo, Vec<&str>)| {
+                s.0.subject == c.subject && s.0.serial == c.serial
+            };
+            match seen.iter_mut().find(|s| same(s)) {
+                Some((_, servers)) => servers.push(&b.backend),
+                None => seen.push((c, vec![&b.backend])),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (c, servers) in seen {
+        let by = servers.join(", ");
+        if c.days_left < 0 {
+            let msg = format!(
+                "certificate {} expired on {} (served by {by})",
+                c.subject, c.not_after
+            );
+            out.push((Severity::Error, msg));
+        } else if c.days_left < EXPIRY_WARNING_DAYS {
+            let msg = format!(
+                "certificate {} expires in {} days ({}): renew it (served by {by})",
+                c.subject, c.days_left, c.not_after
+            );
+            out.push((Severity::Warning, msg));
+        }
+    }
+    out
 }
 
 /// Backends of one service whose leaf certificates come from different CAs.

@@ -238,7 +238,7 @@ impl Poller {
     /// Connect to the agent, send `send`, read one line (at most [`MAX_ANSWER`]
     /// bytes) or what comes before the agent closes.
     async fn agent(&mut self, send: Option<&str>) -> Result<Reading, FeedbackError> {
-        let mut tcp = dial::connect_to(&self.address, self.timeout)
+        let mut tcp = dial::connect_to(&self.address, self.timeout, None)
             .await
             .map_err(FeedbackError::Connect)?;
         if let Some(s) = send {

@@ -116,29 +116,55 @@ fn wrong_name(cx: &Context<'_>, leaf: Option<&CertInfo>) -> String {
     } else {
         leaf.sans.join(", ")
     };
-    let suggest = cx
-        .dialed
-        .iter()
-        .find(|n| leaf.covers(n))
-        .map(|n| n.to_string())
-        .or_else(|| {
-            leaf.sans
-                .iter()
-                .find_map(|s| s.strip_prefix("DNS:"))
-                .filter(|n| !n.starts_with('*'))
-                .map(str::to_string)
-        });
-    let fix = match suggest {
-        Some(n) => format!("Fix: set `health.server_name: {n}` (a name the certificate carries)"),
-        None => "Fix: set `health.server_name` to a name the certificate carries, or re-issue \
-                 the certificate with this name"
-            .to_string(),
-    };
     format!(
         "the check verifies the certificate {} against `{checked}` (from {why}), but the \
-         certificate's names are {has}. {fix}",
-        leaf.subject
+         certificate's names are {has}. {}",
+        leaf.subject,
+        name_fix(cx, leaf, &checked)
     )
+}
+
+/// The one fix for a certificate not valid for the name `checked`. A name agents
+/// dial (from `server_names`, or listed in `names`) missing from the certificate is
+/// the certificate's fault: re-issue it with the name, never check another name
+/// (that would make the check pass while agents fail). Otherwise the check uses a
+/// name agents don't dial: point `health.server_name` at one the certificate
+/// carries.
+fn name_fix(cx: &Context<'_>, leaf: &CertInfo, checked: &str) -> String {
+    let dialed = cx.source == NameSource::ServerNames || cx.dialed.contains(&checked);
+    if dialed {
+        return format!(
+            "Fix: add `{checked}` to `dns_alt_names` in this master's puppet.conf and \
+             re-issue its certificate (signed with allow-subject-alt-names)"
+        );
+    }
+    if let Some(n) = cx.dialed.iter().find(|n| leaf.covers(n)) {
+        return format!(
+            "Fix: set `health.server_name: {n}` (a name agents dial that the certificate carries)"
+        );
+    }
+    if !cx.dialed.is_empty() {
+        return format!(
+            "Fix: re-issue the certificate with the names agents dial ({}: \
+             `dns_alt_names` in this master's puppet.conf) and set `health.server_name` \
+             to one of them",
+            cx.dialed.join(", ")
+        );
+    }
+    match leaf
+        .sans
+        .iter()
+        .find_map(|s| s.strip_prefix("DNS:"))
+        .filter(|n| !n.starts_with('*'))
+    {
+        Some(n) => format!(
+            "Fix: list the names agents dial under `names:`; if they dial `{n}`, set \
+             `health.server_name: {n}`"
+        ),
+        None => "Fix: re-issue the certificate with the names agents dial \
+                 (`dns_alt_names`), and set `health.server_name` to one of them"
+            .to_string(),
+    }
 }
 
 /// The names agents may dial for `svc`: exact `server_names`, then `names` (a

@@ -3,7 +3,7 @@
 use std::io;
 
 use crate::balance::Backend;
-use crate::config::{CheckKind, Failback};
+use crate::config::{CheckKind, Failback, OnMarkedDown};
 use crate::service::Service;
 
 /// What a result did to a backend.
@@ -63,7 +63,18 @@ pub(super) fn observe_and_log(
     let (service, backend) = (svc.name(), &*b.name);
     match observe(svc, b, ok) {
         None => {}
-        Some(Flip::Down) => tracing::warn!(service, backend, reason = %reason, "backend down"),
+        Some(Flip::Down) => {
+            tracing::warn!(service, backend, reason = %reason, "backend down");
+            if svc.config.on_marked_down == OnMarkedDown::ShutdownSessions {
+                let closed = svc.connections.kill(|c| *c.backend == *b.name).len();
+                tracing::warn!(
+                    service,
+                    backend,
+                    closed,
+                    "backend down: its connections closed (on_marked_down: shutdown-sessions)"
+                );
+            }
+        }
         Some(Flip::Up) => tracing::info!(service, backend, reason = %reason, "backend up"),
         Some(Flip::Standby) => tracing::info!(
             service,

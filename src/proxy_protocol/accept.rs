@@ -20,6 +20,9 @@ pub struct Front {
     pub client: SocketAddr,
     /// The tier the connection came through (the TCP peer), when a header was read.
     pub via: Option<SocketAddr>,
+    /// The header described the tier's own connection (v2 LOCAL or UNSPEC, v1
+    /// UNKNOWN): followed by a close, it is the tier's health check (a probe).
+    pub own: bool,
 }
 
 /// Why a connection was ended at its front; each has its own reason.
@@ -75,6 +78,7 @@ pub async fn read_front<S: AsyncRead + Unpin>(
     let direct = Front {
         client: peer,
         via: None,
+        own: false,
     };
     let Some(policy) = policy.filter(|p| p.trusts(peer.ip())) else {
         return Ok(direct);
@@ -86,6 +90,7 @@ pub async fn read_front<S: AsyncRead + Unpin>(
                 return Ok(Front {
                     client: h.source.unwrap_or(peer),
                     via: Some(peer),
+                    own: h.source.is_none(),
                 });
             }
             ProxyParse::Invalid(ProxyError::Missing) if !policy.required => return Ok(direct),

@@ -146,6 +146,8 @@ pub struct EntryView {
     pub age: Duration,
     /// Time until it expires unless used.
     pub expires_in: Duration,
+    /// A source entry's client prefix (`10.2.0.17/32`), when it is known.
+    pub client: Option<String>,
 }
 
 /// Counters of one table (read by the metrics collector at scrape time).

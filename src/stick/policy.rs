@@ -174,7 +174,14 @@ impl Sticking<'_> {
     pub fn learn_connect(&self, ip: IpAddr, backend: &str) {
         if self.sticks_on(StickOn::Source) {
             self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+            self.note_client(ip);
         }
+    }
+
+    /// Keep the client prefix of `ip`'s source entry, for `table show`.
+    fn note_client(&self, ip: IpAddr) {
+        let (key, prefix) = source_key(self.table, self.config, ip);
+        self.table.note_client(key.hash, prefix);
     }
 
     /// The client at `ip` completed its side of a handshake with `backend`
@@ -185,10 +192,12 @@ impl Sticking<'_> {
     pub fn learn_source(&self, hs: &ServerHandshake, ip: IpAddr, backend: &str) {
         if self.sticks_on(StickOn::Source) {
             self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+            self.note_client(ip);
         } else if hs.resumed == Some(false) {
             let key = self.table.key(KeyKind::Source, &self.source_bytes(ip));
             self.table.learn_hint(key, backend);
             self.metrics.learned(KeyKind::Source);
+            self.note_client(ip);
         }
     }
 

@@ -67,6 +67,10 @@ pub struct StickTable {
     pub(super) clock_offset: AtomicU32,
     pub(super) expired: AtomicU64,
     pub(super) evicted: AtomicU64,
+    /// The client prefix of each source entry (`10.2.0.17/32`), for `table show`:
+    /// the entry itself keeps only its key's hash. At most `size` of them; those of
+    /// entries gone are swept with the expired entries. Not saved in a state file.
+    pub(super) clients: DashMap<u64, Box<str>, BuildHasherDefault<PassThrough>>,
 }
 
 impl std::fmt::Debug for StickTable {
@@ -105,6 +109,7 @@ impl StickTable {
             clock_offset: AtomicU32::new(0),
             expired: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            clients: DashMap::default(),
         }
     }
 
@@ -241,6 +246,7 @@ impl StickTable {
         let now = self.now();
         let removed = self.remove_where(|e| e.idle(now) > self.ttl_of(e.kind));
         self.expired.fetch_add(removed as u64, Relaxed);
+        self.clients.retain(|hash, _| self.map.contains_key(hash));
         let records: usize = (0..self.queues.len())
             .map(|q| self.lock_queue_at(q).records.len())
             .sum();
@@ -270,6 +276,20 @@ impl StickTable {
         for queue in &mut queues {
             queue.records = VecDeque::new();
         }
+        self.clients.clear();
+    }
+
+    /// Keep the client prefix (`10.2.0.17/32`) of the source entry `hash`, for
+    /// `table show`; while `size` are kept, a new one is not.
+    pub fn note_client(&self, hash: u64, prefix: String) {
+        if self.clients.len() < self.params.size || self.clients.contains_key(&hash) {
+            self.clients.insert(hash, prefix.into_boxed_str());
+        }
+    }
+
+    /// The client prefix kept for the source entry `hash`, if any.
+    fn client_of(&self, hash: u64) -> Option<String> {
+        self.clients.get(&hash).map(|c| c.to_string())
     }
 
     /// Counters for metrics.
@@ -331,6 +351,7 @@ impl StickTable {
                         },
                         age: secs(now.saturating_sub(learned)),
                         expires_in: secs(ttl.saturating_sub(now.saturating_sub(last_used))),
+                        client: self.client_of(hash),
                     })
                 },
             )
@@ -354,11 +375,14 @@ impl StickTable {
         let now = self.now();
         let (_, e) = self.map.remove(&hash)?;
         self.count.fetch_sub(1, Relaxed);
+        let client = self.clients.remove(&hash);
         if e.idle(now) > self.ttl_of(e.kind) {
             self.expired.fetch_add(1, Relaxed);
             return None;
         }
-        self.view(now, hash, &e)
+        let mut view = self.view(now, hash, &e)?;
+        view.client = client.map(|(_, c)| c.to_string());
+        Some(view)
     }
 
     /// An entry as the admin API shows it.
@@ -375,6 +399,7 @@ impl StickTable {
             },
             age: secs(now.saturating_sub(e.learned)),
             expires_in: secs(ttl.saturating_sub(now.saturating_sub(last_used))),
+            client: self.client_of(hash),
         })
     }
 

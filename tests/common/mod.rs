@@ -46,7 +46,7 @@ use crossbar::admin;
 use crossbar::balance;
 use crossbar::config::Config;
 use crossbar::metrics::Metrics;
-use crossbar::server::{Server, ServerError};
+use crossbar::server::{ApplyError, Server};
 use crossbar::testbed::{self, BackendTls, TestCa, TlsBackend};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -136,7 +136,7 @@ impl Crossbar {
 
     /// Load `yaml` and try to start a server, for tests of start-up errors and for
     /// callers that report the error themselves.
-    pub async fn try_start(yaml: &str) -> Result<Crossbar, ServerError> {
+    pub async fn try_start(yaml: &str) -> Result<Crossbar, ApplyError> {
         let dir = tempfile::tempdir().expect("temp dir");
         let cfg = load_config(dir.path(), yaml);
         let path = cfg.source.clone();

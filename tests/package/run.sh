@@ -61,10 +61,13 @@ sub=$(MANWIDTH=80 man -P cat crossbar-reload 2>&1) || fail "man crossbar-reload:
 grep -q -- "--config" <<<"$sub" || fail "man crossbar-reload: $sub"
 step "man crossbar renders ($(wc -l <<<"$man_text") lines)"
 
-# The bash completion offers the subcommands.
+# The bash completion offers the subcommands: the function the installed script
+# registers for `crossbar` (complete -p names it), called as bash would at a TAB.
 words=$(bash -c 'source /usr/share/bash-completion/completions/crossbar
+    fn=$(complete -p crossbar | sed -n "s/.* -F \([^ ]*\) .*/\1/p")
+    [ -n "$fn" ] || { echo "no completion function registered for crossbar"; exit 0; }
     COMP_WORDS=(crossbar re); COMP_CWORD=1; COMP_LINE="crossbar re"; COMP_POINT=${#COMP_LINE}
-    _crossbar crossbar re crossbar; echo "${COMPREPLY[@]}"')
+    "$fn" crossbar re crossbar; echo "${COMPREPLY[@]}"')
 grep -qw reload <<<"$words" || fail "bash completion of 're': '$words'"
 step "bash completion: 'crossbar re<TAB>' -> $words"
 

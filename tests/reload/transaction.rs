@@ -35,7 +35,9 @@ impl Running {
     }
 
     /// Start with the config file in `dir`, logging to `stderr`. Ready when the admin
-    /// endpoint answers: it is served only once every listen address is bound.
+    /// endpoint answers a request: it is served only once the start committed (every
+    /// listen address bound, every stick table loaded). Its socket accepts earlier
+    /// (it is bound first), so a connect alone says nothing about the start.
     async fn start_in(
         dir: tempfile::TempDir,
         yaml: impl Fn(SocketAddr, SocketAddr) -> String,
@@ -46,6 +48,7 @@ impl Running {
         std::fs::write(&file, yaml(admin, listen)).unwrap();
         let proc = crossbar_run(&file, None, stderr);
         wait_listening(admin).await;
+        admin_get(admin, "/healthz").await;
         Running {
             proc,
             file,
@@ -504,4 +507,40 @@ fn ignoring_fifo(log: &Path, state: &Path) -> usize {
         p = state.display()
     );
     text.matches(&said).count()
+}
+
+/// Once shutdown has begun, the reload task takes no more requests: a reload is
+/// answered "shutting down" and the running config stays as it was, while the
+/// drain waits for the connection still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_once_shutdown_began_changes_nothing() {
+    use crossbar::server::ApplyError;
+    let (a, b) = (
+        Backend::echo("a", false).await,
+        Backend::echo("b", false).await,
+    );
+    let yaml = |lines: &[String]| one_service("    mode: tcp\n", lines);
+    let cb = Crossbar::start(&yaml(&[backend_line("a", a.addr, "")])).await;
+    let mut held = TcpStream::connect(cb.addr("svc")).await.unwrap();
+    exchange_one(&mut held).await;
+    let server = cb.server.clone();
+    let drain = tokio::spawn(async move { server.shutdown(WAIT).await });
+    wait_until("shutdown began", || cb.is_draining()).await;
+
+    let both = yaml(&[backend_line("a", a.addr, ""), backend_line("b", b.addr, "")]);
+    let config = load_config(cb.dir(), &both);
+    let err = cb
+        .server
+        .reload(config)
+        .await
+        .expect_err("a reload while draining");
+    assert!(matches!(err, ApplyError::ShuttingDown), "{err}");
+    assert!(err.to_string().contains("shutting down"), "{err}");
+    assert_eq!(cb.config().services[0].backends.len(), 1);
+    assert!(cb.service("svc").unwrap().pool.get("b").is_none());
+
+    exchange_one(&mut held).await;
+    drop(held);
+    let cut = within("the drain", drain).await.unwrap();
+    assert_eq!(cut, 0, "the open connection ended by itself");
 }

@@ -186,6 +186,32 @@ pub struct BackendView {
     pub last_check: Option<CheckView>,
     /// TLS handshakes through it.
     pub handshakes: Handshakes,
+    /// Its slow-start ramp while one is under way (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<RampView>,
+}
+
+/// A slow-start ramp under way: a recovered backend takes new connections in
+/// proportion to how far along it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RampView {
+    /// How far along, in percent of its weight (0..=99).
+    pub percent: u8,
+    /// Seconds of the ramp left.
+    pub seconds_left: u64,
+    /// The whole ramp (`slow_start`), in seconds.
+    pub seconds_total: u64,
+}
+
+impl RampView {
+    /// The ramp in words, as the page and the CLI say it: `ramp 40%, 12s left`.
+    pub fn text(&self) -> String {
+        format!(
+            "ramp {}%, {} left",
+            self.percent,
+            crate::admin::human::human_secs(self.seconds_left)
+        )
+    }
 }
 
 impl Default for BackendView {
@@ -216,6 +242,7 @@ impl Default for BackendView {
             check_failures: 0,
             last_check: None,
             handshakes: Handshakes::default(),
+            slow_start: None,
         }
     }
 }

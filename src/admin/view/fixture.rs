@@ -70,6 +70,7 @@ pub fn everything() -> ServicesView {
     ServicesView {
         crossbar: process(),
         services: vec![compilers(), ca(), db()],
+        per_source: sources().listeners,
     }
 }
 
@@ -211,6 +212,11 @@ fn ca() -> ServiceView {
                 BackendView {
                     backup: true,
                     check: CheckKind::Tcp,
+                    slow_start: Some(RampView {
+                        percent: 40,
+                        seconds_left: 36,
+                        seconds_total: 60,
+                    }),
                     ..backend("ca2", BackendState::Up)
                 },
             ],

@@ -18,7 +18,7 @@ mod traffic;
 
 pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
-    BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep,
+    BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
 };
 pub use feedback::{
     FeedbackKind, FeedbackPhase, FeedbackSample, FeedbackSettings, FeedbackView, WeightOrigin,
@@ -29,8 +29,8 @@ pub use services::{
 };
 pub use tables::{DeleteView, EntryView, FlushView, Lookup, TableView};
 pub use traffic::{
-    ConnState, ConnectionView, ConnectionsView, ListenerSourcesView, SourceLimitsView, SourceView,
-    SourcesView,
+    ConnState, ConnectionView, ConnectionsView, KilledView, ListenerSourcesView, SourceLimitsView,
+    SourceView, SourcesView,
 };
 
 #[cfg(test)]
@@ -69,6 +69,7 @@ mod tests {
             limit: 100,
             total: 2,
             connections: vec![ConnectionView {
+                id: 7,
                 service: "puppet".into(),
                 client: "[2001:db8::7]:51234".into(),
                 backend: "compile1".into(),
@@ -87,6 +88,7 @@ mod tests {
             backend: None,
             age_seconds: 640,
             expires_in_seconds: 1790,
+            client: None,
         };
         let table = TableView {
             service: "puppet".into(),
@@ -146,7 +148,7 @@ mod tests {
     #[test]
     fn documents_keep_their_field_names() {
         let v = round_trip(&everything());
-        assert_eq!(keys(&v), ["crossbar", "services"]);
+        assert_eq!(keys(&v), ["crossbar", "per_source", "services"]);
         let p = &v["crossbar"];
         assert_eq!(
             keys(p),

@@ -7,13 +7,20 @@ use serde::{Deserialize, Serialize};
 
 use super::{time, BackendState, BackendView, FeedbackSettings};
 
-/// `GET /api/services`: the process facts, then every service in config order.
+/// `GET /api/services`: the process facts, then every service in config order, then
+/// each listener with `per_source` limits and its busiest sources: everything the
+/// status page shows (`crossbar status --json` prints it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServicesView {
     /// Version, uptime, config file, last reload.
     pub crossbar: ProcessView,
     /// Every service, in config order.
     pub services: Vec<ServiceView>,
+    /// The listeners with `per_source` limits, each with its
+    /// [`crate::admin::page::PAGE_SOURCES`] sources with the most open connections
+    /// (`GET /api/sources` lists more). Absent from a crossbar before it: none.
+    #[serde(default)]
+    pub per_source: Vec<super::ListenerSourcesView>,
 }
 
 /// The running process: version, since when, which file, the last reload.

@@ -67,6 +67,11 @@ pub struct EntryView {
     pub age_seconds: u64,
     /// Seconds until it expires unless used.
     pub expires_in_seconds: u64,
+    /// A source entry's client prefix (`10.2.0.17/32`), when known (absent for
+    /// session, ticket and PSK entries, and for source entries loaded from a
+    /// state file until the client comes back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
 }
 
 /// `DELETE /api/tables/{service}`: how many entries a flush removed.

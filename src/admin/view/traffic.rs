@@ -43,6 +43,8 @@ impl std::fmt::Display for ConnState {
 /// One open connection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConnectionView {
+    /// Its id (`crossbar connections kill ID`; never reused while crossbar runs).
+    pub id: u64,
     /// Its service.
     pub service: String,
     /// The client's address (after a trusted PROXY header, the one it carried).
@@ -58,6 +60,14 @@ pub struct ConnectionView {
     pub state: ConnState,
     /// Bytes written each way so far.
     pub bytes: Bytes,
+}
+
+/// `POST /api/connections/kill` and `POST /api/backends/{service}/{backend}/shutdown-sessions`:
+/// the connections closed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KilledView {
+    /// Each connection closed, as it was listed.
+    pub killed: Vec<ConnectionView>,
 }
 
 /// `GET /api/sources`: every listener with `per_source` limits.

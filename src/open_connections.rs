@@ -1,24 +1,35 @@
-//! The open connections of a service, for `GET /api/connections` and
+//! The registry of open connections, per service, for `GET /api/connections` and
 //! `crossbar connections` (HAProxy's `show sess`): client, backend, age, bytes.
 //!
 //! A connection is listed once its backend is chosen (one insert) and unlisted
-//! when its guard drops (one remove). The list is a [`DashMap`] per service,
+//! when its guard drops (one remove). An operator may close one, or all of a
+//! backend's (`crossbar connections kill`, `crossbar backend shutdown-sessions`,
+//! `on_marked_down: shutdown-sessions`): both of its sockets are shut down, so its
+//! relay sees both ends close and finishes as usual, and the client sees its
+//! connection close. The list is a [`DashMap`] per service,
 //! keyed by the address of the connection's entry (unique while it is listed),
 //! so connections of one service touch one of its shards each, never a
 //! process-wide lock or counter. The bytes are the relay's own per-connection
 //! totals ([`ConnBytes`]): nothing more is counted per byte.
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use dashmap::DashMap;
 
 use crate::relay::ConnBytes;
 
+/// The next connection id (process-wide, never reused: an id an operator read
+/// names that connection or none).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 /// One open connection, as the admin API shows it.
 #[derive(Debug)]
 pub struct OpenConn {
+    /// Its id, for `crossbar connections kill ID`.
+    pub id: u64,
     /// The client's address (after a PROXY header, the one it carried).
     pub client: SocketAddr,
     /// The backend it is relayed to.
@@ -30,9 +41,42 @@ pub struct OpenConn {
     /// The backend's side of the TLS handshake has been seen (always true in tcp
     /// mode, where there is no handshake to watch).
     handshaken: AtomicBool,
+    /// The client's and the backend's sockets while the connection owns them;
+    /// taken (under the lock) before they are closed, so a kill never shuts down a
+    /// descriptor number reused by another socket.
+    sockets: Mutex<Option<(RawFd, RawFd)>>,
+    /// An operator (or `on_marked_down`) closed it.
+    killed: AtomicBool,
 }
 
 impl OpenConn {
+    /// Close the connection: shut down both of its sockets (its relay then sees
+    /// both ends close and ends, the client sees its connection close). False when
+    /// it is closing already.
+    pub fn kill(&self) -> bool {
+        let sockets = self.sockets.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((client, server)) = *sockets else {
+            return false;
+        };
+        self.killed.store(true, Ordering::Relaxed);
+        for fd in [client, server] {
+            // Fails only on a socket closed already by its peer: nothing to do then.
+            let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+            // ok: see above
+        }
+        true
+    }
+
+    /// It was closed by [`OpenConn::kill`].
+    pub fn was_killed(&self) -> bool {
+        self.killed.load(Ordering::Relaxed)
+    }
+
+    /// The connection is about to close its sockets: no kill touches them from now.
+    pub fn release_sockets(&self) {
+        *self.sockets.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
     /// The server's handshake went by: the connection now only relays.
     pub fn handshake_seen(&self) {
         self.handshaken.store(true, Ordering::Relaxed);
@@ -69,6 +113,8 @@ pub struct Opening<'a> {
     pub sent: (u64, u64),
     /// The connection is TLS and its server handshake is still to come.
     pub tls: bool,
+    /// The client's and the backend's sockets (for a kill), if it may be killed.
+    pub sockets: Option<(RawFd, RawFd)>,
 }
 
 impl<'a> Opening<'a> {
@@ -85,6 +131,15 @@ impl<'a> Opening<'a> {
             started,
             sent: (c2s, s2c),
             tls,
+            sockets: None,
+        }
+    }
+
+    /// With the two sockets a kill shuts down.
+    pub fn with_sockets(self, client: RawFd, server: RawFd) -> Opening<'a> {
+        Opening {
+            sockets: Some((client, server)),
+            ..self
         }
     }
 }
@@ -93,6 +148,7 @@ impl OpenConnections {
     /// List a connection until the returned guard drops.
     pub fn open(&self, o: Opening<'_>) -> Listed<'_> {
         let conn = Arc::new(OpenConn {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             client: o.client,
             backend: o.backend.clone(),
             started: o.started,
@@ -101,6 +157,8 @@ impl OpenConnections {
                 s2c: o.sent.1.into(),
             },
             handshaken: AtomicBool::new(!o.tls),
+            sockets: Mutex::new(o.sockets),
+            killed: AtomicBool::new(false),
         });
         self.map.insert(id(&conn), conn.clone());
         Listed { list: self, conn }
@@ -143,6 +201,21 @@ impl OpenConnections {
     }
 }
 
+impl OpenConnections {
+    /// Kill every listed connection `pick` accepts; those killed (a connection
+    /// closing already is not).
+    pub fn kill(&self, pick: impl Fn(&OpenConn) -> bool) -> Vec<Arc<OpenConn>> {
+        // Collected first: a kill takes no map lock while it shuts sockets down.
+        let picked: Vec<Arc<OpenConn>> = self
+            .map
+            .iter()
+            .filter(|c| pick(c.value()))
+            .map(|c| c.value().clone())
+            .collect();
+        picked.into_iter().filter(|c| c.kill()).collect()
+    }
+}
+
 /// A listed connection: unlisted when dropped.
 #[derive(Debug)]
 pub struct Listed<'a> {
@@ -159,6 +232,7 @@ impl Listed<'_> {
 
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
+        self.conn.release_sockets();
         self.list.map.remove(&id(&self.conn));
     }
 }
@@ -209,6 +283,7 @@ mod tests {
             started,
             sent: (517, 0),
             tls: true,
+            sockets: None,
         }
     }
 
