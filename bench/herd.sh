@@ -126,6 +126,7 @@ fi
 W=$(mktemp -d /tmp/crossbar-herd.XXXXXX)
 chmod 755 "$W"
 log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server, $(haproxy -v | head -1))"
+hosts_remove_stale crossbar-herd
 hosts_write
 site_build
 site_start

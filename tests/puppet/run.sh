@@ -343,6 +343,8 @@ LB_CERT=$W/agents/lb/ssl/certs/lb.$DOMAIN.pem
 LB_KEY=$W/agents/lb/ssl/private_keys/lb.$DOMAIN.pem
 javac -d "$W/java" "$ROOT/tests/puppet/JdkResume.java" > "$W/javac.log" 2>&1 || { cat "$W/javac.log" >&2; die "javac JdkResume.java"; }
 log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
+# under the lock no other run is under way: a block another run left is stale
+hosts_remove_stale crossbar-puppet-e2e
 hosts_write vip
 # DNS for `discover`: Puppet's SRV records for the compile servers, from a dnsmasq on
 # a free loopback port that serves nothing else

@@ -27,6 +27,19 @@ hosts_remove() {
     fi
 }
 
+# hosts_remove_stale PREFIX: the blocks "# BEGIN PREFIX PID" of runs whose PID is
+# gone (a run killed before its cleanup): the first line for a name wins, so one
+# left behind would send this run's agents to another run's addresses
+hosts_remove_stale() {
+    local pid tmp
+    for pid in $(sed -n "s/^# BEGIN $1 \([0-9]*\)\$/\1/p" /etc/hosts); do
+        kill -0 "$pid" 2>/dev/null && continue
+        tmp=$(mktemp)
+        sed "/^# BEGIN $1 $pid\$/,/^# END $1 $pid\$/d" /etc/hosts > "$tmp" && cat "$tmp" > /etc/hosts
+        rm -f "$tmp"
+    done
+}
+
 jvm_start() { # name [heap, default 1g]
     local d=$W/$1
     printf 0 > "$d/restart"
