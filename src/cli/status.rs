@@ -450,6 +450,38 @@ mod tests {
         sources_fields(&html, &cli, &s);
     }
 
+    /// A compiler ramping after recovery while load feedback scales its weight:
+    /// the status and the page say both, the factor and the ramp.
+    #[test]
+    fn a_slow_start_ramp_shows_beside_the_feedback_factor() {
+        let (mut v, s) = (fixture::everything(), fixture::sources());
+        let b = v.services[0]
+            .backends
+            .iter_mut()
+            .find(|b| b.feedback.is_some())
+            .expect("a fixture backend with load feedback");
+        b.slow_start = Some(crate::admin::view::RampView {
+            percent: 40,
+            seconds_left: 12,
+            seconds_total: 20,
+        });
+        let b = b.clone();
+        assert_eq!(
+            weight_cell(&b),
+            "1.24 (operator 4 x0.31 feedback; file 2; ramp 40%, 12s left)"
+        );
+        let html = page(
+            PageData {
+                services: &v,
+                sources: &s.listeners,
+            },
+            0,
+            "",
+        );
+        let cli = render(&v, &s, "", at(120));
+        backend_fields(&rows(&html, &b.name), &rows(&cli, &b.name), &b);
+    }
+
     /// The per-source tables: each listener's limits and each source's row.
     fn sources_fields(html: &str, cli: &str, s: &SourcesView) {
         for l in &s.listeners {
