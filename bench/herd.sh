@@ -20,8 +20,9 @@
 #   --sleep S         seconds a catalog takes beyond its compile: generate('/bin/sleep', S) (default 2)
 #   --modes LIST      of fb (crossbar, feedback), lc (crossbar leastconn), ha (HAProxy
 #                     leastconn); default fb,lc,ha
-#   --pluginsync      agents sync plugins (off by default: Puppet 7.23's agent then
-#                     fails the run at a 503 on a streamed request, see herd-site.sh)
+#   --strict-plugins  a failed pluginsync fails the agent's run (Puppet's default;
+#                     here off, ignore_plugin_errors: Puppet 7.23's agent fails
+#                     every request it retries after a 503, see herd-site.sh)
 #   --capture DIR     instead of herds: write the jruby-metrics documents (idle,
 #                     saturated, refused without a certificate, while starting) to DIR
 # Environment: CROSSBAR_BIN (default target/release/crossbar, built if missing),
@@ -34,7 +35,7 @@ if [ -z "${HERD_LOCKED:-}" ]; then
     exec flock /tmp/puppet-e2e.lock env HERD_LOCKED=1 "$0" "$@"
 fi
 
-AGENTS=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha CAPTURE= PLUGINSYNC=0
+AGENTS=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha CAPTURE= STRICT_PLUGINS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --agents) AGENTS=$2; shift ;;
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
         --sleep) SLEEP=$2; shift ;;
         --modes) MODES=$2; shift ;;
         --capture) CAPTURE=$(realpath -m "$2"); shift ;;
-        --pluginsync) PLUGINSYNC=1 ;;
+        --strict-plugins) STRICT_PLUGINS=1 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
