@@ -20,6 +20,9 @@ pub struct AccessLog {
     pub stick: Option<&'static str>,
     /// Whether that lookup hit.
     pub stick_hit: bool,
+    /// It hit a backend that load feedback showed saturated, and was placed like a
+    /// new session instead (`feedback.saturated_sticky`).
+    pub stick_saturated: bool,
     /// The backend connected to (or last tried).
     pub backend: Option<Arc<str>>,
     /// Backends the ClientHello was offered to (more than one while confirming).
@@ -114,6 +117,7 @@ impl Line<'_> {
     fn stick_result(&self) -> &'static str {
         match (self.log.stick, self.log.stick_hit) {
             (None, _) => "-",
+            (Some(_), true) if self.log.stick_saturated => "saturated",
             (Some(_), true) => "hit",
             (Some(_), false) => "miss",
         }

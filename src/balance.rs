@@ -11,6 +11,11 @@
 //! `set weight ... 0`). The run-time weight lives on the [`Backend`], not on the
 //! [`BackendState`] a reload carries over, so a reload (and a restart) returns
 //! every backend to its configured weight.
+//!
+//! Load feedback (`crate::feedback`) multiplies that weight by a factor published in
+//! the backend's [`FeedbackCell`]; every algorithm picks with the product (round
+//! robin with the factor in [`FEEDBACK_STEPS`] steps), and an agent's `maxconn:N`
+//! lowers the connection limit while it holds.
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -25,6 +30,7 @@ use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 use crate::config::{BackendConfig, Balance};
+use crate::feedback::cell::{FeedbackCell, FACTOR_ONE};
 use crate::metrics::BackendMetrics;
 
 /// Picks a backend that is not full, and may wait for one; bounded tries so that a
@@ -41,6 +47,11 @@ const MAX_SCHEDULE: u64 = 1 << 16;
 /// Steps of a slow-start ramp as round robin sees it (the schedule is rebuilt at
 /// each): the weight goes 1/16, 2/16 ... of the way up.
 const RAMP_STEPS: u64 = 16;
+
+/// Steps of a feedback factor as round robin sees it: the schedule is rebuilt when
+/// a factor crosses a sixteenth, not at every sample's change of a per mille
+/// (least connections and source hashing use the factor as published).
+const FEEDBACK_STEPS: u64 = 16;
 
 /// Largest weight (the config's bound, run-time weights share it).
 pub use crate::config::MAX_WEIGHT;
@@ -102,6 +113,8 @@ pub struct BackendState {
     served_ms: AtomicU64,
     /// When it last went down, on [`SERVICE_CLOCK`]; 0 = never.
     down_ms: AtomicU64,
+    /// Load feedback: the factor of its weight and what the samples taught.
+    feedback: FeedbackCell,
 }
 
 impl BackendState {
@@ -117,6 +130,7 @@ impl BackendState {
             slot_freed: Notify::new(),
             served_ms: AtomicU64::new(0),
             down_ms: AtomicU64::new(0),
+            feedback: FeedbackCell::default(),
         }
     }
 }
@@ -258,6 +272,30 @@ impl Backend {
         self.publish_state();
     }
 
+    /// Its load feedback: the factor new connections are balanced by, on top of
+    /// [`Backend::weight`], and whether it is saturated (`crate::feedback`).
+    pub fn feedback(&self) -> &FeedbackCell {
+        &self.state.feedback
+    }
+
+    /// The weight new connections are balanced by, load feedback included:
+    /// [`Backend::weight`] times the factor (slow start aside).
+    pub fn effective_weight(&self) -> f64 {
+        f64::from(self.weight()) * f64::from(self.feedback().factor()) / f64::from(FACTOR_ONE)
+    }
+
+    /// Its connection limit now: `max_connections`, lowered by its agent's
+    /// `maxconn:N` while that holds.
+    pub fn max_connections(&self) -> Option<u32> {
+        match (
+            self.config.max_connections,
+            self.feedback().max_connections(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Takes new connections from the balancing (not only sticky hits): available
     /// and a weight above 0.
     pub fn takes_new(&self) -> bool {
@@ -323,21 +361,25 @@ impl Backend {
         self.state.up_since_ms.store(ms, Ordering::Release);
     }
 
-    /// Weight now, ramped over `slow_start` after the backend became available.
-    fn effective_weight(&self, slow_start: Duration) -> u64 {
+    /// Weight now, times the feedback factor (in [`FACTOR_ONE`]ths), ramped over
+    /// `slow_start` after the backend became available.
+    fn ramped_weight(&self, slow_start: Duration) -> u64 {
         // At least 1: a pick racing a change to 0 still needs a number.
-        let w = u64::from(self.weight().max(1)) * 16;
+        let w = u64::from(self.weight().max(1)) * 16 * u64::from(self.feedback().factor().max(1));
         match self.ramp(slow_start) {
             Some((elapsed, total)) => (w * elapsed / total).max(1),
             None => w,
         }
     }
 
-    /// The weight round robin's schedule is built for: [`Backend::effective_weight`]
-    /// with the ramp in [`RAMP_STEPS`] steps, so a ramp rebuilds the schedule at most
-    /// that many times.
+    /// The weight round robin's schedule is built for: [`Backend::ramped_weight`]
+    /// with the ramp in [`RAMP_STEPS`] steps and the feedback factor in
+    /// [`FEEDBACK_STEPS`], so a ramp rebuilds the schedule at most that many times,
+    /// and feedback only when a factor crosses a step.
     fn scheduled_weight(&self, slow_start: Duration) -> u64 {
-        let w = u64::from(self.weight().max(1));
+        let steps = u64::from(self.feedback().factor()) * FEEDBACK_STEPS;
+        let level = ((steps + u64::from(FACTOR_ONE) / 2) / u64::from(FACTOR_ONE)).max(1);
+        let w = u64::from(self.weight().max(1)) * level;
         match self.ramp(slow_start) {
             Some((elapsed, total)) => w * (RAMP_STEPS * elapsed / total).max(1),
             None => w * RAMP_STEPS,
@@ -359,7 +401,7 @@ impl Backend {
 
     /// Reserve a connection slot if below `max_connections`.
     fn try_reserve(self: &Arc<Self>) -> Option<Lease> {
-        let max = self.config.max_connections.unwrap_or(u32::MAX);
+        let max = self.max_connections().unwrap_or(u32::MAX);
         let mut cur = self.state.active.load(Ordering::Acquire);
         loop {
             if cur >= max {
@@ -386,7 +428,7 @@ impl Backend {
     }
 
     fn has_capacity(&self) -> bool {
-        self.active() < self.config.max_connections.unwrap_or(u32::MAX)
+        self.active() < self.max_connections().unwrap_or(u32::MAX)
     }
 }
 
@@ -651,7 +693,12 @@ impl Pool {
                     .backends
                     .iter()
                     .map(|b| self.schedule_weight(b, backup));
-                self.rr.store(Arc::new(Schedule::build(weights.collect())));
+                // Carry the position on: feedback rebuilds the schedule every few
+                // seconds, and a cycle always restarted at 0 would starve a backend
+                // whose few places lie late in it.
+                let at = schedule.cursor.load(Ordering::Relaxed);
+                self.rr
+                    .store(Arc::new(Schedule::build(weights.collect(), at)));
                 schedule = self.rr.load();
             }
         }
@@ -690,10 +737,7 @@ impl Pool {
         let mut best = open[start];
         let load = |i: usize| {
             let b = &self.backends[i];
-            (
-                u64::from(b.active()) + 1,
-                b.effective_weight(self.slow_start),
-            )
+            (u64::from(b.active()) + 1, b.ramped_weight(self.slow_start))
         };
         for k in 1..open.len() {
             let i = open[(start + k) % open.len()];
@@ -719,7 +763,7 @@ impl Pool {
             let x = h.finish();
             // Uniform in (0, 1]; score = -w / ln(u) is the weighted HRW score.
             let u = ((x >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-            let score = -(b.effective_weight(self.slow_start) as f64) / u.ln();
+            let score = -(b.ramped_weight(self.slow_start) as f64) / u.ln();
             if score > best_score {
                 best_score = score;
                 best = i;
@@ -870,7 +914,7 @@ struct Schedule {
 }
 
 impl Schedule {
-    fn build(weights: Vec<u64>) -> Schedule {
+    fn build(weights: Vec<u64>, cursor: usize) -> Schedule {
         let gcd = weights.iter().fold(0, |g, &w| gcd(g, w)).max(1);
         let mut reduced: Vec<u64> = weights.iter().map(|&w| w / gcd).collect();
         let sum: u64 = reduced.iter().sum();
@@ -900,7 +944,7 @@ impl Schedule {
         Schedule {
             weights,
             order,
-            cursor: AtomicUsize::new(0),
+            cursor: AtomicUsize::new(cursor),
         }
     }
 }

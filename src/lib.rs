@@ -37,8 +37,9 @@
 //!   /api/reload` and the DNS watchers send requests to);
 //! - per connection: [`conn`] (placement confirmation included);
 //! - in the background: [`health`] (active checks and passive failure counting:
-//!   rise/fall; the reload's health gate) and [`ticket_keys`] (learning backends'
-//!   ticket-key names);
+//!   rise/fall; the reload's health gate), [`feedback`] (load feedback: each
+//!   backend's weight scaled by its free JRubies or its agent's answer) and
+//!   [`ticket_keys`] (learning backends' ticket-key names);
 //! - the model: [`service`] (a service at run time, a listen address's routing, what
 //!   every connection of the process reaches), with the confirmation [`budget`];
 //! - decisions and state: [`balance`], `admission`, [`stick`], [`route`],
@@ -62,6 +63,7 @@ pub mod config;
 pub mod demo;
 pub mod discovery;
 pub mod doctor;
+pub mod feedback;
 pub mod health;
 pub mod hello;
 pub mod log_writer;

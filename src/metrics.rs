@@ -69,6 +69,8 @@ pub struct Metrics {
     pub admin: AdminMetrics,
     /// DNS discovery of backends: lookups, staleness, answer sizes.
     pub discovery: crate::discovery::DiscoveryMetrics,
+    /// Load feedback: factors, samples, polls (`crossbar_backend_feedback_*`).
+    feedback: crate::feedback::FeedbackMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -172,8 +174,8 @@ impl Metrics {
             backend_weight: gauge_vec(
                 &r,
                 "crossbar_backend_weight",
-                "The weight new connections are balanced by: the configured one, or the \
-                 one set at run time (0: no new connections, sticky hits only).",
+                "The weight before load feedback: the configured one, or the one set at \
+                 run time (0: no new connections, sticky hits only).",
                 &["service", "backend"],
             ),
             backend_state: gauge_vec(
@@ -279,6 +281,7 @@ impl Metrics {
             live: Mutex::new(HashMap::new()),
             admin: AdminMetrics::register(&r),
             discovery: crate::discovery::DiscoveryMetrics::register(&r),
+            feedback: crate::feedback::FeedbackMetrics::register(&r),
             registry: {
                 // The log writer's drops (process-wide: crate::log_writer).
                 let dropped = crate::log_writer::dropped_lines().clone();
@@ -379,6 +382,7 @@ impl Metrics {
                 .health_checks
                 .with_label_values(&[service, backend, "fail"]),
             state: self.backend_state.clone(),
+            feedback: self.feedback.backend(service, backend),
             live: self.backend_live(service, backend),
             service: service.to_string(),
             backend: backend.to_string(),
@@ -410,10 +414,9 @@ impl Metrics {
         let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
         let _ = self.backend_weight.remove_label_values(&l); // ok: absent labels are fine
-                                                             // ok: absent labels are fine
-        let _ = self.connect_duration.remove_label_values(&l);
-        // Every series of the backend goes at once: one that came back starts all
-        // of them at 0 together, never some restarted while others kept counting.
+        let _ = self.connect_duration.remove_label_values(&l); // ok: absent labels are fine
+                                                               // Every series of the backend goes at once: one that came back starts all
+                                                               // of them at 0 together, never some restarted while others kept counting.
         for (v, third) in [
             (&self.bytes, "client_to_server"),
             (&self.bytes, "server_to_client"),
@@ -424,6 +427,7 @@ impl Metrics {
         ] {
             let _ = v.remove_label_values(&[service, backend, third]); // ok: absent is fine
         }
+        self.feedback.forget(service, backend);
         for state in BACKEND_STATES {
             let _ = self
                 .backend_state
@@ -654,6 +658,8 @@ pub struct BackendMetrics {
     pub check_fail: IntCounter,
     /// Since-when, peak and last check (see [`crate::live`]).
     pub live: Arc<BackendLive>,
+    /// Its load feedback's factor, samples and polls.
+    pub feedback: crate::feedback::BackendFeedbackMetrics,
     state: IntGaugeVec,
     service: String,
     backend: String,

@@ -628,12 +628,12 @@ async fn dashboard_and_alerts_use_real_metrics() {
     ] {
         let names = metric_names(text);
         assert!(!names.is_empty(), "{file} uses no metric");
-        // Discovery families exist only with `discover:` (a DNS server): tests/discovery.rs
-        // checks those against its own scrape.
-        for n in names
-            .into_iter()
-            .filter(|n| !n.starts_with("crossbar_discovery_"))
-        {
+        // Discovery families exist only with `discover:` (a DNS server), load feedback
+        // families only with `feedback:`: tests/discovery.rs and tests/feedback.rs check
+        // those against their own scrapes.
+        for n in names.into_iter().filter(|n| {
+            !n.starts_with("crossbar_discovery_") && !n.starts_with("crossbar_backend_feedback_")
+        }) {
             assert!(
                 family_of(&n, &m.types).is_some(),
                 "{file} uses {n}, which /metrics does not export"

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::query::{ConnectionsQuery, Pick, TableQuery};
 use super::view::{self, time::seconds_between};
 use crate::balance::Backend;
-use crate::config::{Balance, Mode};
+use crate::config::{Balance, FeedbackConfig, Mode};
 use crate::server::Server;
 use crate::service::Service;
 
@@ -75,13 +75,14 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
                 .count(),
             ..discovery(&d.snapshot())
         }),
+        feedback: svc.config.feedback.as_ref().map(super::weights::settings),
         backends: backends
             .iter()
             .map(|b| {
                 let held = operator.get(svc.name(), &b.name);
                 let mut v = view::BackendView {
                     slow_start: svc.pool.ramp_of(b).map(ramp),
-                    ..backend(b, now)
+                    ..backend(b, svc.config.feedback.as_ref(), now)
                 };
                 origins(&mut v, b, held, departed_serve);
                 v
@@ -149,6 +150,9 @@ fn origins(
         since: view::time::from_unix_seconds(h.since),
     });
     v.left_dns = b.config.left_dns;
+    if v.effective_origin != view::Origin::Feedback {
+        v.effective_origin = v.weight_origin;
+    }
     if b.config.left_dns && !departed_serve && v.state_origin != view::Origin::Operator {
         v.state = view::BackendState::Drain;
         v.state_origin = view::Origin::Dns;
@@ -225,9 +229,10 @@ pub(super) fn state(b: &Backend) -> view::BackendState {
     view::BackendState::parse(b.state_name()).unwrap_or_default()
 }
 
-fn backend(b: &Backend, now: SystemTime) -> view::BackendView {
+fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> view::BackendView {
     let (m, live) = (&b.metrics, &b.metrics.live);
     let since = live.state_since();
+    let (effective_weight, effective_origin, feedback) = super::weights::effective(b, feedback);
     view::BackendView {
         name: b.name.to_string(),
         address: b.config.address.to_string(),
@@ -246,6 +251,9 @@ fn backend(b: &Backend, now: SystemTime) -> view::BackendView {
         connections_total: m.connections.get(),
         weight: b.weight(),
         configured_weight: b.config.weight,
+        effective_weight,
+        effective_origin,
+        feedback,
         backup: b.config.backup,
         bytes: view::Bytes {
             client_to_server: m.bytes_c2s.get(),

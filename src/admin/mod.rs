@@ -22,10 +22,12 @@ mod error;
 pub mod human;
 mod origin;
 pub mod page;
+mod page_feedback;
 mod query;
 mod slots;
 mod throttle;
 pub mod view;
+mod weights;
 mod writes;
 
 use std::convert::Infallible;

@@ -302,6 +302,7 @@ fn write_service(o: &mut String, svc: &ServiceView, cli: &str) -> fmt::Result {
     if let Some(d) = &svc.discovery {
         write_discovery(o, d)?;
     }
+    super::page_feedback::write_caption(o, svc)?;
     write!(
         o,
         " &middot; handshakes {} resumed / {} full &middot; queue {}/{}",
@@ -447,7 +448,7 @@ fn write_backend(
         Esc(&b.address),
     )?;
     write_state(o, b)?;
-    write_weight(o, b)?;
+    super::page_feedback::write_weight(o, b).unwrap_or_else(|| write_weight(o, b))?;
     let (c2s, s2c) = (b.bytes.client_to_server, b.bytes.server_to_client);
     write!(
         o,

@@ -12,7 +12,8 @@ use crate::admin::human::{columns, human_bytes, human_secs, row};
 use crate::admin::page::{check_none, hit_ratio, listeners};
 use crate::admin::view::time::seconds_between;
 use crate::admin::view::{
-    BackendView, Balance, DiscoveryView, ProcessView, ServiceView, ServicesView, SourcesView,
+    BackendView, Balance, DiscoveryView, Origin, ProcessView, ServiceView, ServicesView,
+    SourcesView,
 };
 
 /// The whole status: `v` and `sources` of the same moment, `flags` appended to the
@@ -97,6 +98,20 @@ fn service(svc: &ServiceView, flags: &str, now: SystemTime) -> String {
     for table in [state, traffic] {
         for line in columns(&table).lines() {
             let _ = writeln!(out, "  {line}"); // ok: writing to a String
+        }
+    }
+    if let Some(f) = &svc.feedback {
+        let _ = writeln!(
+            out,
+            "  load feedback ({} every {}, floor {}%):",
+            f.kind_str(),
+            f.interval_text(),
+            f.floor_percent
+        ); // ok: writing to a String
+        for b in &svc.backends {
+            if let Some(fb) = &b.feedback {
+                let _ = writeln!(out, "    {} {}", b.name, fb.summary()); // ok: writing to a String
+            }
         }
     }
     for b in &svc.backends {
@@ -255,8 +270,27 @@ fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
 }
 
 /// The weight, and the slow-start ramp under way (`3 (ramp 40%, 12s left)`) or
-/// the file's weight when one was set at run time (`10 (file 20)`).
+/// the file's weight when one was set at run time (`10 (file 20)`); with load
+/// feedback the weight balanced by, who set the weight and the factor:
+/// `0.35 (file 1 x0.35 feedback)`, `1.24 (operator 4 x0.31 feedback; file 2)`.
 fn weight_cell(b: &BackendView) -> String {
+    if let (Origin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
+        let file = match b.weight_set_at_run_time() {
+            true => format!("; file {}", b.configured_weight),
+            false => String::new(),
+        };
+        let ramp = match &b.slow_start {
+            Some(r) => format!("; {}", r.text()),
+            None => String::new(),
+        };
+        return format!(
+            "{:.2} ({} {} x{:.2} feedback{file}{ramp})",
+            b.effective_weight,
+            b.weight_origin.as_str(),
+            b.weight,
+            f.factor
+        );
+    }
     if let Some(r) = &b.slow_start {
         return format!("{} ({})", b.weight, r.text());
     }
@@ -430,6 +464,38 @@ mod tests {
         sources_fields(&html, &cli, &s);
     }
 
+    /// A compiler ramping after recovery while load feedback scales its weight:
+    /// the status and the page say both, the factor and the ramp.
+    #[test]
+    fn a_slow_start_ramp_shows_beside_the_feedback_factor() {
+        let (mut v, s) = (fixture::everything(), fixture::sources());
+        let b = v.services[0]
+            .backends
+            .iter_mut()
+            .find(|b| b.feedback.is_some())
+            .expect("a fixture backend with load feedback");
+        b.slow_start = Some(crate::admin::view::RampView {
+            percent: 40,
+            seconds_left: 12,
+            seconds_total: 20,
+        });
+        let b = b.clone();
+        assert_eq!(
+            weight_cell(&b),
+            "1.24 (operator 4 x0.31 feedback; file 2; ramp 40%, 12s left)"
+        );
+        let html = page(
+            PageData {
+                services: &v,
+                sources: &s.listeners,
+            },
+            0,
+            "",
+        );
+        let cli = render(&v, &s, "", at(120));
+        backend_fields(&rows(&html, &b.name), &rows(&cli, &b.name), &b);
+    }
+
     /// The per-source tables: each listener's limits and each source's row.
     fn sources_fields(html: &str, cli: &str, s: &SourcesView) {
         for l in &s.listeners {
@@ -492,6 +558,15 @@ mod tests {
         if let Some(a) = &svc.active_backend {
             want.push(format!("active: {a}"));
         }
+        if let Some(f) = &svc.feedback {
+            want.push(format!("every {}", f.interval_text()));
+            want.extend(
+                svc.backends
+                    .iter()
+                    .filter_map(|b| b.feedback.as_ref())
+                    .map(|f| f.summary()),
+            );
+        }
         if svc.none_available() {
             want.push("NO BACKEND AVAILABLE".into());
             want.extend(svc.backends.iter().map(|b| b.why_unavailable()));
@@ -522,6 +597,10 @@ mod tests {
             want.push(r.text());
         } else if b.weight_set_at_run_time() {
             want.push(format!("file {}", b.configured_weight));
+        }
+        if let (Origin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
+            want.push(format!("{:.2}", b.effective_weight));
+            want.push(format!("x{:.2} feedback", f.factor));
         }
         if b.state.hides_health() {
             want.push(b.health().into());

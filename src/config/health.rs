@@ -164,16 +164,24 @@ impl Checker<'_> {
         h.client_cert = raw.client_cert.clone().or(h.client_cert.take());
         h.client_key = raw.client_key.clone().or(h.client_key.take());
         let touched = raw.client_cert.is_some() || raw.client_key.is_some();
-        if touched && h.client_cert.is_some() != h.client_key.is_some() {
-            let (set, missing) = if h.client_cert.is_some() {
-                ("client_cert", "client_key")
-            } else {
-                ("client_key", "client_cert")
-            };
-            self.err(
-                &join(p, set),
-                format!("`{set}` needs `{missing}` too (both or neither)"),
-            );
+        if touched {
+            self.cert_and_key(h.client_cert.is_some(), h.client_key.is_some(), p);
         }
+    }
+
+    /// `client_cert` and `client_key` at YAML path `p`: both or neither.
+    pub(super) fn cert_and_key(&mut self, cert: bool, key: bool, p: &str) {
+        if cert == key {
+            return;
+        }
+        let (set, missing) = if cert {
+            ("client_cert", "client_key")
+        } else {
+            ("client_key", "client_cert")
+        };
+        self.err(
+            &join(p, set),
+            format!("`{set}` needs `{missing}` too (both or neither)"),
+        );
     }
 }

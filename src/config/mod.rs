@@ -9,6 +9,7 @@ mod address;
 mod checker;
 mod discover;
 mod error;
+mod feedback;
 mod files;
 mod health;
 mod indent;
@@ -30,6 +31,7 @@ use std::time::Duration;
 
 pub use discover::{DiscoverConfig, DiscoverQuery, DiscoveredBackend};
 pub use error::{ConfigError, Diagnostic};
+pub use feedback::{AgentFeedback, FeedbackConfig, FeedbackSource, PuppetFeedback};
 pub(crate) use files::describe_file_type;
 pub use nearest::nearest;
 pub use own_address::{is_local_address, listen_addresses, own_address, OwnAddress};
@@ -463,6 +465,8 @@ pub struct ServiceConfig {
     pub backends: Vec<BackendConfig>,
     /// Backends found in DNS, re-resolved on the records' TTL.
     pub discover: Option<DiscoverConfig>,
+    /// Load feedback that scales the backends' weights (`None`: off, the default).
+    pub feedback: Option<FeedbackConfig>,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// TCP keepalive on client and backend sockets; `None` disables.

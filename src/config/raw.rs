@@ -244,6 +244,87 @@ pub(super) struct RawService {
     #[serde(default)]
     pub backends: Vec<RawBackend>,
     pub discover: Option<RawDiscover>,
+    pub feedback: Option<RawFeedback>,
+}
+
+/// `feedback:` kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawFeedbackKind {
+    Puppet,
+    Agent,
+}
+
+/// `feedback:` load feedback of a service's backends (JRuby metrics or agent-check).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFeedback {
+    pub kind: Option<RawFeedbackKind>,
+    pub interval: Option<RawDuration>,
+    pub timeout: Option<RawDuration>,
+    pub blackout: Option<RawDuration>,
+    pub expiry: Option<RawDuration>,
+    pub smoothing: Option<RawDuration>,
+    pub floor: Option<RawPercent>,
+    pub saturated_sticky: Option<bool>,
+    pub path: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub server_name: Option<String>,
+    pub jrubies: Option<u64>,
+    pub queue_limit: Option<u64>,
+    pub by_pool_size: Option<bool>,
+    pub port: Option<u64>,
+    pub send: Option<String>,
+}
+
+impl RawFeedback {
+    /// The keys that only make sense with `kind: puppet`, with their presence.
+    pub fn puppet_keys(&self) -> [(&'static str, bool); 8] {
+        [
+            ("path", self.path.is_some()),
+            ("ca_file", self.ca_file.is_some()),
+            ("client_cert", self.client_cert.is_some()),
+            ("client_key", self.client_key.is_some()),
+            ("server_name", self.server_name.is_some()),
+            ("jrubies", self.jrubies.is_some()),
+            ("queue_limit", self.queue_limit.is_some()),
+            ("by_pool_size", self.by_pool_size.is_some()),
+        ]
+    }
+}
+
+/// A percentage as written: `5%`, or a bare number (refused with a hint).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum RawPercent {
+    Text(String),
+    Bare(String),
+}
+
+impl<'de> Deserialize<'de> for RawPercent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = RawPercent;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a percentage such as \"5%\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawPercent, E> {
+                Ok(RawPercent::Text(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawPercent, E> {
+                Ok(RawPercent::Bare(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawPercent, E> {
+                Ok(RawPercent::Bare(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawPercent, E> {
+                Ok(RawPercent::Bare(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `discover:` backends from DNS (SRV, or a host name's A/AAAA records).

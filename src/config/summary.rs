@@ -118,6 +118,9 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
     }
     writeln!(f, "  balance   {}", balance(s))?;
     writeln!(f, "  stick     {}", stick(s.stick.as_ref()))?;
+    if let Some(fb) = &s.feedback {
+        writeln!(f, "  feedback  {}", feedback(fb))?;
+    }
     let t = &s.timeouts;
     writeln!(
         f,
@@ -172,6 +175,37 @@ fn stick(stick: Option<&StickConfig>) -> String {
             )
         }
     }
+}
+
+/// The `feedback` line: what is polled, how often, and the weight function's settings.
+fn feedback(fb: &FeedbackConfig) -> String {
+    let what = match &fb.source {
+        FeedbackSource::Puppet(p) => {
+            let cert = if p.client_cert.is_some() {
+                "with a client certificate"
+            } else {
+                "anonymous"
+            };
+            let queue = p
+                .queue_limit
+                .map_or(String::new(), |q| format!(", queue limit {q}"));
+            format!("puppet {} ({cert}{queue})", p.path)
+        }
+        FeedbackSource::Agent(a) => format!("agent on port {}", a.port),
+    };
+    let sticky = if fb.saturated_sticky {
+        ", saturated compilers' resumptions placed anew"
+    } else {
+        ""
+    };
+    format!(
+        "{what} every {}; blackout {}, expiry {}, smoothing {}, floor {}%{sticky}",
+        dur(fb.interval),
+        dur(fb.blackout),
+        dur(fb.expiry),
+        dur(fb.smoothing),
+        fb.floor_percent
+    )
 }
 
 fn backends(f: &mut fmt::Formatter<'_>, backends: &[BackendConfig]) -> fmt::Result {

@@ -536,6 +536,10 @@ impl Checker<'_> {
                 .discover
                 .as_ref()
                 .and_then(|d| self.discover(d, &tuning.health, &join(&p, "discover"))),
+            feedback: raw
+                .feedback
+                .as_ref()
+                .and_then(|f| self.feedback(f, &join(&p, "feedback"))),
             timeouts: tuning.timeouts,
             keepalive: tuning.keepalive,
             max_hello_size: tuning.max_hello_size,

@@ -288,7 +288,8 @@ impl Conn<'_> {
 
     /// Step 3: the backend the stick table says holds this client's session, if any
     /// (the placement policy itself is [`crate::stick::Sticking::place`]), and
-    /// whether that placement is certain (else confirmation may check it).
+    /// whether that placement is certain (else confirmation may check it). A holder
+    /// load feedback shows saturated is no placement (`feedback.saturated_sticky`).
     fn place(&mut self, svc: &Service, hello: Option<&ClientHelloInfo>) -> (Option<usize>, bool) {
         let ip = self.peer.ip().to_canonical();
         let Some(placement) = svc.sticking().and_then(|s| s.place(hello, ip)) else {
@@ -296,6 +297,21 @@ impl Conn<'_> {
         };
         self.log.stick = Some(placement.kind.as_str());
         self.log.stick_hit = placement.backend.is_some();
+        if let Some(b) = placement.backend.and_then(|i| svc.pool.backends.get(i)) {
+            let rule = svc
+                .config
+                .feedback
+                .as_ref()
+                .is_some_and(|f| f.saturated_sticky);
+            if rule && b.feedback().saturated() {
+                // A 503'd agent's retry resumes its session on a new connection: sent
+                // back, it would meet the compiler that just refused it. Placed like
+                // a new session, unconfirmed (the search would find the same holder).
+                b.metrics.feedback.sticky_replaced();
+                self.log.stick_saturated = true;
+                return (None, true);
+            }
+        }
         (placement.backend, placement.certain())
     }
 

@@ -51,7 +51,10 @@ pub fn judge(config: &Config, backends: &[BackendReport]) -> Vec<Finding> {
         }
         let none_pass = no_backend_passes(&mine);
         for b in &mine {
-            for (sev, msg) in backend_findings(svc, b) {
+            for (sev, msg) in backend_findings(svc, b)
+                .into_iter()
+                .chain(feedback_findings(b))
+            {
                 add(sev, Some(&b.backend), msg);
             }
             if !none_pass {
@@ -143,6 +146,22 @@ fn check_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, Stri
         )],
         None => Vec::new(),
     }
+}
+
+/// A load feedback poll that fails: `run` balances the backend by its configured
+/// weight meanwhile, and warns; the fix names the one setting to change.
+fn feedback_findings(b: &BackendReport) -> Vec<(Severity, String)> {
+    let Some(f) = b.inspection.feedback.as_ref().filter(|f| !f.ok) else {
+        return Vec::new();
+    };
+    let msg = format!(
+        "load feedback ({}) fails: {}; `crossbar run` balances it by its configured weight \
+         meanwhile. Fix: {}",
+        f.kind,
+        f.reason.as_deref().unwrap_or("failed"),
+        f.fix.as_deref().unwrap_or("see the reason")
+    );
+    vec![(Severity::Warning, msg)]
 }
 
 fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, String)> {

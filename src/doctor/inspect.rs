@@ -58,6 +58,23 @@ pub struct Inspection {
     pub status: Option<StatusAnswer>,
     /// The Puppet CA certificate bundle it serves at [`CA_CERT_PATH`], if any.
     pub ca_certificate: Option<CaCert>,
+    /// One load feedback poll, as `crossbar run` polls (with `feedback:`).
+    pub feedback: Option<FeedbackProbe>,
+}
+
+/// One poll of the service's load feedback.
+#[derive(Debug, Clone, Serialize)]
+pub struct FeedbackProbe {
+    /// `puppet` or `agent`.
+    pub kind: String,
+    /// It answered with a sample.
+    pub ok: bool,
+    /// The sample, in words.
+    pub answer: Option<String>,
+    /// Why it failed.
+    pub reason: Option<String>,
+    /// The one change that makes it answer.
+    pub fix: Option<String>,
 }
 
 /// What the ticket-key probe learned.
@@ -139,6 +156,7 @@ pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) 
         },
         status: None,
         ca_certificate: None,
+        feedback: None,
     };
     if let Err(e) =
         crate::dial::connect_own(&target.address, svc.timeouts.connect, target.proxy_protocol).await
@@ -168,7 +186,30 @@ pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) 
     if !out.tls_versions.is_empty() {
         out.ca_certificate = ca_certificate(&target).await;
     }
+    if let Some(cfg) = &svc.feedback {
+        out.feedback = Some(feedback(svc, b, cfg).await);
+    }
     out
+}
+
+/// One poll by the poller `crossbar run` uses, with the same target and files.
+async fn feedback(
+    svc: &ServiceConfig,
+    b: &BackendConfig,
+    cfg: &crate::config::FeedbackConfig,
+) -> FeedbackProbe {
+    let mut poller = crate::feedback::Poller::new(svc, b, cfg);
+    let (ok, answer, reason, fix) = match poller.poll().await {
+        Ok(r) => (true, Some(r.describe()), None, None),
+        Err(e) => (false, None, Some(e.to_string()), Some(e.fix(cfg))),
+    };
+    FeedbackProbe {
+        kind: cfg.kind().to_string(),
+        ok,
+        answer,
+        reason,
+        fix,
+    }
 }
 
 /// The backend's configured check, run by the health checker's own code with the

@@ -16,7 +16,7 @@ mod render;
 use serde::Serialize;
 
 pub use crate::health::CertInfo;
-pub use inspect::{CaCert, CheckOutcome, Inspection, StatusAnswer, TicketKey};
+pub use inspect::{CaCert, CheckOutcome, FeedbackProbe, Inspection, StatusAnswer, TicketKey};
 
 use crate::config::Config;
 

@@ -47,7 +47,7 @@ pub use checks::{classify_answer, run_check, HelloReply, Target};
 pub use error::CheckError;
 pub use predict::{predict, Predicted};
 pub use state::{observe, passive_failure, passive_success, Flip};
-pub(crate) use tls_client::AcceptAnyCert;
+pub(crate) use tls_client::{client_tls, AcceptAnyCert};
 
 /// Checks run every `interval` ± this fraction, so many backends don't probe in step.
 const JITTER: f64 = 0.1;

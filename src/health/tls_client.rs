@@ -38,17 +38,29 @@ pub(super) fn accept_any_config() -> Result<Arc<ClientConfig>, CheckError> {
 /// picked up: verifies against `ca_file` when set (else accepts any certificate),
 /// presents `client_cert`/`client_key` when set.
 pub(super) fn https_config(h: &HttpsCheck) -> Result<Arc<ClientConfig>, CheckError> {
+    client_tls(h.ca_file.as_deref(), h.client_cert.as_ref())
+}
+
+/// An HTTPS client as the `https` check's (load feedback polls with it too): verifies
+/// against `ca_file` when given (else accepts any certificate, still checking
+/// handshake signatures), presents the client certificate and key when given,
+/// offers HTTP/1.1. Reads the files now: build it per connection so renewed files
+/// are picked up.
+pub(crate) fn client_tls(
+    ca_file: Option<&std::path::Path>,
+    client_cert: Option<&(std::path::PathBuf, std::path::PathBuf)>,
+) -> Result<Arc<ClientConfig>, CheckError> {
     let p = provider();
     let builder = ClientConfig::builder_with_provider(p.clone())
         .with_protocol_versions(versions())
         .map_err(|e| CheckError::Setup(e.to_string()))?;
-    let builder = match &h.ca_file {
+    let builder = match ca_file {
         Some(path) => builder.with_root_certificates(roots(path)?),
         None => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(p))),
     };
-    let mut cfg = match &h.client_cert {
+    let mut cfg = match client_cert {
         Some((cert, key)) => {
             let chain = CertificateDer::pem_file_iter(cert)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())

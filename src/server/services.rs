@@ -15,8 +15,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Signals the end of a ticket-key learner's first probe round.
 pub(super) type Probe = tokio::sync::oneshot::Receiver<()>;
 
-/// Start the committed services' tasks (health checks, sweeper, ticket-key
-/// learners, saver) and publish their stick tables to the metrics; returns the
+/// Start the committed services' tasks (health checks, sweeper, load feedback,
+/// ticket-key learners, saver) and publish their stick tables to the metrics; returns the
 /// learners' first-round signals.
 pub(super) fn spawn(
     services: &[Arc<Service>],
@@ -27,6 +27,7 @@ pub(super) fn spawn(
     for svc in services {
         crate::health::spawn_checks(svc);
         spawn_sweeper(svc);
+        crate::feedback::spawn(svc);
         probes.extend(crate::ticket_keys::spawn(svc));
         spawn_saver(svc, savers);
     }

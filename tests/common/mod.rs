@@ -7,6 +7,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod api;
+pub mod compiler;
 pub mod dns;
 pub mod ending;
 pub mod haproxy;

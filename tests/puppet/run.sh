@@ -8,7 +8,7 @@
 #   CROSSBAR_BIN   crossbar binary (default target/release/crossbar; built if missing)
 #   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
 #   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent/puppetdb
-#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|file|certs|jdk|serverlist|sni|exported|failover)
+#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|feedback|file|certs|jdk|serverlist|sni|exported|failover)
 #
 # Topology (2 puppetserver JVMs and a PuppetDB JVM (-Xmx256m); docs/puppet.md "Verified with"):
 #   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
@@ -51,6 +51,7 @@ VIP_DOWN=127.0.0.14
 VIP_PDB=127.0.0.15
 VIP_LB=127.0.0.16
 VIP_LBFILES=127.0.0.17
+VIP_FB=127.0.0.18
 IP_PDB1=127.0.0.31
 IP_COMPILE3=127.0.0.23
 IP_CA1=127.0.0.21
@@ -72,6 +73,14 @@ PDB_DB=xb_e2e_pdb
 # must finish well before that: under half of it.
 SERVER_LIST_LIMIT_MS=60000
 NAGENTS=4
+# the load feedback herd: agents at once through the puppetfb VIP, each catalog made
+# HERD_SLEEP seconds slower (generate), on two compilers of one JRuby with a queue
+# of HERD_QUEUE: more than their JRubies hold, so they queue. Not more than the
+# queues hold: Puppet 7.23's agent fails a request it retries after a 503
+# (bench/herd-site.sh), so a refused catalog is a failed run
+HERD=8
+HERD_SLEEP=2
+HERD_QUEUE=4
 # JDK clients in parallel, each 1 full handshake + JDK_RESUMES resumption attempts,
 # all from one source address (as a Puppet Server's pool of connections to PuppetDB)
 JDK_CLIENTS=16
@@ -83,6 +92,8 @@ JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-600}
 HOSTS_BEGIN="# BEGIN crossbar-puppet-e2e $$"
 HOSTS_END="# END crossbar-puppet-e2e $$"
 FACTER_CONF=/etc/facter/facter.conf
+# the masters log each request's authorization with its certname (check client-cert)
+AUTH_TRACE=1
 
 T0=$(date +%s)
 PASSED=0
@@ -99,25 +110,9 @@ fail() { FAILED=$((FAILED + 1)); echo "FAIL $1: $2"; }
 now_ms() { date +%s%3N; }
 
 # ---------------------------------------------------------------- teardown
-stop_pid() { # name: TERM, bounded wait, then KILL
-    local name=$1 pid=${PIDS[$1]:-}
-    [ -n "$pid" ] || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-    fi
-    unset "PIDS[$name]"
-}
-hosts_remove() {
-    if grep -q "^# BEGIN crossbar-puppet-e2e $$\$" /etc/hosts 2>/dev/null; then
-        # /etc/hosts may be a bind mount: rewrite in place, never replace the inode
-        local tmp; tmp=$(mktemp)
-        sed "/^$HOSTS_BEGIN\$/,/^$HOSTS_END\$/d" /etc/hosts > "$tmp" && cat "$tmp" > /etc/hosts
-        rm -f "$tmp"
-    fi
-}
+# stop_pid, hosts_remove, jvm_start, jvm_wait, server_conf, install_cert, agent_conf
+# shellcheck source=tests/puppet/site.sh
+source "$ROOT/tests/puppet/site.sh"
 cleanup() {
     local rc=$?
     for n in "${!PIDS[@]}"; do stop_pid "$n"; done
@@ -150,6 +145,7 @@ hosts_write() { # mode: vip | sni | lb (file content through the module-made bal
         echo "$VIP_DOWN puppetdown.$DOMAIN"
         echo "$VIP_PDB puppetdb.$DOMAIN"
         echo "$VIP_LB puppetlb.$DOMAIN"
+        echo "$VIP_FB puppetfb.$DOMAIN"
         echo "$IP_PDB1 pdb1.$DOMAIN"
         echo "$IP_CA1 ca1.$DOMAIN"
         echo "$IP_CA2 ca2.$DOMAIN"
@@ -206,112 +202,10 @@ EOF
     printf -- '---\nserver:\n  facts:\n    terminus: puppetdb\n    cache: yaml\nmaster:\n  facts:\n    terminus: puppetdb\n    cache: yaml\n' > "$d/etc/routes.yaml"
     echo "*.$DOMAIN" > "$d/etc/autosign.conf"
     chmod 644 "$d/etc/autosign.conf"
-    cat > "$d/conf.d/webserver.conf" <<EOF
-webserver: {
-    access-log-config: $d/conf.d/request-logging.xml
-    client-auth: want
-    ssl-host: $ip
-    ssl-port: 8140
-}
-EOF
-    cat > "$d/conf.d/puppetserver.conf" <<EOF
-jruby-puppet: {
-    ruby-load-path: [/usr/lib/puppetserver/ruby/vendor_ruby]
-    gem-home: $d/gems
-    gem-path: [\${jruby-puppet.gem-home}, "/usr/lib/puppetserver/vendored-jruby-gems"]
-    server-conf-dir: $d/etc
-    server-code-dir: $W/code
-    server-var-dir: $d/var
-    server-run-dir: $d/run
-    server-log-dir: $d/log
-    max-active-instances: 1
-}
-http-client: {
-}
-profiler: {
-}
-product: {
-    check-for-updates: false
-}
-EOF
-    cat > "$d/conf.d/global.conf" <<EOF
-global: {
-    logging-config: $d/conf.d/logback.xml
-}
-EOF
-    cat > "$d/conf.d/ca.conf" <<EOF
-certificate-authority: {
-    allow-subject-alt-names: true
-}
-EOF
-    cat > "$d/conf.d/logback.xml" <<EOF
-<configuration>
-  <appender name="F" class="ch.qos.logback.core.FileAppender">
-    <file>$d/log/puppetserver.log</file>
-    <encoder><pattern>%d{HH:mm:ss.SSS} %-5p [%c{2}] %m%n</pattern></encoder>
-  </appender>
-  <logger name="org.eclipse.jetty" level="INFO"/>
-  <logger name="puppetlabs.trapperkeeper.authorization.rules" level="TRACE"/>
-  <root level="info"><appender-ref ref="F"/></root>
-</configuration>
-EOF
-    cat > "$d/conf.d/request-logging.xml" <<EOF
-<configuration debug="false">
-  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
-    <file>$d/log/access.log</file>
-    <encoder><pattern>%h %l %u [%t] "%r" %s %b %D</pattern></encoder>
-  </appender>
-  <appender-ref ref="FILE"/>
-</configuration>
-EOF
-    cp /etc/puppet/puppetserver/conf.d/{auth.conf,web-routes.conf,metrics.conf} "$d/conf.d/"
-    cp /etc/puppet/puppetserver/services.d/{bootstrap.cfg,ca.cfg} "$d/services.d/"
+    # the feedback herd (check 2b): a short queue, and short retries after its 503s
+    server_conf "$n" "$ip" 1 "$HERD_QUEUE" 5
 }
 
-jvm_start() { # name
-    local d=$W/$1
-    printf 0 > "$d/restart"
-    # shellcheck disable=SC2086
-    java -Xms512m -Xmx1g -XX:+UseSerialGC ${JAVA_EXTRA:-} \
-        -Djruby.logger.class=com.puppetlabs.jruby_utils.jruby.Slf4jLogger \
-        -Djruby.lib=/usr/share/jruby/lib \
-        -jar /usr/share/puppetserver/puppetserver.jar \
-        --config "$d/conf.d" --bootstrap-config "$d/services.d" \
-        --restart-file "$d/restart" > "$d/log/stdout.log" 2>&1 &
-    PIDS[$1]=$!
-}
-jvm_wait() { # name ip -> waits until /status/v1/simple says running
-    local d=$W/$1 end=$(( $(date +%s) + JVM_START_TIMEOUT ))
-    while [ "$(date +%s)" -lt $end ]; do
-        kill -0 "${PIDS[$1]}" 2>/dev/null || { tail -20 "$d/log/stdout.log" "$d/log/puppetserver.log" >&2; return 1; }
-        if [ "$(head -c1 "$d/restart" 2>/dev/null)" = 1 ] &&
-           [ "$(curl -s --max-time 5 --cacert "$W/ca.pem" "https://$1.$DOMAIN:8140/status/v1/simple" \
-                --resolve "$1.$DOMAIN:8140:$2")" = running ]; then
-            return 0
-        fi
-        sleep 1
-    done
-    return 1
-}
-
-agent_conf() { # name index
-    local d=$W/agents/$1
-    mkdir -p "$d"
-    cat > "$d/puppet.conf" <<EOF
-[main]
-certname = $1.$DOMAIN
-server = puppet.$DOMAIN
-ca_server = puppetca.$DOMAIN
-sourceaddress = 127.0.0.$((100 + $2))
-ssldir = $d/ssl
-vardir = $d/var
-logdir = $d/log
-rundir = $d/run
-codedir = $d/code
-waitforcert = 0
-report = true
-EOF
-}
 agent() { # name args... (bounded)
     local n=$1; shift
     timeout 300 puppet "$@" --confdir "$W/agents/$n" --color false
@@ -451,6 +345,8 @@ LB_CERT=$W/agents/lb/ssl/certs/lb.$DOMAIN.pem
 LB_KEY=$W/agents/lb/ssl/private_keys/lb.$DOMAIN.pem
 javac -d "$W/java" "$ROOT/tests/puppet/JdkResume.java" > "$W/javac.log" 2>&1 || { cat "$W/javac.log" >&2; die "javac JdkResume.java"; }
 log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
+# under the lock no other run is under way: a block another run left is stale
+hosts_remove_stale crossbar-puppet-e2e
 hosts_write vip
 # DNS for `discover`: Puppet's SRV records for the compile servers, from a dnsmasq on
 # a free loopback port that serves nothing else
@@ -480,6 +376,11 @@ TOKEN=$(openssl rand -hex 12)
 mkdir -p "$W/code/environments/production/"{manifests,modules/demo/files} "$W/out"
 printf 'hello from crossbar e2e %s\n' "$TOKEN" > "$W/code/environments/production/modules/demo/files/hello.txt"
 cat > "$W/code/environments/production/manifests/site.pp" <<EOF
+# the feedback herd's agents: a catalog that takes a known time (generate runs on the compiler)
+node /^herd\\d+\\.$DOMAIN\$/ {
+  \$slow = generate('/bin/sleep', '$HERD_SLEEP')
+  notify { "compiled for \${trusted['certname']}": }
+}
 node default {
   file { "$W/out/\${trusted['certname']}.txt":
     ensure => file,
@@ -566,7 +467,7 @@ cp -r "$ROOT/packaging/puppet/crossbar" /usr/share/puppet/modules/stdlib /usr/sh
 mkdir -p "$W/lb"
 chmod -R a+rX "$W/code"
 
-ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN,puppetlb.$DOMAIN"
+ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN,puppetlb.$DOMAIN,puppetfb.$DOMAIN"
 master_conf ca1 $IP_CA1 "ca1.$DOMAIN" "$ALT,ca1.$DOMAIN"
 master_conf ca2 $IP_CA2 "ca2.$DOMAIN" "$ALT,ca2.$DOMAIN"
 # primary CA, offline: root + intermediate, ca1's host cert with every service name
@@ -590,15 +491,20 @@ puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certnam
     { cat "$W/ca1/log/ca-generate-pdb1.log" >&2; die "ca generate pdb1"; }
 puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "lb.$DOMAIN" \
     > "$W/ca1/log/ca-generate-lb.log" 2>&1 || { cat "$W/ca1/log/ca-generate-lb.log" >&2; die "ca generate lb"; }
-for n in pdb1 lb; do
-    case $n in pdb1) dst=$W/pdb1/ssl ;; lb) dst=$W/agents/lb/ssl ;; esac
-    mkdir -p "$dst/"{certs,private_keys}
-    mv "$W/ca1/ssl/certs/$n.$DOMAIN.pem" "$dst/certs/" && mv "$W/ca1/ssl/private_keys/$n.$DOMAIN.pem" "$dst/private_keys/" ||
-        die "$n certificate not where expected"
-    rm -f "$W/ca1/ssl/public_keys/$n.$DOMAIN.pem"
-    chmod 600 "$dst/private_keys/$n.$DOMAIN.pem"
-    cp "$W/ca1/ssl/certs/ca.pem" "$dst/certs/"
-    cp "$W/ca1/ssl/crl.pem" "$dst/"
+install_cert pdb1 "$W/ca1/ssl" "$W/pdb1/ssl" || die "pdb1 certificate not where expected"
+install_cert lb "$W/ca1/ssl" "$W/agents/lb/ssl" || die "lb certificate not where expected"
+# the feedback herd's agents, signed offline in one call (a bootstrap each would cost
+# the ~30 s Net::HTTP + TLS 1.3 stall, PUPPET-NOTES)
+HERD_NAMES=$(seq -f "herd%g.$DOMAIN" 1 $HERD | paste -sd,)
+puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "$HERD_NAMES" \
+    > "$W/ca1/log/ca-generate-herd.log" 2>&1 || { cat "$W/ca1/log/ca-generate-herd.log" >&2; die "ca generate herd"; }
+for i in $(seq 1 $HERD); do
+    agent_conf herd$i $((20 + i))
+    # Puppet 7.23's agent fails every request it retries after a 503
+    # (bench/herd-site.sh), and Puppet 7 ignores `pluginsync = false`: a herd
+    # agent's failed pluginsync does not end its run (its catalog needs no plugin)
+    echo "ignore_plugin_errors = true" >> "$W/agents/herd$i/puppet.conf"
+    install_cert herd$i "$W/ca1/ssl" "$W/agents/herd$i/ssl" || die "herd$i certificate not where expected"
 done
 mkdir -p "$W/ca2/ssl/"{certs,private_keys,public_keys}
 mv "$W/ca1/ssl/certs/ca2.$DOMAIN.pem" "$W/ca2/ssl/certs/"
@@ -652,6 +558,19 @@ services:
       on: [session_id, ticket, psk, source]
       expire: 30m
     health: { server_name: puppet.$DOMAIN }
+    backends:
+      - { name: compile1, address: "ca1.$DOMAIN:8140" }
+      - { name: compile2, address: "ca2.$DOMAIN:8140" }
+  # the compilers again, with load feedback from their JRuby metrics (check 2b)
+  puppetfb:
+    listen: ["$VIP_FB:8140"]
+    names: ["puppetfb.$DOMAIN"]
+    balance: leastconn
+    stick:
+      on: [session_id, ticket, psk, source]
+      expire: 30m
+    health: { server_name: puppetfb.$DOMAIN }
+    feedback: { kind: puppet, queue_limit: $HERD_QUEUE }
     backends:
       - { name: compile1, address: "ca1.$DOMAIN:8140" }
       - { name: compile2, address: "ca2.$DOMAIN:8140" }
@@ -782,11 +701,13 @@ t=$(now_ms)
 dms=$(( $(now_ms) - t ))
 "$CROSSBAR" doctor -c "$W/crossbar.yaml" --format json > "$W/doctor.json" 2>&1
 dcerts=$(grep -c '"subject": "CN=ca[12].xb.test"' "$W/doctor.json")
-if [ $drc = 0 ] && grep -q "0 error(s), 0 warning(s): exit 0" "$W/doctor.txt" && [ "$dcerts" -ge 8 ] &&
+# the puppetfb service's load feedback, polled as `run` polls it: answered by both
+dfb=$(ruby -rjson -e 'puts JSON.parse(File.read(ARGV[0]))["backends"].count { |b| (b["feedback"] || {})["ok"] }' "$W/doctor.json")
+if [ $drc = 0 ] && grep -q "0 error(s), 0 warning(s): exit 0" "$W/doctor.txt" && [ "$dcerts" -ge 8 ] && [ "$dfb" = 2 ] &&
    grep -q "info     puppetca: ca1 and ca2 serve the same CA certificate" "$W/doctor.txt"; then
-    pass doctor-clean "crossbar doctor --status: exit $drc in ${dms}ms, 8 backends, $dcerts leaf certificates read, ca1 and ca2 serve the same CA certificate"
+    pass doctor-clean "crossbar doctor --status: exit $drc in ${dms}ms, 10 backends, $dcerts leaf certificates read, ca1 and ca2 serve the same CA certificate, jruby-metrics answered by $dfb compilers"
 else
-    fail doctor-clean "exit $drc; report: $(tr '\n' '|' < "$W/doctor.txt") $(head -c 500 "$W/doctor.err")"
+    fail doctor-clean "exit $drc; feedback answered by ${dfb:-?}; report: $(tr '\n' '|' < "$W/doctor.txt") $(head -c 500 "$W/doctor.err")"
 fi
 sed 's/^/  doctor| /' "$W/doctor.txt" >&2
 # ... and against compile3, whose Puppet-signed certificate lacks puppet.$DOMAIN: an error
@@ -859,6 +780,52 @@ else
     fail agent-runs "$okruns/$total runs ok; sticky=$sticky agents-on-ca1=$m1 agents-on-ca2=$m2; catalogs: ${spread}; compile1=$p1 compile2=$p2 (logs: $W/agents/*/run-*.log)"
 fi
 [ "${STOP_AFTER:-}" = runs ] && exit
+
+# 2b. load feedback with the real compilers: HERD agents at once through the puppetfb
+# VIP (feedback on), more catalogs than the two JRubies hold at once. Counts only:
+# every run completes (no catalog refused), both compilers compile, crossbar read the
+# real jruby-metrics documents (one JRuby each, a queue seen during the herd).
+# bench/herd.sh compares it with leastconn and HAProxy.
+MURL=$ADMIN
+t=$(now_ms)
+from1=$(wc -l < "$W/ca1/log/access.log"); from2=$(wc -l < "$W/ca2/log/access.log")
+( maxq=0; while :; do
+      q=$(curl -s --max-time 2 "$ADMIN/metrics" | grep -E '^crossbar_backend_feedback_queued\{' |
+          grep 'service="puppetfb"' | awk '{ if ($2 > m) m = $2 } END { print m + 0 }')
+      [ "${q:-0}" -gt "$maxq" ] && maxq=$q && echo "$maxq" > "$W/herd-maxq"
+      sleep 0.3
+  done ) &
+PIDS[herdwatch]=$!
+hpids=()
+for i in $(seq 1 $HERD); do
+    ( agent "herd$i" agent -t --server "puppetfb.$DOMAIN" > "$W/agents/herd$i/herd.log" 2>&1
+      echo $? > "$W/agents/herd$i/herd.rc" ) &
+    hpids+=($!)
+done
+wait "${hpids[@]}"
+stop_pid herdwatch
+hms=$(( $(now_ms) - t ))
+hok=0
+for i in $(seq 1 $HERD); do grep -qxE '0|2' "$W/agents/herd$i/herd.rc" && hok=$((hok + 1)); done
+tail -n +"$((from1 + 1))" "$W/ca1/log/access.log" > "$W/herd-ca1.log"
+tail -n +"$((from2 + 1))" "$W/ca2/log/access.log" > "$W/herd-ca2.log"
+hc1=$(grep -c '"POST /puppet/v3/catalog/herd[^"]*" 200 ' "$W/herd-ca1.log")
+hc2=$(grep -c '"POST /puppet/v3/catalog/herd[^"]*" 200 ' "$W/herd-ca2.log")
+h503=$(cat "$W/herd-ca1.log" "$W/herd-ca2.log" | grep -c '" 503 ')
+hmaxq=$(cat "$W/herd-maxq" 2>/dev/null || echo 0)
+fbj=$(metric crossbar_backend_feedback_jrubies 'service="puppetfb"')
+fbok=$(metric crossbar_backend_feedback_polls_total 'service="puppetfb"' 'result="ok"')
+fbbad=$(curl -s --max-time 5 "$ADMIN/metrics" | grep -E '^crossbar_backend_feedback_polls_total\{' |
+        grep 'service="puppetfb"' | grep -v 'result="ok"' | awk '{s += $2} END {print s + 0}')
+fbrep=$(metric crossbar_backend_feedback_sticky_replaced_total 'service="puppetfb"')
+fbc1=$(conns puppetfb compile1); fbc2=$(conns puppetfb compile2)
+if [ $hok = $HERD ] && [ "$hc1" -gt 0 ] && [ "$hc2" -gt 0 ] && [ $((hc1 + hc2)) -ge $HERD ] &&
+   [ "$fbj" = 2 ] && [ "$fbok" -gt 0 ] && [ "$hmaxq" -gt 0 ]; then
+    pass feedback-herd "$hok/$HERD runs ok through the feedback VIP (${hms}ms); catalogs compile1=$hc1 compile2=$hc2; 503s $h503 (pluginsync, report: not fatal); jruby-metrics read from both (num-jrubies 1 each, $fbok polls ok, $fbbad failed), largest queue seen $hmaxq; connections compile1=$fbc1 compile2=$fbc2, saturated resumptions placed anew $fbrep"
+else
+    fail feedback-herd "$hok/$HERD runs ok; catalogs compile1=$hc1 compile2=$hc2; 503s $h503; num-jrubies sum $fbj, polls ok $fbok failed $fbbad, largest queue $hmaxq (logs: $W/agents/herd*/herd.log, $W/herd-ca?.log)"
+fi
+[ "${STOP_AFTER:-}" = feedback ] && exit
 
 # 3. the file resource came through the puppetfiles listener
 okf=0

@@ -94,7 +94,7 @@ async fn a_bad_file_fails_the_reload_command_and_the_old_config_keeps_serving() 
     assert_eq!(
         stderr,
         format!(
-            "{f}:5:5: services.s.bogus: unknown key `bogus`; allowed here: listen, mode, on_non_tls, server_names, names, default, balance, failback, stick, timeouts, keepalive, health, max_hello_size, retries, queue_size, slow_start, relay, on_marked_down, source, backends, discover\n\
+            "{f}:5:5: services.s.bogus: unknown key `bogus`; allowed here: listen, mode, on_non_tls, server_names, names, default, balance, failback, stick, timeouts, keepalive, health, max_hello_size, retries, queue_size, slow_start, relay, on_marked_down, source, backends, discover, feedback\n\
              reload refused: {f} has errors; the running configuration stays\n",
             f = file.display()
         )

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{time, Bytes, Handshakes};
+use super::{time, Bytes, FeedbackView, Handshakes};
 
 /// Where a backend comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,7 +159,7 @@ pub struct BackendView {
     pub peak_connections: u32,
     /// Connections relayed.
     pub connections_total: u64,
-    /// The weight new connections are balanced by now.
+    /// The weight before load feedback: the file's, DNS's or the operator's.
     pub weight: u32,
     /// The file's weight (or the SRV record's, for a backend from DNS).
     pub configured_weight: u32,
@@ -177,6 +177,14 @@ pub struct BackendView {
     /// connections, still serves) and is listed until its last connection ends.
     #[serde(default)]
     pub left_dns: bool,
+    /// The weight new connections are balanced by now: `weight` times the load
+    /// feedback factor.
+    pub effective_weight: f64,
+    /// Who decided it: `weight_origin`, or `feedback` while a factor applies.
+    #[serde(default)]
+    pub effective_origin: super::Origin,
+    /// Its load feedback (`null` without `feedback:`).
+    pub feedback: Option<FeedbackView>,
     /// Used only when no primary is available.
     pub backup: bool,
     /// Bytes relayed each way.
@@ -240,6 +248,9 @@ impl Default for BackendView {
             state_origin: super::Origin::File,
             operator: None,
             left_dns: false,
+            effective_weight: 1.0,
+            effective_origin: super::Origin::File,
+            feedback: None,
             backup: false,
             bytes: Bytes::default(),
             connect_errors: 0,

@@ -92,6 +92,9 @@ fn busy() -> BackendView {
         weight: 4,
         configured_weight: 2,
         weight_origin: super::Origin::Operator,
+        effective_weight: 1.24,
+        effective_origin: super::Origin::Feedback,
+        feedback: Some(saturated()),
         bytes: Bytes {
             client_to_server: 912_345_678,
             server_to_client: 8_123_456_789,
@@ -109,6 +112,29 @@ fn busy() -> BackendView {
             full: 5_431,
         },
         ..backend("compile1", BackendState::Up)
+    }
+}
+
+/// A compiler's load feedback: its one JRuby borrowed, two requests queued, 503s.
+pub fn saturated() -> FeedbackView {
+    FeedbackView {
+        phase: FeedbackPhase::Active,
+        factor: 0.31,
+        saturated: true,
+        sample: Some(FeedbackSample::Puppet {
+            jrubies: 1,
+            free: 0,
+            queued: 2,
+            borrowed: 1,
+            lock: "not-in-use".into(),
+            queue_limit_hits: 5,
+        }),
+        sample_age_ms: Some(412),
+        refused_since_last: true,
+        expected_jrubies: Some(1),
+        max_connections: None,
+        error: None,
+        failing_seconds: None,
     }
 }
 
@@ -148,6 +174,12 @@ fn compilers() -> ServiceView {
             resumed: 40_100,
             full: 5_431,
         },
+        feedback: Some(FeedbackSettings {
+            kind: FeedbackKind::Puppet,
+            interval_ms: 1000,
+            floor_percent: 5,
+            saturated_sticky: true,
+        }),
         discovery: Some(DiscoveryView {
             kind: "srv".into(),
             name: "_x-puppet._tcp.example".into(),

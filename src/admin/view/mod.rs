@@ -10,6 +10,7 @@
 //! step) is here too, once.
 mod answers;
 mod backend;
+mod feedback;
 mod origin;
 mod services;
 mod tables;
@@ -20,6 +21,7 @@ pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
     BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
 };
+pub use feedback::{FeedbackKind, FeedbackPhase, FeedbackSample, FeedbackSettings, FeedbackView};
 pub use origin::{HeldView, OperatorView, Origin, ResetView};
 pub use services::{
     Balance, Bytes, DiscoveryView, Handshakes, Lookups, Mode, ProcessView, ProxyListenerView,
@@ -194,6 +196,7 @@ mod tests {
                 "backends",
                 "balance",
                 "discovery",
+                "feedback",
                 "handshakes",
                 "listeners",
                 "mode",
@@ -268,6 +271,9 @@ mod tests {
                 "connect_errors",
                 "connections_total",
                 "dns_name",
+                "effective_origin",
+                "effective_weight",
+                "feedback",
                 "handshakes",
                 "healthy",
                 "last_check",
@@ -284,8 +290,43 @@ mod tests {
             ]
         );
         assert_eq!(
-            (&b["weight_origin"], &b["state_origin"]),
-            (&"operator".into(), &"file".into())
+            (
+                &b["weight_origin"],
+                &b["state_origin"],
+                &b["effective_origin"]
+            ),
+            (&"operator".into(), &"file".into(), &"feedback".into())
+        );
+        assert_eq!(
+            keys(&b["feedback"]),
+            [
+                "error",
+                "expected_jrubies",
+                "factor",
+                "failing_seconds",
+                "max_connections",
+                "phase",
+                "refused_since_last",
+                "sample",
+                "sample_age_ms",
+                "saturated"
+            ]
+        );
+        assert_eq!(
+            keys(&b["feedback"]["sample"]),
+            [
+                "borrowed",
+                "free",
+                "jrubies",
+                "kind",
+                "lock",
+                "queue_limit_hits",
+                "queued"
+            ]
+        );
+        assert_eq!(
+            keys(&s["feedback"]),
+            ["floor_percent", "interval_ms", "kind", "saturated_sticky"]
         );
         assert_eq!((&b["source"], &b["state"]), (&"dns".into(), &"up".into()));
         assert_eq!(b["check"], "tls-hello");

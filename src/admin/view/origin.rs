@@ -21,15 +21,19 @@ pub enum Origin {
     Dns,
     /// The operator, at run time.
     Operator,
+    /// Load feedback, which scaled the weight the others gave
+    /// (`effective_origin` only).
+    Feedback,
 }
 
 impl Origin {
-    /// The name on the wire: `file`, `dns`, `operator`.
+    /// The name on the wire: `file`, `dns`, `operator`, `feedback`.
     pub fn as_str(self) -> &'static str {
         match self {
             Origin::File => "file",
             Origin::Dns => "dns",
             Origin::Operator => "operator",
+            Origin::Feedback => "feedback",
         }
     }
 }

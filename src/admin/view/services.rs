@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{time, BackendState, BackendView};
+use super::{time, BackendState, BackendView, FeedbackSettings};
 
 /// `GET /api/services`: the process facts, then every service in config order, then
 /// each listener with `per_source` limits and its busiest sources: everything the
@@ -146,6 +146,8 @@ pub struct ServiceView {
     pub active_backend: Option<String>,
     /// Its DNS discovery (`null` without `discover:`).
     pub discovery: Option<DiscoveryView>,
+    /// Its load feedback settings (`null` without `feedback:`).
+    pub feedback: Option<FeedbackSettings>,
     /// Its backends, in config order (discovered ones after).
     pub backends: Vec<BackendView>,
 }

@@ -1,0 +1,189 @@
+# Sourced by bench/herd.sh: the Puppet site of the herd. Two compile masters of
+# different sizes (c1 also the CA), a catalog that takes a known time, agents
+# with certificates signed offline, and the jruby-metrics capture.
+#
+#   c1.hb.test  127.0.0.41:8140  CA + compiler, max-active-instances J1
+#   c2.hb.test  127.0.0.42:8140  compiler, max-active-instances J2
+#   puppetfb / puppetlc / puppetha.hb.test: the three balancers' VIPs
+#   agents h01..hNN: own confdir and ssldir, sourceaddress 127.0.0.1NN
+
+hosts_write() {
+    hosts_remove
+    {
+        echo "$HOSTS_BEGIN"
+        echo "$IP_C1 c1.$DOMAIN puppetca.$DOMAIN"
+        echo "$IP_C2 c2.$DOMAIN"
+        echo "$VIP_FB puppetfb.$DOMAIN"
+        echo "$VIP_LC puppetlc.$DOMAIN"
+        echo "$VIP_HA puppetha.$DOMAIN"
+        echo "$HOSTS_END"
+    } >> /etc/hosts
+}
+
+# master_conf NAME IP JRUBIES: a puppetserver's own directories and config
+# (PUPPET-NOTES.md "Running several puppetservers side by side"; conf.d from
+# tests/puppet/site.sh).
+master_conf() {
+    local n=$1 ip=$2 d=$W/$1
+    mkdir -p "$d"/{etc,conf.d,services.d,var,run,log,ssl,gems}
+    cat > "$d/etc/puppet.conf" <<EOF
+[main]
+certname = $n.$DOMAIN
+server = puppetfb.$DOMAIN
+ca_server = puppetca.$DOMAIN
+ssldir = $d/ssl
+vardir = $d/var
+rundir = $d/run
+logdir = $d/log
+codedir = $W/code
+cadir = $d/ca
+autosign = false
+# no modules beyond the environment's: Debian's /usr/share/puppet/modules would
+# make every agent's first run a pluginsync of dozens of files
+basemodulepath = $W/code/modules
+EOF
+    server_conf "$n" "$ip" "$3" "$QUEUE" "$RETRY_DELAY"
+    # c1 is the CA; c2 compiles only (an enabled CA with an empty cadir makes a new
+    # CA, whose Jetty then refuses every agent's certificate)
+    [ "$n" = c1 ] || printf '%s\n' \
+        puppetlabs.services.ca.certificate-authority-disabled-service/certificate-authority-disabled-service \
+        puppetlabs.trapperkeeper.services.watcher.filesystem-watch-service/filesystem-watch-service \
+        > "$d/services.d/ca.cfg"
+}
+
+site_build() {
+    local alt="puppetca.$DOMAIN,puppetfb.$DOMAIN,puppetlc.$DOMAIN,puppetha.$DOMAIN"
+    mkdir -p "$W/code/environments/production/manifests" "$W/code/modules"
+    # a catalog that takes a known time: generate() runs on the compiler while it compiles
+    cat > "$W/code/environments/production/manifests/site.pp" <<EOF
+node default {
+  \$slow = generate('/bin/sleep', '$SLEEP')
+  notify { "compiled for \${trusted['certname']}": }
+}
+EOF
+    chmod -R a+rX "$W/code"
+    master_conf c1 $IP_C1 "$J1"
+    master_conf c2 $IP_C2 "$J2"
+    puppetserver ca setup --config "$W/c1/etc/puppet.conf" --certname "c1.$DOMAIN" \
+        --subject-alt-names "$alt,c1.$DOMAIN" > "$W/c1/log/ca-setup.log" 2>&1 ||
+        { cat "$W/c1/log/ca-setup.log" >&2; die "ca setup"; }
+    cp "$W/c1/ssl/certs/ca.pem" "$W/ca.pem"
+    puppetserver ca generate --ca-client --config "$W/c1/etc/puppet.conf" --certname "c2.$DOMAIN" \
+        --subject-alt-names "$alt,c2.$DOMAIN" >> "$W/c1/log/ca-generate.log" 2>&1 ||
+        { tail -20 "$W/c1/log/ca-generate.log" >&2; die "ca generate c2"; }
+    local names="lb.$DOMAIN" i
+    for i in $(seq -f '%02g' 1 "$AGENTS"); do names="$names,h$i.$DOMAIN"; done
+    puppetserver ca generate --ca-client --config "$W/c1/etc/puppet.conf" --certname "$names" \
+        >> "$W/c1/log/ca-generate.log" 2>&1 ||
+        { tail -20 "$W/c1/log/ca-generate.log" >&2; die "ca generate agents"; }
+    install_cert c2 "$W/c1/ssl" "$W/c2/ssl" || die "c2 certificate"
+    install_cert lb "$W/c1/ssl" "$W/lb" || die "lb certificate"
+    local k=0
+    for i in $(seq -f '%02g' 1 "$AGENTS"); do
+        k=$((k + 1))
+        agent_conf "h$i" "$k"
+        # Puppet 7.23's agent cannot retry after a 503 with Retry-After: it closes
+        # the connection, sleeps, then drains the old response from the closed
+        # socket ("attempt to read body out of block"), so the request fails. A
+        # refused node or catalog request fails the run, a refused report is only
+        # logged, and a refused pluginsync request fails the run unless
+        # ignore_plugin_errors (`pluginsync = false` does not help: Puppet 7 always
+        # syncs). There are no plugins here: a failed pluginsync costs nothing.
+        [ "$STRICT_PLUGINS" = 1 ] || echo "ignore_plugin_errors = true" >> "$W/agents/h$i/puppet.conf"
+        install_cert "h$i" "$W/c1/ssl" "$W/agents/h$i/ssl" || die "agent h$i certificate"
+    done
+    log "site built: c1 ($J1 JRuby), c2 ($J2), $AGENTS agents, catalogs sleep ${SLEEP}s, queue $QUEUE, retry delay ${RETRY_DELAY}s"
+}
+
+# heap: 512 MiB per JRuby beyond the first is Puppet's sizing advice; a lab's code is small
+heap() { echo "$(( 768 + 256 * $1 ))m"; }
+
+site_start() {
+    jvm_start c1 "$(heap "$J1")"
+    jvm_start c2 "$(heap "$J2")"
+    local t=$(date +%s)
+    jvm_wait c1 $IP_C1 || die "c1 did not start within ${JVM_START_TIMEOUT}s (log: $W/c1/log)"
+    jvm_wait c2 $IP_C2 || die "c2 did not start within ${JVM_START_TIMEOUT}s (log: $W/c2/log)"
+    log "both compilers running after $(( $(date +%s) - t ))s"
+    [ -n "$CAPTURE" ] && return 0 # the capture wants to see c2's pool fill
+    # `running` comes with the first JRuby; the herd starts with full pools
+    local n j
+    for n in c1 c2; do
+        j=$J1; [ $n = c2 ] && j=$J2
+        for _ in $(seq 1 $((JVM_START_TIMEOUT * 2))); do [ "$(pool $n)" = "$j $j" ] && break; sleep 0.5; done
+    done
+    log "both pools full after $(( $(date +%s) - t ))s"
+}
+
+# metrics NAME [CURL ARGS]: the jruby-metrics document of a compiler (anonymous by default)
+metrics() {
+    local n=$1; shift
+    curl -s --max-time 5 --cacert "$W/ca.pem" "$@" \
+        "https://$n.$DOMAIN:8140/status/v1/services/jruby-metrics?level=debug"
+}
+# catalog AGENT COMPILER: one catalog request with the agent's certificate; prints
+# the status and the Retry-After header
+catalog() {
+    local d=$W/agents/$1/ssl
+    curl -s --max-time 120 -o /dev/null -D - --cacert "$W/ca.pem" \
+        --cert "$d/certs/$1.$DOMAIN.pem" --key "$d/private_keys/$1.$DOMAIN.pem" \
+        -H 'X-Puppet-Version: 7.23.0' -H 'Accept: application/json' \
+        "https://$2.$DOMAIN:8140/puppet/v3/catalog/$1.$DOMAIN?environment=production" |
+        tr -d '\r' | awk 'NR == 1 { s = $2 } tolower($1) == "retry-after:" { r = $2 } END { print s, r }'
+}
+
+# free COMPILER [CURL ARGS]: num-jrubies and num-free-jrubies of its document ("3 1")
+pool() {
+    metrics "$@" | ruby -rjson -e 'm = JSON.parse(STDIN.read)["status"]["experimental"]["metrics"]
+        puts "#{m["num-jrubies"]} #{m["num-free-jrubies"]}"' 2>/dev/null
+}
+
+# capture DIR: the documents tests/fixtures/jruby-metrics holds, from these servers
+capture() {
+    local dir=$1 i
+    mkdir -p "$dir"
+    metrics c1 > "$dir/idle-1-jruby.json"
+    # A compiler reports `running` after its first JRuby; the others follow (the
+    # pool's size is num-jrubies from the start, the missing ones neither free nor
+    # borrowed): wait for all of c2's
+    for _ in $(seq 1 600); do [ "$(pool c2)" = "$J2 $J2" ] && break; sleep 0.5; done
+    metrics c2 > "$dir/idle-$J2-jrubies.json"
+    # c1 saturated: more catalog requests at once than its JRuby and queue hold
+    local jobs=()
+    for i in $(seq -f '%02g' 1 8); do catalog "h$i" c1 > "$W/catalog-$i.out" & jobs+=($!); done
+    local best=0 doc q
+    for _ in $(seq 1 40); do
+        doc=$(metrics c1)
+        q=$(printf '%s' "$doc" | grep -o '"requested-instances":\[[^]]*\]' | grep -o '"time"' | wc -l)
+        if [ "$q" -gt "$best" ]; then best=$q; printf '%s' "$doc" > "$dir/saturated-1-jruby.json"; fi
+        sleep 0.2
+    done
+    wait "${jobs[@]}" # only these: the JVMs are children too
+    metrics c1 > "$dir/after-503s-1-jruby.json"
+    log "catalogs at once on c1 (status, Retry-After): $(cat "$W"/catalog-*.out | sort | uniq -c | tr '\n' ';')"
+    # c2 restarted with the status service restricted to a certificate allowlist (as
+    # PE sites do): anonymous is refused; the allowed certificate reads it, and what
+    # it says while its pool fills
+    stop_pid c2
+    ruby -e '
+      t = File.read(ARGV[0])
+      rule = t.index("puppetlabs status service - full") or abort "no status rule in auth.conf"
+      start = t.rindex("{", rule)
+      t[start...rule] = t[start...rule].sub("allow-unauthenticated: true", "allow: [\"lb.'"$DOMAIN"'\"]")
+      File.write(ARGV[0], t)' "$W/c2/conf.d/auth.conf" || die "auth.conf rule"
+    jvm_start c2 "$(heap "$J2")"
+    local seen="" now end=$(( $(date +%s) + JVM_START_TIMEOUT ))
+    while [ "$(date +%s)" -lt $end ]; do
+        now=$(pool c2 --cert "$W/lb/certs/lb.$DOMAIN.pem" --key "$W/lb/private_keys/lb.$DOMAIN.pem")
+        if [ -n "$now" ] && [ "$now" != "$seen" ]; then
+            seen=$now
+            metrics c2 --cert "$W/lb/certs/lb.$DOMAIN.pem" --key "$W/lb/private_keys/lb.$DOMAIN.pem" > "$dir/starting-$J2-jrubies-${now#* }-free.json"
+            [ "$now" = "$J2 $J2" ] && break
+        fi
+        sleep 0.2
+    done
+    curl -s --max-time 5 --cacert "$W/ca.pem" -o "$dir/refused-anonymous.body" -D "$dir/refused-anonymous.head" \
+        "https://c2.$DOMAIN:8140/status/v1/services/jruby-metrics?level=debug"
+    sed -i '/^Date: /d' "$dir/refused-anonymous.head"
+    log "captured into $dir: $(ls "$dir" | tr '\n' ' ')"
+}

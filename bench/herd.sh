@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The herd: real puppet agents arriving at once at two real puppetservers of
+# different sizes, through crossbar with load feedback, crossbar `leastconn` and
+# HAProxy `leastconn`, in one run (docs/puppet.md "Load feedback in a herd").
+#
+#   sudo bench/herd.sh                       # 12 agents, compilers of 1 and 3 JRubies
+#   sudo bench/herd.sh --agents 16 --rounds 2
+#   sudo bench/herd.sh --capture tests/fixtures/jruby-metrics   # the JSON fixtures
+#
+# It edits /etc/hosts and starts two JVMs, so it takes the Puppet E2E's lock
+# (/tmp/puppet-e2e.lock, as .ci/run does). It times things: run it alone on the
+# machine (nothing else building or testing beside it).
+#
+# Options:
+#   --agents N        agents in the herd (default 12)
+#   --rounds R        herds per mode, the modes interleaved (default 1)
+#   --jrubies A,B     max-active-instances of compiler c1 and c2 (default 1,3)
+#   --queue Q         max-queued-requests of both (default 2)
+#   --retry-delay D   max-retry-delay of both, seconds (default 10)
+#   --sleep S         seconds a catalog takes beyond its compile: generate('/bin/sleep', S) (default 2)
+#   --modes LIST      of fb (crossbar, feedback), lc (crossbar leastconn), ha (HAProxy
+#                     leastconn); default fb,lc,ha
+#   --strict-plugins  a failed pluginsync fails the agent's run (Puppet's default;
+#                     here off, ignore_plugin_errors: Puppet 7.23's agent fails
+#                     every request it retries after a 503, see herd-site.sh)
+#   --capture DIR     instead of herds: write the jruby-metrics documents (idle,
+#                     saturated, refused without a certificate, while starting) to DIR
+# Environment: CROSSBAR_BIN (default target/release/crossbar, built if missing),
+#   KEEP=1 keeps the work directory.
+# Prints a markdown table per round and a summary; exit 0 when every herd ran,
+# 2 on a setup error.
+set -uo pipefail
+
+if [ -z "${HERD_LOCKED:-}" ]; then
+    exec flock /tmp/puppet-e2e.lock env HERD_LOCKED=1 "$0" "$@"
+fi
+
+AGENTS=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha CAPTURE= STRICT_PLUGINS=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --agents) AGENTS=$2; shift ;;
+        --rounds) ROUNDS=$2; shift ;;
+        --jrubies) JRUBIES=$2; shift ;;
+        --queue) QUEUE=$2; shift ;;
+        --retry-delay) RETRY_DELAY=$2; shift ;;
+        --sleep) SLEEP=$2; shift ;;
+        --modes) MODES=$2; shift ;;
+        --capture) CAPTURE=$(realpath -m "$2"); shift ;;
+        --strict-plugins) STRICT_PLUGINS=1 ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+J1=${JRUBIES%,*} J2=${JRUBIES#*,}
+
+DOMAIN=hb.test
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CROSSBAR=${CROSSBAR_BIN:-$ROOT/target/release/crossbar}
+IP_C1=127.0.0.41
+IP_C2=127.0.0.42
+VIP_FB=127.0.0.45
+VIP_LC=127.0.0.46
+VIP_HA=127.0.0.47
+ADMIN_FB=127.0.0.1:19150
+ADMIN_LC=127.0.0.1:19151
+# Every agent run is bounded: a herd that stalls is a result, not a hang.
+AGENT_TIMEOUT=600
+JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-900}
+# A compiler is idle again (between herds) within this many seconds, or the next
+# herd starts anyway and the table says so.
+IDLE_TIMEOUT=120
+HOSTS_BEGIN="# BEGIN crossbar-herd $$"
+HOSTS_END="# END crossbar-herd $$"
+FACTER_CONF=/etc/facter/facter.conf
+
+T0=$(date +%s)
+declare -A PIDS=()
+CREATED_FACTER=0
+W=""
+
+log() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
+die() { log "SETUP ERROR: $*"; exit 2; }
+now_ms() { date +%s%3N; }
+
+# stop_pid, hosts_remove, jvm_start, jvm_wait, server_conf, install_cert, agent_conf:
+# the Puppet E2E's
+# shellcheck source=tests/puppet/site.sh
+source "$ROOT/tests/puppet/site.sh"
+cleanup() {
+    local rc=$?
+    for n in "${!PIDS[@]}"; do stop_pid "$n"; done
+    hosts_remove
+    [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
+    if [ -n "$W" ] && [ -d "$W" ]; then
+        if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
+    fi
+    log "done in $(( $(date +%s) - T0 ))s"
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# shellcheck source=bench/herd-site.sh
+source "$ROOT/bench/herd-site.sh"
+
+# ================================================================== setup
+[ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
+PKGS="puppetserver puppet-agent haproxy"
+if ! command -v puppet >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ] ||
+   ! command -v haproxy >/dev/null; then
+    log "installing $PKGS"
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1 ||
+        { apt-get -o DPkg::Lock::Timeout=900 update >/dev/null 2>&1 &&
+          DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1; } ||
+        die "apt-get install $PKGS failed"
+fi
+if [ -z "$CAPTURE" ] && [ ! -x "$CROSSBAR" ]; then
+    log "building crossbar"; (cd "$ROOT" && cargo build --release --bin crossbar >/dev/null 2>&1) || die "cargo build failed"
+fi
+for c in curl java openssl; do command -v $c >/dev/null || die "$c missing"; done
+if [ ! -e "$FACTER_CONF" ]; then
+    mkdir -p /etc/facter
+    echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$FACTER_CONF"
+    CREATED_FACTER=1
+fi
+W=$(mktemp -d /tmp/crossbar-herd.XXXXXX)
+chmod 755 "$W"
+log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server, $(haproxy -v | head -1))"
+hosts_remove_stale crossbar-herd
+hosts_write
+site_build
+site_start
+
+if [ -n "$CAPTURE" ]; then
+    capture "$CAPTURE"
+    exit 0
+fi
+
+# shellcheck source=bench/herd-run.sh
+source "$ROOT/bench/herd-run.sh"
+herds

@@ -1,0 +1,99 @@
+//! A backend's weights as the views show them: who set the weight, what load
+//! feedback made of it and the last sample behind that (`GET /api/services`).
+use std::time::Duration;
+
+use super::view;
+use crate::balance::Backend;
+use crate::config::{FeedbackConfig, FeedbackSource};
+use crate::feedback::cell::FACTOR_ONE;
+use crate::feedback::weight::Reading;
+use crate::feedback::{self, Snapshot};
+
+/// Who set a backend's weight before feedback: the operator at run time, else the
+/// SRV record it came from, else the file.
+pub(super) fn origin(b: &Backend) -> view::Origin {
+    if b.weight() != b.config.weight {
+        view::Origin::Operator
+    } else if b.config.from_dns.is_some() {
+        view::Origin::Dns
+    } else {
+        view::Origin::File
+    }
+}
+
+/// The weight new connections are balanced by, who decided it, and the feedback
+/// behind it (the fields of [`view::BackendView`] that say so).
+pub(super) fn effective(
+    b: &Backend,
+    cfg: Option<&FeedbackConfig>,
+) -> (f64, view::Origin, Option<view::FeedbackView>) {
+    let base = origin(b);
+    let Some(cfg) = cfg else {
+        return (f64::from(b.weight()), base, None);
+    };
+    let snap = feedback::snapshot(b, cfg);
+    let v = feedback_view(&snap, cfg);
+    let scaled = v.phase.applies() && b.feedback().factor() != FACTOR_ONE;
+    let weight = (b.effective_weight() * 100.0).round() / 100.0;
+    (
+        weight,
+        if scaled { view::Origin::Feedback } else { base },
+        Some(v),
+    )
+}
+
+fn feedback_view(s: &Snapshot, cfg: &FeedbackConfig) -> view::FeedbackView {
+    let puppet = matches!(cfg.source, FeedbackSource::Puppet(_));
+    view::FeedbackView {
+        phase: phase(s.phase),
+        factor: (s.factor * 1000.0).round() / 1000.0,
+        saturated: s.saturated,
+        sample: s.last.as_ref().map(|(r, _)| sample(r)),
+        sample_age_ms: s.last.as_ref().map(|(_, age)| age.as_millis() as u64),
+        refused_since_last: s.refused_since_last,
+        expected_jrubies: (puppet && s.expected_jrubies > 0).then_some(s.expected_jrubies),
+        max_connections: s.max_connections,
+        error: s.error.as_ref().map(|(e, _)| e.clone()),
+        failing_seconds: s.error.as_ref().map(|(_, d)| Duration::as_secs(d)),
+    }
+}
+
+fn sample(r: &Reading) -> view::FeedbackSample {
+    match r {
+        Reading::Puppet(s) => view::FeedbackSample::Puppet {
+            jrubies: s.jrubies,
+            free: s.free,
+            queued: s.queued,
+            borrowed: s.borrowed,
+            lock: s.lock.as_str().to_string(),
+            queue_limit_hits: s.queue_limit_hits,
+        },
+        Reading::Agent(a) => view::FeedbackSample::Agent { words: a.words() },
+    }
+}
+
+fn phase(p: feedback::weight::Phase) -> view::FeedbackPhase {
+    use feedback::weight::Phase as P;
+    match p {
+        P::Waiting => view::FeedbackPhase::Waiting,
+        P::Blackout => view::FeedbackPhase::Blackout,
+        P::Active => view::FeedbackPhase::Active,
+        P::Ramping => view::FeedbackPhase::Ramping,
+        P::Locked => view::FeedbackPhase::Locked,
+        P::Stopped => view::FeedbackPhase::Stopped,
+        P::Expired => view::FeedbackPhase::Expired,
+    }
+}
+
+/// A service's `feedback:` as the views show it.
+pub(super) fn settings(cfg: &FeedbackConfig) -> view::FeedbackSettings {
+    view::FeedbackSettings {
+        kind: match cfg.source {
+            FeedbackSource::Puppet(_) => view::FeedbackKind::Puppet,
+            FeedbackSource::Agent(_) => view::FeedbackKind::Agent,
+        },
+        interval_ms: cfg.interval.as_millis() as u64,
+        floor_percent: cfg.floor_percent,
+        saturated_sticky: cfg.saturated_sticky,
+    }
+}

@@ -1,0 +1,517 @@
+//! Load feedback against stand-in compilers (real rustls servers on loopback that
+//! serve the jruby-metrics document captured from Debian's puppetserver 7.9.5,
+//! tests/common/compiler.rs) and stand-in HAProxy agents: which backend answered
+//! each new connection, through a running crossbar.
+//!
+//! No timing threshold: every wait is for an outcome (a factor published, a
+//! connection answered), bounded only against hangs.
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use common::compiler::{Answer, Compiler};
+use common::{within, Crossbar, SNI};
+use crossbar::testbed::{self, TestCa, Versions};
+use rustls::ClientConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// New connections opened per measurement: enough that a share of 1/20 shows as
+/// several connections and a share of 1/2 as dozens.
+const CONNECTIONS: usize = 120;
+
+/// A crossbar whose `svc` balances `compilers` with `feedback` (YAML flow map
+/// inside `feedback: { ... }`), `balance`, and the test CA's file for TLS.
+async fn balancer(ca: &TestCa, compilers: &[&Compiler], balance: &str, feedback: &str) -> Crossbar {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let mut yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    \
+         server_names: [\"{SNI}\"]\n    balance: {balance}\n    \
+         health: {{ check: https, ca_file: \"{}\", interval: 100ms, timeout: 1s }}\n",
+        ca_file.display()
+    );
+    if !feedback.is_empty() {
+        yaml.push_str(&format!("    feedback: {{ {feedback} }}\n"));
+    }
+    yaml.push_str("    backends:\n");
+    for c in compilers {
+        yaml.push_str(&format!(
+            "      - {{ name: {}, address: \"{}\" }}\n",
+            c.name, c.addr
+        ));
+    }
+    let cb = Crossbar::start(&yaml).await;
+    std::mem::forget(dir); // the CA file is read at every poll, for the whole test
+    cb
+}
+
+/// The factor published for `backend`, as the metric says (0 before the first).
+fn factor(cb: &Crossbar, backend: &str) -> f64 {
+    cb.metric("crossbar_backend_feedback_factor", &[("backend", backend)])
+}
+
+/// Wait until both compilers' samples set their factors (phase `active`).
+async fn both_active(cb: &Crossbar) {
+    let active = |b: &str| {
+        cb.metric(
+            "crossbar_backend_feedback_phase",
+            &[("backend", b), ("phase", "active")],
+        ) == 1.0
+    };
+    common::wait_until("both compilers sampled", || active("c1") && active("c2")).await;
+}
+
+/// Wait until `cond` holds of the published factors of (c1, c2).
+async fn factors_until(cb: &Crossbar, what: &str, cond: impl Fn(f64, f64) -> bool) {
+    common::wait_until(what, || cond(factor(cb, "c1"), factor(cb, "c2"))).await;
+}
+
+/// A fresh client (no session to resume) for every connection.
+fn fresh() -> Arc<ClientConfig> {
+    let ca = CA.with(|c| c.clone());
+    testbed::client_config(&ca, Versions::Both, true).unwrap()
+}
+
+thread_local! {
+    static CA: Arc<TestCa> = Arc::new(TestCa::new("feedback test CA").unwrap());
+}
+
+fn test_ca() -> Arc<TestCa> {
+    CA.with(|c| c.clone())
+}
+
+/// Open `n` new connections, each held open until all are (so least connections
+/// sees them), and count who answered each.
+async fn shares(cb: &Crossbar, n: usize) -> BTreeMap<String, usize> {
+    let addr = cb.addr("svc");
+    let mut held = Vec::new();
+    let mut seen = BTreeMap::new();
+    for _ in 0..n {
+        let (name, conn) = within("a connection through crossbar", open(addr)).await;
+        *seen.entry(name).or_insert(0) += 1;
+        held.push(conn);
+    }
+    seen
+}
+
+/// One TLS connection: the name of the compiler that answered `GET /`, and the
+/// connection, still open.
+async fn open(
+    addr: SocketAddr,
+) -> (
+    String,
+    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SNI).unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(fresh())
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let req = format!("GET / HTTP/1.1\r\nHost: {SNI}\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.ends_with(b"\n") || !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let k = tls.read(&mut buf).await.unwrap();
+        assert!(k > 0, "closed before an answer");
+        got.extend_from_slice(&buf[..k]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    let body = text
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    (body, tls)
+}
+
+async fn two_compilers(ca: &TestCa) -> (Compiler, Compiler) {
+    let any = common::any_port();
+    (
+        Compiler::start(ca, "c1", &[SNI], any).await,
+        Compiler::start(ca, "c2", &[SNI], any).await,
+    )
+}
+
+/// Fast feedback for tests: 100 ms polls, no blackout, no smoothing (each sample
+/// counts at once), a 2 s expiry, the compilers' queue limit 2.
+const FAST: &str =
+    "kind: puppet, interval: 100ms, blackout: 0s, smoothing: 0s, expiry: 2s, queue_limit: 2";
+
+#[rstest::rstest]
+#[case::roundrobin("roundrobin")]
+#[case::leastconn("leastconn")]
+#[tokio::test]
+async fn a_compiler_without_free_jrubies_gets_a_small_share_and_recovers(#[case] balance: &str) {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    let cb = balancer(&ca, &[&c1, &c2], balance, FAST).await;
+    both_active(&cb).await;
+
+    // c1: its one JRuby borrowed and ten requests waiting (a catalog herd on it).
+    c1.answer(Answer::pool(1, 0, 10));
+    factors_until(&cb, "c1's factor drops", |a, b| a < 0.5 && b > 1.0).await;
+    let busy = shares(&cb, CONNECTIONS).await;
+    let on_c1 = busy.get("c1").copied().unwrap_or(0);
+    assert!(
+        on_c1 * 5 < CONNECTIONS,
+        "a saturated compiler gets a small share: {busy:?}"
+    );
+    assert!(
+        on_c1 > 0,
+        "never 0 new connections while it passes its checks: {busy:?}"
+    );
+
+    // It has a free JRuby again: back to an even share.
+    c1.answer(Answer::pool(1, 1, 0));
+    factors_until(&cb, "c1 recovers", |a, b| a == 1.0 && b == 1.0).await;
+    let idle = shares(&cb, CONNECTIONS).await;
+    let on_c1 = idle.get("c1").copied().unwrap_or(0);
+    assert!(
+        on_c1 * 3 > CONNECTIONS,
+        "recovered, it takes its share again: {idle:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refusing_endpoint_falls_back_to_the_configured_weight_and_says_why() {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    let cb = balancer(&ca, &[&c1, &c2], "roundrobin", FAST).await;
+    c1.answer(Answer::pool(1, 0, 10));
+    both_active(&cb).await;
+    factors_until(&cb, "c1's factor drops", |a, _| a < 0.5).await;
+
+    // The compiler's auth.conf now wants a certificate: 401 (PE's allowlist).
+    c1.answer(Answer::Status(401));
+    let refused = [("backend", "c1"), ("result", "refused")];
+    common::wait_until("a refused poll counted", || {
+        cb.metric("crossbar_backend_feedback_polls_total", &refused) > 0.0
+    })
+    .await;
+    factors_until(
+        &cb,
+        "the last sample expires: the configured weight",
+        |a, b| a == 1.0 && b == 1.0,
+    )
+    .await;
+    let back = shares(&cb, CONNECTIONS).await;
+    assert!(
+        back.get("c1").copied().unwrap_or(0) * 3 > CONNECTIONS,
+        "{back:?}"
+    );
+
+    let admin = cb.serve_admin(None).await;
+    let v: serde_json::Value = common::admin_json(admin.addr, "/api/services").await;
+    let b = &v["services"][0]["backends"][0];
+    assert_eq!(b["name"], "c1");
+    assert_eq!(b["feedback"]["phase"], "expired", "{b}");
+    assert_eq!(b["effective_origin"], "file");
+    let error = b["feedback"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("401"), "{b}");
+
+    // The doctor names the one fix.
+    let report =
+        crossbar::doctor::run(&cb.server.config(), Default::default(), &Default::default()).await;
+    let f = report
+        .findings
+        .iter()
+        .find(|f| f.backend.as_deref() == Some("c1") && f.message.contains("load feedback"));
+    let msg = f.map(|f| f.message.clone()).unwrap_or_default();
+    assert!(
+        msg.contains("set feedback.client_cert"),
+        "{:#?}",
+        report.findings
+    );
+}
+
+#[tokio::test]
+async fn the_services_view_shows_the_effective_weight_its_origin_and_the_sample() {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    let cb = balancer(&ca, &[&c1, &c2], "leastconn", FAST).await;
+    c1.answer(Answer::pool(3, 0, 2));
+    c2.answer(Answer::pool(3, 3, 0));
+    both_active(&cb).await;
+    factors_until(&cb, "c1 the busier", |a, b| a < b).await;
+    let admin = cb.serve_admin(None).await;
+    let v: serde_json::Value = common::admin_json(admin.addr, "/api/services").await;
+    let svc = &v["services"][0];
+    assert_eq!(svc["feedback"]["kind"], "puppet");
+    assert_eq!(svc["feedback"]["saturated_sticky"], true);
+    let c1v = &svc["backends"][0];
+    assert_eq!(c1v["weight"], 1);
+    assert_eq!(c1v["weight_origin"], "file");
+    assert_eq!(c1v["effective_origin"], "feedback");
+    assert!(c1v["effective_weight"].as_f64().unwrap() < 1.0, "{c1v}");
+    assert_eq!(c1v["feedback"]["phase"], "active");
+    assert_eq!(
+        c1v["feedback"]["saturated"], true,
+        "0 free, queue at queue_limit 2: {c1v}"
+    );
+    let s = &c1v["feedback"]["sample"];
+    assert_eq!(
+        (
+            s["kind"].as_str(),
+            s["jrubies"].as_u64(),
+            s["free"].as_u64(),
+            s["queued"].as_u64()
+        ),
+        (Some("puppet"), Some(3), Some(0), Some(2))
+    );
+    // The typed view reads it back, and its words are what the page and the CLI print.
+    let typed: crossbar::admin::view::ServicesView = serde_json::from_value(v.clone()).unwrap();
+    let words = typed.services[0].backends[0]
+        .feedback
+        .as_ref()
+        .unwrap()
+        .summary();
+    assert!(
+        words.contains("0/3 JRubies free, 2 queued") && words.contains("SATURATED"),
+        "{words}"
+    );
+    let page = common::admin_get(admin.addr, "/").await;
+    assert!(
+        page.contains("x0.") && page.contains("0/3 JRubies free, 2 queued"),
+        "the page shows it"
+    );
+    let url = format!("http://{}", admin.addr);
+    let (ok, text, err) = common::crossbar_cli(vec!["status".into(), "--admin".into(), url]).await;
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("feedback") && text.contains("0/3 JRubies free"),
+        "{text}"
+    );
+    // Every load feedback family docs/metrics.md lists is exported.
+    let exported = cb.server.metrics().encode();
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
+    let documented: std::collections::BTreeSet<&str> = docs
+        .split('`')
+        .filter(|w| w.starts_with("crossbar_backend_feedback_"))
+        .collect();
+    assert!(documented.len() >= 10, "{documented:?}");
+    for f in documented {
+        assert!(
+            exported.contains(&format!("# TYPE {f} ")),
+            "{f} is documented but not exported"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hostile_answers_are_bounded_and_counted_never_a_crash() {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    let cb = balancer(&ca, &[&c1, &c2], "roundrobin", FAST).await;
+    let cases = [
+        (
+            Answer::Body(b"<html>not json</html>".to_vec()),
+            "bad_answer",
+        ),
+        (Answer::Body(b"{\"status\":{}}".to_vec()), "bad_answer"),
+        (
+            Answer::Body(vec![b' '; crossbar::feedback::MAX_DOCUMENT + 1]),
+            "too_large",
+        ),
+        (Answer::Endless, "timeout"),
+        (Answer::Status(500), "status"),
+    ];
+    for (answer, result) in cases {
+        c1.answer(answer);
+        let labels = [("backend", "c1"), ("result", result)];
+        common::wait_until(&format!("a poll counted as {result}"), || {
+            cb.metric("crossbar_backend_feedback_polls_total", &labels) > 0.0
+        })
+        .await;
+    }
+    c1.answer(Answer::pool(1, 1, 0));
+    let ok = [("backend", "c1"), ("result", "ok")];
+    let before = cb.metric("crossbar_backend_feedback_polls_total", &ok);
+    common::wait_until("c1 answers again", || {
+        cb.metric("crossbar_backend_feedback_polls_total", &ok) > before
+    })
+    .await;
+    let served = shares(&cb, 10).await;
+    assert_eq!(served.values().sum::<usize>(), 10, "{served:?}");
+}
+
+#[tokio::test]
+async fn a_resumption_stuck_to_a_saturated_compiler_is_placed_like_a_new_session() {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    // TLS 1.2 session IDs: crossbar learns each from the ServerHello, exactly.
+    let stick = "    stick: { on: [session_id] }\n";
+    let cb = balancer_with(&ca, &[&c1, &c2], stick, FAST).await;
+    both_active(&cb).await;
+    let client = testbed::client_config(&ca, Versions::Tls12, false).unwrap();
+    let addr = cb.addr("svc");
+    let first = testbed::get(addr, SNI, client.clone(), "/").await.unwrap();
+    let home = first.backend.clone();
+    let again = testbed::get(addr, SNI, client.clone(), "/").await.unwrap();
+    assert_eq!(
+        (again.backend.as_str(), again.resumed),
+        (home.as_str(), true),
+        "sticky while not saturated"
+    );
+
+    let stuck = if home == "c1" { &c1 } else { &c2 };
+    stuck.answer(Answer::pool(1, 0, 2)); // no free JRuby, the queue at its limit: 503s
+    common::wait_until("saturated", || {
+        cb.metric("crossbar_backend_feedback_saturated", &[("backend", &home)]) == 1.0
+    })
+    .await;
+    // Its weight is at the floor now: a new session goes to the other compiler, and
+    // so must the stuck client's resumption (a 503'd agent's retry).
+    let moved = testbed::get(addr, SNI, client.clone(), "/").await.unwrap();
+    assert_ne!(
+        moved.backend, home,
+        "placed like a new session, not sent back"
+    );
+    assert!(!moved.resumed, "the other compiler does a full handshake");
+    let replaced = cb.metric(
+        "crossbar_backend_feedback_sticky_replaced_total",
+        &[("backend", &home)],
+    );
+    assert_eq!(replaced, 1.0);
+}
+
+#[tokio::test]
+async fn without_the_saturated_rule_a_resumption_goes_back() {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    let stick = "    stick: { on: [session_id] }\n";
+    let cb = balancer_with(
+        &ca,
+        &[&c1, &c2],
+        stick,
+        &format!("{FAST}, saturated_sticky: false"),
+    )
+    .await;
+    both_active(&cb).await;
+    let client = testbed::client_config(&ca, Versions::Tls12, false).unwrap();
+    let addr = cb.addr("svc");
+    let home = testbed::get(addr, SNI, client.clone(), "/")
+        .await
+        .unwrap()
+        .backend;
+    let stuck = if home == "c1" { &c1 } else { &c2 };
+    stuck.answer(Answer::pool(1, 0, 2));
+    common::wait_until("its factor drops", || factor(&cb, &home) < 0.5).await;
+    let back = testbed::get(addr, SNI, client, "/").await.unwrap();
+    assert_eq!((back.backend.as_str(), back.resumed), (home.as_str(), true));
+}
+
+/// [`balancer`] with extra service lines (`stick:`), round robin.
+async fn balancer_with(
+    ca: &TestCa,
+    compilers: &[&Compiler],
+    extra: &str,
+    feedback: &str,
+) -> Crossbar {
+    let cb = balancer(ca, compilers, "roundrobin", feedback).await;
+    let yaml = std::fs::read_to_string(&cb.path).unwrap();
+    let yaml = yaml.replace("    backends:\n", &format!("{extra}    backends:\n"));
+    cb.reload(&yaml).await;
+    cb
+}
+
+/// A stand-in HAProxy agent on `ip:port` answering `answer` to every connection.
+async fn agent(ip: &str, port: u16, answer: &'static str) -> Option<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind((ip, port)).await.ok()?;
+    Some(tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(answer.as_bytes()).await; // ok: the poller may have gone
+        }
+    }))
+}
+
+#[tokio::test]
+async fn an_agent_sets_a_share_and_drain_holds_the_floor() {
+    let ca = test_ca();
+    // Two hosts (127.0.0.2 and .3), each with a compiler and an agent on one port.
+    let c1 = Compiler::start(&ca, "c1", &[SNI], "127.0.0.2:0".parse().unwrap()).await;
+    let c2 = Compiler::start(&ca, "c2", &[SNI], "127.0.0.3:0".parse().unwrap()).await;
+    let mut agents = None;
+    for _ in 0..20 {
+        let port = common::free_port().port();
+        if let (Some(a), Some(b)) = (
+            agent("127.0.0.2", port, "up 10%\n").await,
+            agent("127.0.0.3", port, "up 100%\n").await,
+        ) {
+            agents = Some((port, a, b));
+            break;
+        }
+    }
+    let (port, _a1, _a2) = agents.expect("a port free on both addresses");
+    let fb = format!("kind: agent, port: {port}, interval: 100ms, expiry: 2s");
+    let cb = balancer(&ca, &[&c1, &c2], "roundrobin", &fb).await;
+    factors_until(&cb, "the agents' percentages", |a, b| a == 0.1 && b == 1.0).await;
+    let seen = shares(&cb, CONNECTIONS).await;
+    let on_c1 = seen.get("c1").copied().unwrap_or(0);
+    assert!(
+        on_c1 > 0 && on_c1 * 5 < CONNECTIONS,
+        "10% of c2's share: {seen:?}"
+    );
+}
+
+/// Round robin rebuilds its schedule whenever a factor crosses a sixteenth, which
+/// load feedback does every few seconds: a backend with few places in the cycle
+/// must still get its turn, so a rebuild carries the position on (a schedule
+/// restarted at its first place each time never reached it).
+#[test]
+fn round_robin_keeps_a_small_share_in_turn_while_factors_change() {
+    use crossbar::balance::{Pool, PoolParams};
+    use crossbar::config::{BackendAddress, BackendConfig, Balance, HealthConfig};
+    use crossbar::feedback::cell::fixed;
+    let backend = |name: &str, port| BackendConfig {
+        name: name.into(),
+        address: BackendAddress {
+            host: "127.0.0.1".into(),
+            port,
+        },
+        weight: 1,
+        backup: false,
+        max_connections: None,
+        proxy_protocol: None,
+        health: HealthConfig::default(),
+        disabled: false,
+        from_dns: None,
+        left_dns: false,
+        source: None,
+    };
+    let metrics = crossbar::metrics::Metrics::new();
+    let params = PoolParams {
+        algo: Balance::RoundRobin,
+        slow_start: std::time::Duration::ZERO,
+        queue_size: 0,
+        queue_timeout: std::time::Duration::from_secs(1),
+    };
+    let configs = [backend("small", 1), backend("big", 2)];
+    let pool = Pool::new(&configs, params, |b| metrics.backend("svc", &b.name), None);
+    pool.backends[0]
+        .feedback()
+        .publish(fixed(0.05), false, None);
+    let client = std::net::IpAddr::from([127, 0, 0, 1]);
+    let mut small = 0;
+    for round in 0..400 {
+        // 1.6 and 1.7: 26 and 27 sixteenths, a new schedule every round
+        let f = if round % 2 == 0 { 1.6 } else { 1.7 };
+        pool.backends[1].feedback().publish(fixed(f), false, None);
+        for _ in 0..5 {
+            let lease = pool.try_pick(client, &[]).expect("a backend");
+            small += usize::from(&*lease.backend().name == "small");
+        }
+    }
+    // its share is 1 place in 27 or 28: about 2000 / 27.5 = 73
+    assert!(
+        small > 2000 / 28 / 2,
+        "the small share got {small} of 2000 picks"
+    );
+}
