@@ -10,7 +10,8 @@ class { 'crossbar':
   binary         => '@BIN@',
   workers        => 2,
   confirm_budget => 0,
-  admin          => { 'listen' => '127.0.0.1:9140', 'token_file' => '@W@/admin.token', 'allowed_hosts' => ['lb1.example.com'] },
+  state_file     => '@W@/state/crossbar.state',
+  admin          => { 'listen' => '127.0.0.1:9140', 'token_file' => '@W@/admin.token', 'allowed_hosts' => ['lb1.example.com'], 'healthz_needs_backends' => true },
   admin_token    => Sensitive('t0ken-from-hiera'),
   defaults       => {
     'timeouts'        => { 'idle' => '1h 30m', 'queue' => '10s' },

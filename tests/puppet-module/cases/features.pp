@@ -32,6 +32,7 @@ crossbar::service { 'puppet':
   discover => {
     'srv' => '_x-puppet._tcp.example.com', 'resolvers' => ['127.0.0.1:53'], 'min_ttl' => '5s', 'max_ttl' => '5m',
     'timeout' => '2s',
+    'backend' => { 'max_connections' => 24, 'proxy_protocol' => 'v2', 'source' => '127.0.0.1', 'health' => { 'interval' => '5s' } },
   },
   extra    => { 'discover' => { 'max_backends' => 16 } },
 }

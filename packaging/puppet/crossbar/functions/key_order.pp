@@ -8,7 +8,7 @@ function crossbar::key_order() >> Array[String] {
     # backends and listeners
     'name', 'address',
     # admin (and keepalive's `enabled`), health's `check`
-    'enabled', 'check', 'listen', 'token_file', 'allowed_hosts',
+    'enabled', 'check', 'listen', 'token_file', 'allowed_hosts', 'healthz_needs_backends',
     # services, defaults
     'mode', 'on_non_tls', 'server_names', 'names', 'default', 'on_marked_down', 'source', 'balance', 'failback',
     'stick', 'timeouts', 'keepalive', 'health', 'max_hello_size', 'retries', 'queue_size',
@@ -20,7 +20,7 @@ function crossbar::key_order() >> Array[String] {
     # listen[].per_source
     'rate', 'burst', 'allow', 'table_size',
     # discover
-    'srv', 'host', 'port', 'resolvers', 'min_ttl', 'max_ttl', 'max_backends',
+    'srv', 'host', 'port', 'resolvers', 'min_ttl', 'max_ttl', 'max_backends', 'backend',
     # timeouts
     'client_hello', 'connect', 'server_hello', 'idle', 'queue', 'shutdown',
     # keepalive, health

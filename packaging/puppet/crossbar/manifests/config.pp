@@ -40,6 +40,7 @@ class crossbar::config {
     $top = {
       'workers'        => $crossbar::workers,
       'confirm_budget' => $crossbar::confirm_budget,
+      'state_file'     => $crossbar::state_file,
       'admin'          => $crossbar::admin_rendered,
       'defaults'       => $crossbar::defaults,
     }.filter |$k, $v| { $v =~ NotUndef and !($v =~ Hash and $v.empty) }

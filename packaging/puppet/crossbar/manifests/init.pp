@@ -61,7 +61,7 @@
 #       'puppet' => {
 #         'preset'   => 'puppet',
 #         'listen'   => ['10.0.0.10:8140'],
-#         'discover' => { 'srv' => '_x-puppet._tcp.example.com' },
+#         'discover' => { 'srv' => '_compilers._tcp.example.com', 'backend' => { 'max_connections' => 24 } },
 #       },
 #     },
 #   }
@@ -119,6 +119,11 @@
 #   rest.
 # @param workers
 #   Worker threads; default one per core.
+# @param state_file
+#   The server-state file (HAProxy's `server-state-file`): what the operator set at
+#   run time with `crossbar backend` (drain, disable, enable, weight) and each
+#   backend's last known health, kept across restarts and package upgrades, e.g.
+#   `/var/lib/crossbar/crossbar.state` (the class makes `/var/lib/crossbar`).
 # @param confirm_budget
 #   Extra backend handshakes per second that placement confirmation may cost.
 # @param admin
@@ -168,6 +173,7 @@ class crossbar (
   Boolean $check_files = true,
   Optional[Integer[1, 1024]] $workers = undef,
   Optional[Integer[0, 1000000]] $confirm_budget = undef,
+  Optional[Stdlib::Absolutepath] $state_file = undef,
   Crossbar::Admin $admin = {},
   Optional[Sensitive[String[1]]] $admin_token = undef,
   Crossbar::Defaults $defaults = {},

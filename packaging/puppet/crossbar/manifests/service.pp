@@ -25,7 +25,7 @@
 #       'proxy_protocol' => { 'accept_from' => ['10.0.2.0/24'] },
 #       'per_source'     => { 'max_connections' => 20, 'rate' => 10 },
 #     }],
-#     discover => { 'srv' => '_x-puppet._tcp.example.com' },
+#     discover => { 'srv' => '_compilers._tcp.example.com', 'backend' => { 'max_connections' => 24 } },
 #   }
 #
 # @example Closing a dead compiler's connections, from a source address of the balancer's own

@@ -7,4 +7,6 @@ type Crossbar::Admin = Struct[{
   Optional[listen]        => Crossbar::ListenAddress,
   Optional[token_file]    => Stdlib::Unixpath,
   Optional[allowed_hosts] => Array[Crossbar::Host],
+  # /healthz fails (503) while a service has no backend taking new connections
+  Optional[healthz_needs_backends] => Boolean,
 }]

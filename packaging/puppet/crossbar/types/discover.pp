@@ -1,12 +1,12 @@
 # @summary Backends from DNS (docs/configuration.md, `discover`): SRV records, or a host name's A/AAAA records on `port`.
 #
-# Give `srv` (`_x-puppet._tcp.example.com`, the records Puppet agents read), or
-# `host` with `port`. Discovered backends are named `target-port`
-# (`compile1.example.com-8140`); a backend of that name given in the file (inline or
-# a `crossbar::backend`) takes the discovered one's place. A backend template
-# (settings for every discovered backend) slots in here as `backend` once crossbar
-# takes it; until then `extra => { 'discover' => { ... } }` writes keys this type
-# does not know.
+# Give `srv` (`_compilers._tcp.example.com`: a name of the compilers' own, since
+# `_x-puppet._tcp`, the record agents read, usually names the balancer itself and
+# crossbar leaves out records naming itself), or `host` with `port`. Discovered
+# backends are named `target-port` (`compile1.example.com-8140`); a backend of that
+# name given in the file (inline or a `crossbar::backend`) takes the discovered one's
+# place. `backend` gives every discovered backend its options (HAProxy's
+# `server-template ... maxconn 250`).
 type Crossbar::Discover = Struct[{
   Optional[srv]          => Crossbar::DnsName,
   Optional[host]         => Crossbar::DnsName,
@@ -17,4 +17,5 @@ type Crossbar::Discover = Struct[{
   Optional[max_ttl]      => Crossbar::Duration,
   Optional[max_backends] => Integer[1, 1024],
   Optional[timeout]      => Crossbar::Duration,
+  Optional[backend]      => Crossbar::DiscoverBackend,
 }]

@@ -68,7 +68,8 @@ describe 'crossbar' do
         'services' => compilers,
         'workers' => 4,
         'confirm_budget' => 50,
-        'admin' => { 'listen' => '127.0.0.1:9140', 'allowed_hosts' => ['lb1.example.com'] },
+        'state_file' => '/var/lib/crossbar/crossbar.state',
+        'admin' => { 'listen' => '127.0.0.1:9140', 'allowed_hosts' => ['lb1.example.com'], 'healthz_needs_backends' => true },
         'defaults' => {
           'retries' => 1,
           'health' => { 'interval' => '2s', 'check' => 'https', 'ca_file' => '/etc/crossbar/ca.pem' },
@@ -82,12 +83,13 @@ describe 'crossbar' do
       expect(fragment('crossbar header')).to end_with(<<~YAML)
         workers: 4
         confirm_budget: 50
-        admin: {listen: '127.0.0.1:9140', allowed_hosts: ['lb1.example.com']}
+        admin: {listen: '127.0.0.1:9140', allowed_hosts: ['lb1.example.com'], healthz_needs_backends: true}
         defaults:
           timeouts: {client_hello: '5s', idle: '1h 30m'}
           keepalive: {enabled: false}
           health: {check: 'https', interval: '2s', ca_file: '/etc/crossbar/ca.pem'}
           retries: 1
+        state_file: '/var/lib/crossbar/crossbar.state'
         services:
       YAML
     end

@@ -191,7 +191,7 @@ describe 'crossbar::service' do
             balance: 'leastconn'
             stick: {on: ['session_id', 'ticket', 'psk', 'source'], expire: '30m', state_file: '/var/lib/crossbar/puppet.table', new_stick_key: 1}
             health: {check: 'https', path: '/status/v1/simple/server'}
-            discover: {srv: '_x-puppet._tcp.example.com', resolvers: ['10.0.0.2:53'], min_ttl: '5s', max_ttl: '5m', max_backends: 64, timeout: '2s', backend: {max_connections: 250}}
+            discover: {srv: '_x-puppet._tcp.example.com', resolvers: ['10.0.0.2:53'], min_ttl: '5s', max_ttl: '5m', max_backends: 64, backend: {max_connections: 250}, timeout: '2s'}
             new_key: ['a', 2]
       YAML
     end
@@ -205,6 +205,30 @@ describe 'crossbar::service' do
     let(:params) { { 'listen' => ['10.0.0.11:8140'], 'discover' => { 'host' => 'pool.example.com', 'port' => 8140 } } }
 
     it { expect(fragment('crossbar service puppetca')).to include("    discover: {host: 'pool.example.com', port: 8140}\n") }
+  end
+
+  context 'with a template for the discovered backends' do
+    let(:params) do
+      {
+        'listen' => ['10.0.0.11:8140'],
+        'discover' => {
+          'srv' => '_compilers._tcp.example.com',
+          'backend' => { 'max_connections' => 24, 'proxy_protocol' => 'v2', 'source' => '10.0.1.250', 'health' => { 'interval' => '5s' } },
+        },
+      }
+    end
+
+    it 'writes it under discover' do
+      expect(fragment('crossbar service puppetca')).to include(
+        "    discover: {srv: '_compilers._tcp.example.com', backend: {source: '10.0.1.250', health: {interval: '5s'}, max_connections: 24, proxy_protocol: 'v2'}}\n",
+      )
+    end
+  end
+
+  context 'with a key the backend template does not take' do
+    let(:params) { { 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_compilers._tcp.example.com', 'backend' => { 'weight' => 2 } } } }
+
+    it { is_expected.to compile.and_raise_error(%r{discover.*backend.*weight}) }
   end
 
   context 'with extra keys on an inline backend' do
