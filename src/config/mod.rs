@@ -6,6 +6,7 @@
 //! be Some": defaults are merged here.
 
 mod address;
+mod admin;
 mod checker;
 mod discover;
 mod error;

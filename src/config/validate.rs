@@ -223,83 +223,8 @@ impl Checker<'_> {
         }
     }
 
-    fn admin(&mut self, raw: Option<&Nullable<RawAdmin>>) -> Option<AdminConfig> {
-        let fallback = SocketAddr::from(([127, 0, 0, 1], 9140));
-        let default_listen = DEFAULT_ADMIN_LISTEN.parse().unwrap_or(fallback);
-        let admin = match raw {
-            None => {
-                return Some(AdminConfig {
-                    listen: default_listen,
-                    token_file: None,
-                    allowed_hosts: Vec::new(),
-                    healthz_needs_backends: false,
-                })
-            }
-            Some(Nullable::Null) => {
-                let msg = "`admin:` is empty: remove it for the default \
-                           (127.0.0.1:9140), or write `admin: { enabled: false }` to disable";
-                self.err("admin", msg);
-                return None;
-            }
-            Some(Nullable::Value(a)) => a,
-        };
-        if admin.enabled == Some(false) {
-            return None;
-        }
-        let listen = match &admin.listen {
-            None => default_listen,
-            Some(s) => self
-                .socket_addr(s, "admin.listen")
-                .unwrap_or(default_listen),
-        };
-        let allowed_hosts = admin
-            .allowed_hosts
-            .iter()
-            .flatten()
-            .enumerate()
-            .filter_map(|(i, h)| self.allowed_host(h, &format!("admin.allowed_hosts[{i}]")))
-            .collect();
-        Some(AdminConfig {
-            listen,
-            token_file: admin.token_file.clone(),
-            allowed_hosts,
-            healthz_needs_backends: admin.healthz_needs_backends.unwrap_or(false),
-        })
-    }
-
-    /// An `admin.allowed_hosts` entry: a DNS name or an IP address, nothing else
-    /// (the port is never compared); lowercased, IPs in canonical form.
-    fn allowed_host(&mut self, h: &str, path: &str) -> Option<String> {
-        let trimmed = h.trim_end_matches('.');
-        let bare = trimmed.trim_start_matches('[').trim_end_matches(']');
-        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
-            return Some(ip.to_string());
-        }
-        let is_name = !trimmed.is_empty()
-            && trimmed.len() <= 253
-            && trimmed.split('.').all(|label| {
-                (1..=63).contains(&label.len())
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            });
-        if is_name {
-            return Some(trimmed.to_ascii_lowercase());
-        }
-        self.err(
-            path,
-            format!(
-                "`{h}` is not a host name or IP address (no scheme, port or path: \
-                 e.g. lb1.example.com)"
-            ),
-        );
-        None
-    }
-
     /// An IP socket address for binding, with a hint for the usual mistakes.
-    fn socket_addr(&mut self, s: &str, path: &str) -> Option<SocketAddr> {
+    pub(super) fn socket_addr(&mut self, s: &str, path: &str) -> Option<SocketAddr> {
         match parse_socket_addr(s) {
             Ok(a) => Some(a),
             Err(why) => {
