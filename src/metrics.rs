@@ -70,7 +70,7 @@ pub struct Metrics {
     /// DNS discovery of backends: lookups, staleness, answer sizes.
     pub discovery: crate::discovery::DiscoveryMetrics,
     /// Load feedback: factors, samples, polls (`crossbar_backend_feedback_*`).
-    feedback: crate::feedback::FeedbackMetrics,
+    feedback: crate::feedback::metrics::FeedbackMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -281,7 +281,7 @@ impl Metrics {
             live: Mutex::new(HashMap::new()),
             admin: AdminMetrics::register(&r),
             discovery: crate::discovery::DiscoveryMetrics::register(&r),
-            feedback: crate::feedback::FeedbackMetrics::register(&r),
+            feedback: crate::feedback::metrics::FeedbackMetrics::register(&r),
             registry: {
                 // The log writer's drops (process-wide: crate::log_writer).
                 let dropped = crate::log_writer::dropped_lines().clone();
@@ -659,7 +659,7 @@ pub struct BackendMetrics {
     /// Since-when, peak and last check (see [`crate::live`]).
     pub live: Arc<BackendLive>,
     /// Its load feedback's factor, samples and polls.
-    pub feedback: crate::feedback::BackendFeedbackMetrics,
+    pub feedback: crate::feedback::metrics::BackendFeedbackMetrics,
     state: IntGaugeVec,
     service: String,
     backend: String,

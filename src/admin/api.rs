@@ -39,7 +39,7 @@ pub fn services(server: &Server) -> view::ServicesView {
             .iter()
             .map(|svc| service_view(server, svc, now))
             .collect(),
-        per_source: sources(server, super::page::PAGE_SOURCES).listeners,
+        per_source: sources(server, view::PAGE_SOURCES).listeners,
     }
 }
 

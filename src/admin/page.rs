@@ -9,6 +9,7 @@
 use std::fmt::{self, Write};
 use std::sync::LazyLock;
 
+use super::human::Esc;
 use super::view::time::seconds_between;
 use super::view::{
     BackendView, Balance, CheckKind, DiscoveryView, ListenerSourcesView, ProcessView, ServiceView,
@@ -137,27 +138,6 @@ fn cli_flags(server: &Server) -> String {
     flags
 }
 
-/// HTML-escapes a string for text and attribute values.
-pub struct Esc<'a>(pub &'a str);
-
-impl fmt::Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(i) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..i])?;
-            f.write_str(match rest.as_bytes()[i] {
-                b'&' => "&amp;",
-                b'<' => "&lt;",
-                b'>' => "&gt;",
-                b'"' => "&quot;",
-                _ => "&#39;",
-            })?;
-            rest = &rest[i + 1..];
-        }
-        f.write_str(rest)
-    }
-}
-
 pub use super::human::{human_bytes, human_secs};
 
 /// What the page shows: `/api/services` and `/api/sources` of the same moment.
@@ -165,7 +145,7 @@ pub use super::human::{human_bytes, human_secs};
 pub struct PageData<'a> {
     /// The services document.
     pub services: &'a ServicesView,
-    /// The per-source listeners (their top [`PAGE_SOURCES`] sources).
+    /// The per-source listeners (their top [`super::view::PAGE_SOURCES`] sources).
     pub sources: &'a [ListenerSourcesView],
 }
 
@@ -605,9 +585,6 @@ fn write_total(o: &mut String, t: &Totals) -> fmt::Result {
         t.handshakes.full,
     )
 }
-
-/// Top sources by open connections the page shows per listener with `per_source`.
-pub const PAGE_SOURCES: usize = 10;
 
 /// A listener's per-source table: its limits, then its top sources by open
 /// connections (`/api/sources`).

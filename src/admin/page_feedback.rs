@@ -3,7 +3,7 @@
 //! weight load feedback scales.
 use std::fmt::{self, Write};
 
-use super::page::Esc;
+use super::human::Esc;
 use super::view::{BackendView, FeedbackKind, Origin, ServiceView};
 
 /// A service's load feedback, if it has any: what is polled, then each backend's factor and last sample;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use clap_complete::ArgValueCandidates;
 
 use super::complete;
+pub use super::options::AdminArgs;
 
 use crate::admin::WeightAsk;
 use crate::config::DEFAULT_CONFIG_PATH;
@@ -327,25 +328,6 @@ fn parse_weight(s: &str) -> Result<WeightAsk, String> {
         let msg = e.to_string();
         msg.strip_prefix("bad query: ").unwrap_or(&msg).to_string()
     })
-}
-
-/// How to reach the admin API.
-#[derive(clap::Args)]
-pub struct AdminArgs {
-    /// crossbar's configuration file: the admin address and token file come from
-    /// its `admin:` section (--admin and --token-file override it) [default:
-    /// /etc/crossbar/crossbar.yaml, when it exists and --admin is not given].
-    #[arg(short, long)]
-    pub config: Option<PathBuf>,
-    /// Admin endpoint URL [default: admin.listen of the config, else http://127.0.0.1:9140].
-    #[arg(long = "admin", env = "CROSSBAR_ADMIN", value_name = "URL")]
-    pub url: Option<String>,
-    /// File holding the bearer token (needed for writes when the server has admin.token_file).
-    #[arg(long, env = "CROSSBAR_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Print the server's JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// Did `--admin`'s value come from CROSSBAR_ADMIN (said when nothing answers there)?

@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use super::args::AdminArgs;
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
 
 /// The default admin URL (the admin endpoint's default listen address).
@@ -242,6 +241,25 @@ fn default_config() -> Result<PathBuf, String> {
         }
         Err(e) => Err(format!("{DEFAULT_CONFIG_PATH} cannot be read: {e}")),
     }
+}
+
+/// How to reach the admin API.
+#[derive(clap::Args)]
+pub struct AdminArgs {
+    /// crossbar's configuration file: the admin address and token file come from
+    /// its `admin:` section (--admin and --token-file override it) [default:
+    /// /etc/crossbar/crossbar.yaml, when it exists and --admin is not given].
+    #[arg(short, long)]
+    pub config: Option<PathBuf>,
+    /// Admin endpoint URL [default: admin.listen of the config, else http://127.0.0.1:9140].
+    #[arg(long = "admin", env = "CROSSBAR_ADMIN", value_name = "URL")]
+    pub url: Option<String>,
+    /// File holding the bearer token (needed for writes when the server has admin.token_file).
+    #[arg(long, env = "CROSSBAR_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print the server's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[cfg(test)]

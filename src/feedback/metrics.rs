@@ -4,8 +4,8 @@ use std::time::SystemTime;
 
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
+use super::error::FeedbackError;
 use super::weight::{Phase, Reading};
-use super::FeedbackError;
 
 /// The families, registered once per registry.
 #[derive(Clone)]

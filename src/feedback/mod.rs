@@ -17,7 +17,7 @@ pub mod agent;
 pub mod cell;
 mod client;
 mod error;
-mod metrics;
+pub mod metrics;
 pub mod puppet;
 mod sample;
 pub mod weight;

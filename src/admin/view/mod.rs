@@ -8,6 +8,11 @@
 //! [`time`] says (RFC 3339, or Unix seconds for discovery's). What a reader derives
 //! from a backend (failing now, why it takes no new connection, the operator's next
 //! step) is here too, once.
+
+/// Top sources by open connections the page shows per listener with `per_source`
+/// (and `GET /api/services` carries).
+pub const PAGE_SOURCES: usize = 10;
+
 mod answers;
 mod backend;
 mod feedback;

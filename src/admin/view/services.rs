@@ -17,7 +17,7 @@ pub struct ServicesView {
     /// Every service, in config order.
     pub services: Vec<ServiceView>,
     /// The listeners with `per_source` limits, each with its
-    /// [`crate::admin::page::PAGE_SOURCES`] sources with the most open connections
+    /// [`crate::admin::view::PAGE_SOURCES`] sources with the most open connections
     /// (`GET /api/sources` lists more). Absent from a crossbar before it: none.
     #[serde(default)]
     pub per_source: Vec<super::ListenerSourcesView>,
