@@ -740,6 +740,52 @@ async fn healthz_fails_while_draining() {
     drain.await.unwrap();
 }
 
+/// With `admin.healthz_needs_backends`, /healthz fails (503, naming the service)
+/// while a service has no backend that takes new connections, so keepalived moves
+/// the VIP (HAProxy's `monitor fail if nbsrv lt 1`), and says ok again once one
+/// does; without it, /healthz says ok over the same empty pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_can_need_a_backend_in_every_service() {
+    for needs in [true, false] {
+        let be = common::Backend::echo("e1", false).await;
+        let yaml =
+            common::one_service("", &[common::backend_line("e1", be.addr, "disabled: true")])
+                .replace(
+                    "admin: { enabled: false }",
+                    &format!(
+                        "admin: {{ listen: \"127.0.0.1:0\", healthz_needs_backends: {needs} }}"
+                    ),
+                );
+        let cb = Crossbar::start(&yaml).await;
+        let endpoint = cb.serve_admin(None).await;
+        let h = call(endpoint.addr, Method::GET, "/healthz", None).await;
+        if !needs {
+            assert_eq!((h.status, h.body.as_str()), (StatusCode::OK, "ok\n"));
+            continue;
+        }
+        assert_eq!(h.status, StatusCode::SERVICE_UNAVAILABLE, "{}", h.body);
+        assert!(
+            h.body.contains("svc") && h.body.contains("admin.healthz_needs_backends"),
+            "{}",
+            h.body
+        );
+        let e = call(
+            endpoint.addr,
+            Method::POST,
+            "/api/backends/svc/e1/enable",
+            None,
+        )
+        .await;
+        assert_eq!(e.status, StatusCode::OK, "{}", e.body);
+        let h = call(endpoint.addr, Method::GET, "/healthz", None).await;
+        assert_eq!(
+            (h.status, h.body.as_str()),
+            (StatusCode::OK, "ok\n"),
+            "after enable"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_and_services() {
     let bed = Bed::start(None).await;

@@ -395,6 +395,51 @@ mod tests {
         }
     }
 
+    fn srv_backend(name: &str, backup: bool, weight: u32) -> BackendConfig {
+        BackendConfig {
+            name: name.into(),
+            address: crate::config::BackendAddress {
+                host: "127.0.0.1".into(),
+                port: 8140,
+            },
+            weight,
+            backup,
+            max_connections: None,
+            proxy_protocol: None,
+            health: Default::default(),
+            disabled: false,
+            from_dns: Some("_compilers._tcp.example.com".into()),
+            left_dns: false,
+            source: None,
+        }
+    }
+
+    /// A target listed twice, the copies not side by side in the answer (and at
+    /// two priorities), is one backend: a primary, with its largest weight.
+    #[test]
+    fn a_target_listed_twice_is_one_backend() {
+        let got = unique(vec![
+            srv_backend("c1-8140", false, 1),
+            srv_backend("c2-8140", false, 1),
+            srv_backend("c1-8140", true, 7),
+            srv_backend("c1-8140", false, 5),
+            srv_backend("c3-8140", true, 1),
+            srv_backend("c2-8140", false, 1),
+        ]);
+        let seen: Vec<(&str, bool, u32)> = got
+            .iter()
+            .map(|b| (b.name.as_str(), b.backup, b.weight))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("c1-8140", false, 5),
+                ("c2-8140", false, 1),
+                ("c3-8140", true, 1)
+            ]
+        );
+    }
+
     #[test]
     fn names_come_from_target_and_port() {
         assert_eq!(ip_label("10.0.0.21".parse().unwrap()), "10.0.0.21");
