@@ -66,11 +66,38 @@ jvm_wait() { # name ip -> waits until /status/v1/simple says running
     return 1
 }
 
+# jvm_logging CONF_DIR LOG_DIR NAME [LOGGERS]: a Jetty JVM's logback.xml (its log in
+# LOG_DIR/NAME.log, with LOGGERS: more <logger> lines) and request-logging.xml (every
+# request in LOG_DIR/access.log), both in CONF_DIR; puppetserver's and PuppetDB's
+jvm_logging() {
+    cat > "$1/logback.xml" <<EOC
+<configuration>
+  <appender name="F" class="ch.qos.logback.core.FileAppender">
+    <file>$2/$3.log</file>
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5p [%c{2}] %m%n</pattern></encoder>
+  </appender>
+  <logger name="org.eclipse.jetty" level="INFO"/>
+${4:-}
+  <root level="info"><appender-ref ref="F"/></root>
+</configuration>
+EOC
+    cat > "$1/request-logging.xml" <<EOC
+<configuration debug="false">
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>$2/access.log</file>
+    <encoder><pattern>%h %l %u [%t] "%r" %s %b %D</pattern></encoder>
+  </appender>
+  <appender-ref ref="FILE"/>
+</configuration>
+EOC
+}
+
 # server_conf NAME IP JRUBIES [QUEUE RETRY]: a puppetserver's conf.d and services.d
 # under $W/NAME (its puppet.conf is the caller's): TLS on IP:8140 asking for client
 # certificates, JRUBIES instances, a shared code dir $W/code, an access log (%D:
 # milliseconds) and Debian's auth.conf; QUEUE and RETRY set max-queued-requests and
-# max-retry-delay. AUTH_TRACE=1 logs each request's authorization with its certname.
+# max-retry-delay. AUTH_TRACE=1 logs each request's authorization with its certname;
+# JETTY_IDLE_MS sets Jetty's idle timeout (its default: 30 s).
 server_conf() {
     local d=$W/$1 ip=$2 limits=""
     [ -n "${4:-}" ] && limits="    max-queued-requests: $4
@@ -82,6 +109,7 @@ webserver: {
     client-auth: want
     ssl-host: $ip
     ssl-port: 8140
+${JETTY_IDLE_MS:+    idle-timeout-milliseconds: $JETTY_IDLE_MS}
 }
 EOC
     cat > "$d/conf.d/puppetserver.conf" <<EOC
@@ -109,26 +137,7 @@ EOC
     printf 'certificate-authority: {\n    allow-subject-alt-names: true\n}\n' > "$d/conf.d/ca.conf"
     local trace=""
     [ "${AUTH_TRACE:-0}" = 1 ] && trace='  <logger name="puppetlabs.trapperkeeper.authorization.rules" level="TRACE"/>'
-    cat > "$d/conf.d/logback.xml" <<EOC
-<configuration>
-  <appender name="F" class="ch.qos.logback.core.FileAppender">
-    <file>$d/log/puppetserver.log</file>
-    <encoder><pattern>%d{HH:mm:ss.SSS} %-5p [%c{2}] %m%n</pattern></encoder>
-  </appender>
-  <logger name="org.eclipse.jetty" level="INFO"/>
-$trace
-  <root level="info"><appender-ref ref="F"/></root>
-</configuration>
-EOC
-    cat > "$d/conf.d/request-logging.xml" <<EOC
-<configuration debug="false">
-  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
-    <file>$d/log/access.log</file>
-    <encoder><pattern>%h %l %u [%t] "%r" %s %b %D</pattern></encoder>
-  </appender>
-  <appender-ref ref="FILE"/>
-</configuration>
-EOC
+    jvm_logging "$d/conf.d" "$d/log" puppetserver "$trace"
     cp /etc/puppet/puppetserver/conf.d/{auth.conf,web-routes.conf,metrics.conf} "$d/conf.d/"
     cp /etc/puppet/puppetserver/services.d/{bootstrap.cfg,ca.cfg} "$d/services.d/"
 }
