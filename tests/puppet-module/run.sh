@@ -30,6 +30,7 @@
 #
 #   CROSSBAR_BIN=target/debug/crossbar tests/puppet-module/run.sh
 #   NO_INSTALL=1   fail instead of apt-get installing the tools
+#   INSTALL_ONLY=1 install them, then exit (.ci/run, before this runs beside other tests)
 #   KEEP=1         keep the work directory
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,6 +78,7 @@ if [ ${#missing[@]} -gt 0 ]; then
           apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1; } ||
         die "apt-get install ${missing[*]} failed"
 fi
+[ "${INSTALL_ONLY:-0}" = 1 ] && { log "installed: ${PKGS[*]}"; exit 0; }
 for c in puppet puppet-lint rspec metadata-json-lint ruby openssl sha256sum unshare dpkg-scanpackages; do
     command -v "$c" >/dev/null || die "$c missing"
 done
