@@ -4,7 +4,7 @@
 # HAProxy `leastconn`, in one run (docs/puppet.md "Load feedback in a herd").
 #
 #   sudo bench/herd.sh                       # 12 agents, compilers of 1 and 3 JRubies
-#   sudo bench/herd.sh --agents 16 --rounds 2
+#   sudo bench/herd.sh --agents 6,8 --rounds 2 --sleep 8
 #   sudo bench/herd.sh --capture tests/fixtures/jruby-metrics   # the JSON fixtures
 #
 # It edits /etc/hosts and starts two JVMs, so it takes the Puppet E2E's lock
@@ -12,7 +12,8 @@
 # machine (nothing else building or testing beside it).
 #
 # Options:
-#   --agents N        agents in the herd (default 12)
+#   --agents N[,N...] agents in a herd (default 12); a list runs a herd of each size
+#                     per round and mode (the site holds as many agents as the largest)
 #   --rounds R        herds per mode, the modes interleaved (default 1)
 #   --jrubies A,B     max-active-instances of compiler c1 and c2 (default 1,3)
 #   --queue Q         max-queued-requests of both (default 2)
@@ -35,10 +36,10 @@ if [ -z "${HERD_LOCKED:-}" ]; then
     exec flock /tmp/puppet-e2e.lock env HERD_LOCKED=1 "$0" "$@"
 fi
 
-AGENTS=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha CAPTURE= STRICT_PLUGINS=0
+SIZES=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha CAPTURE= STRICT_PLUGINS=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --agents) AGENTS=$2; shift ;;
+        --agents) SIZES=$2; shift ;;
         --rounds) ROUNDS=$2; shift ;;
         --jrubies) JRUBIES=$2; shift ;;
         --queue) QUEUE=$2; shift ;;
@@ -52,6 +53,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 J1=${JRUBIES%,*} J2=${JRUBIES#*,}
+# the site's agents: as many as the largest herd
+AGENTS=$(tr ',' '\n' <<< "$SIZES" | sort -n | tail -1)
+[[ $SIZES =~ ^[0-9]+(,[0-9]+)*$ ]] && [ "$AGENTS" -gt 0 ] || { echo "--agents takes sizes: 6 or 6,8" >&2; exit 2; }
 
 DOMAIN=hb.test
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
