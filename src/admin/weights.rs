@@ -31,7 +31,7 @@ pub(super) fn effective(
     let Some(cfg) = cfg else {
         return (f64::from(b.weight()), base, None);
     };
-    let snap = feedback::snapshot(b, cfg);
+    let snap = feedback::snapshot(b.feedback(), cfg);
     let v = feedback_view(&snap, cfg);
     let scaled = v.phase.applies() && b.feedback().factor() != FACTOR_ONE;
     let weight = (b.effective_weight() * 100.0).round() / 100.0;

@@ -13,6 +13,7 @@
 //! its socket across reloads and only its routing table (and its limit, backlog)
 //! changes. A reload is a transaction: everything that can fail is done off to the
 //! side without writing live state, then one commit applies it.
+mod feedback;
 mod first_checks;
 mod listeners;
 mod operator;
