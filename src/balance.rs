@@ -1002,25 +1002,19 @@ mod tests {
         s.passes.store(u32::MAX, Ordering::Release);
         assert_eq!(s.record(true), u32::MAX);
     }
-    use crate::config::{BackendAddress, HealthConfig};
+    use crate::config::BackendAddress;
     use crate::metrics::Metrics;
 
     fn backend(name: &str, weight: u32, backup: bool, max: Option<u32>) -> BackendConfig {
+        let address = BackendAddress {
+            host: "127.0.0.1".into(),
+            port: 1,
+        };
         BackendConfig {
-            name: name.into(),
-            address: BackendAddress {
-                host: "127.0.0.1".into(),
-                port: 1,
-            },
             weight,
             backup,
             max_connections: max,
-            proxy_protocol: None,
-            health: HealthConfig::default(),
-            disabled: false,
-            from_dns: None,
-            left_dns: false,
-            source: None,
+            ..BackendConfig::new(name, address)
         }
     }
 

@@ -11,6 +11,8 @@ use tokio::net::TcpStream;
 
 use crate::config::{BackendAddress, ProxyProtocol};
 
+pub mod tls;
+
 /// Connect to a backend address within `timeout`, from the local address `source`
 /// if given (`source:`; the port is the system's); host names are resolved now, so
 /// DNS changes are picked up, and each resolved address is tried in turn.

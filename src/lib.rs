@@ -37,14 +37,14 @@
 //!   /api/reload` and the DNS watchers send requests to);
 //! - per connection: [`conn`] (placement confirmation included);
 //! - in the background: [`health`] (active checks and passive failure counting:
-//!   rise/fall; the reload's health gate), [`feedback`] (load feedback: each
-//!   backend's weight scaled by its free JRubies or its agent's answer) and
-//!   [`ticket_keys`] (learning backends' ticket-key names);
+//!   rise/fall; the reload's health gate) and [`ticket_keys`] (learning backends'
+//!   ticket-key names); `server` runs each service's load-feedback task;
 //! - the model: [`service`] (a service at run time, a listen address's routing, what
 //!   every connection of the process reaches), with the confirmation [`budget`];
-//! - decisions and state: [`balance`], `admission`, [`stick`], [`route`],
-//!   [`access_log`], [`metrics`] (with [`live`]: since-when, peaks, last check and
-//!   reload for the status page) and [`open_connections`];
+//! - decisions and state: [`balance`] (with [`feedback`]: load feedback, each
+//!   backend's weight scaled by its free JRubies or its agent's answer), `admission`,
+//!   [`stick`], [`route`], [`access_log`], [`metrics`] (with [`live`]: since-when,
+//!   peaks, last check and reload for the status page) and [`open_connections`];
 //! - the wire and the system: [`listener`], [`hello`], [`dial`], [`proxy_protocol`],
 //!   [`relay`], [`system`], [`log_writer`] (the bounded queue in front of stderr),
 //!   `shard` (per-thread shards of the structures connections write); [`testbed`]

@@ -13,6 +13,13 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod feedback;
+
+pub use feedback::{
+    BackendFeedbackMetrics, FeedbackMetrics, FeedbackPublished, JrubyCounts, FEEDBACK_PHASES,
+    FEEDBACK_POLL_RESULTS,
+};
+
 use crate::listener::AcceptCounters;
 use crate::live::BackendLive;
 pub use crate::live::BACKEND_STATES;
@@ -70,7 +77,7 @@ pub struct Metrics {
     /// DNS discovery of backends: lookups, staleness, answer sizes.
     pub discovery: crate::discovery::DiscoveryMetrics,
     /// Load feedback: factors, samples, polls (`crossbar_backend_feedback_*`).
-    feedback: crate::feedback::metrics::FeedbackMetrics,
+    feedback: FeedbackMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -281,7 +288,7 @@ impl Metrics {
             live: Mutex::new(HashMap::new()),
             admin: AdminMetrics::register(&r),
             discovery: crate::discovery::DiscoveryMetrics::register(&r),
-            feedback: crate::feedback::metrics::FeedbackMetrics::register(&r),
+            feedback: FeedbackMetrics::register(&r),
             registry: {
                 // The log writer's drops (process-wide: crate::log_writer).
                 let dropped = crate::log_writer::dropped_lines().clone();
@@ -659,7 +666,7 @@ pub struct BackendMetrics {
     /// Since-when, peak and last check (see [`crate::live`]).
     pub live: Arc<BackendLive>,
     /// Its load feedback's factor, samples and polls.
-    pub feedback: crate::feedback::metrics::BackendFeedbackMetrics,
+    pub feedback: BackendFeedbackMetrics,
     state: IntGaugeVec,
     service: String,
     backend: String,

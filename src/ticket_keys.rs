@@ -22,7 +22,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::balance::Backend;
 use crate::config::{BackendAddress, ProxyProtocol, StickOn};
-use crate::health::AcceptAnyCert;
+use crate::dial::tls::AcceptAnyCert;
 use crate::hello::{parse_client_hello, HelloParse};
 use crate::service::Service;
 use crate::stick::KeyKind;
@@ -119,7 +119,7 @@ async fn learn_key_name(svc: &Service, b: &Backend) {
     let Some(stick) = &svc.config.stick else {
         return;
     };
-    let name = crate::health::server_name_for(&svc.config, &b.config).0;
+    let name = crate::dial::tls::server_name_for(&svc.config, &b.config).0;
     match ask_key_name(
         b.config.proxy_protocol,
         &b.config.address,

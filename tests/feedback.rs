@@ -468,23 +468,14 @@ async fn an_agent_sets_a_share_and_drain_holds_the_floor() {
 #[test]
 fn round_robin_keeps_a_small_share_in_turn_while_factors_change() {
     use crossbar::balance::{Pool, PoolParams};
-    use crossbar::config::{BackendAddress, BackendConfig, Balance, HealthConfig};
+    use crossbar::config::{BackendAddress, BackendConfig, Balance};
     use crossbar::feedback::cell::fixed;
-    let backend = |name: &str, port| BackendConfig {
-        name: name.into(),
-        address: BackendAddress {
+    let backend = |name: &str, port| {
+        let address = BackendAddress {
             host: "127.0.0.1".into(),
             port,
-        },
-        weight: 1,
-        backup: false,
-        max_connections: None,
-        proxy_protocol: None,
-        health: HealthConfig::default(),
-        disabled: false,
-        from_dns: None,
-        left_dns: false,
-        source: None,
+        };
+        BackendConfig::new(name, address)
     };
     let metrics = crossbar::metrics::Metrics::new();
     let params = PoolParams {

@@ -232,7 +232,7 @@ pub(super) fn state(b: &Backend) -> view::BackendState {
 fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> view::BackendView {
     let (m, live) = (&b.metrics, &b.metrics.live);
     let since = live.state_since();
-    let (effective_weight, effective_origin, feedback) = super::weights::effective(b, feedback);
+    let (effective_weight, scaled, feedback) = super::weights::effective(b, feedback);
     view::BackendView {
         name: b.name.to_string(),
         address: b.config.address.to_string(),
@@ -252,7 +252,12 @@ fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> v
         weight: b.weight(),
         configured_weight: b.config.weight,
         effective_weight,
-        effective_origin,
+        // Feedback's while it scales the weight; else who set the weight (`origins`).
+        effective_origin: if scaled {
+            view::Origin::Feedback
+        } else {
+            view::Origin::File
+        },
         feedback,
         backup: b.config.backup,
         bytes: view::Bytes {

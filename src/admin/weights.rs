@@ -1,5 +1,6 @@
-//! A backend's weights as the views show them: who set the weight, what load
-//! feedback made of it and the last sample behind that (`GET /api/services`).
+//! A backend's weights as the views show them: what load feedback made of the
+//! weight and the last sample behind that (`GET /api/services`); who set the
+//! weight is `api::origins`'s to say.
 use std::time::Duration;
 
 use super::view;
@@ -9,37 +10,22 @@ use crate::feedback::cell::FACTOR_ONE;
 use crate::feedback::weight::Reading;
 use crate::feedback::{self, Snapshot};
 
-/// Who set a backend's weight before feedback: the operator at run time, else the
-/// SRV record it came from, else the file.
-pub(super) fn origin(b: &Backend) -> view::Origin {
-    if b.weight() != b.config.weight {
-        view::Origin::Operator
-    } else if b.config.from_dns.is_some() {
-        view::Origin::Dns
-    } else {
-        view::Origin::File
-    }
-}
-
-/// The weight new connections are balanced by, who decided it, and the feedback
-/// behind it (the fields of [`view::BackendView`] that say so).
+/// The weight new connections are balanced by, whether load feedback decides it
+/// now (scales the weight), and the feedback behind it: the fields of
+/// [`view::BackendView`] that say so. Who set the weight otherwise is
+/// `api::origins`'s to say.
 pub(super) fn effective(
     b: &Backend,
     cfg: Option<&FeedbackConfig>,
-) -> (f64, view::Origin, Option<view::FeedbackView>) {
-    let base = origin(b);
+) -> (f64, bool, Option<view::FeedbackView>) {
     let Some(cfg) = cfg else {
-        return (f64::from(b.weight()), base, None);
+        return (f64::from(b.weight()), false, None);
     };
-    let snap = feedback::snapshot(b, cfg);
+    let snap = feedback::snapshot(b.feedback(), cfg);
     let v = feedback_view(&snap, cfg);
     let scaled = v.phase.applies() && b.feedback().factor() != FACTOR_ONE;
     let weight = (b.effective_weight() * 100.0).round() / 100.0;
-    (
-        weight,
-        if scaled { view::Origin::Feedback } else { base },
-        Some(v),
-    )
+    (weight, scaled, Some(v))
 }
 
 fn feedback_view(s: &Snapshot, cfg: &FeedbackConfig) -> view::FeedbackView {

@@ -137,7 +137,7 @@ pub async fn set_backend(
         if !force && action != Action::Enable {
             last_available(svc, b, action)?;
         }
-        op.set(&name, b, action.state(), None);
+        op.record().set(&name, b, action.state(), None);
         tracing::info!(service = %name, backend = %backend, state = b.state_name(), "admin: backend state set (kept across reloads that leave the backend alone, and restarts with state_file)");
         Ok(view::BackendStateView {
             service: name,
@@ -165,7 +165,7 @@ pub async fn reset_backend(
         if !force && b.config.disabled {
             last_available(svc, b, Action::Disable)?;
         }
-        let held = op.reset(&name, b).map(|o| super::api::held_view(&name, &backend, &o, None));
+        let held = op.record().reset(&name, b).map(|o| super::api::held_view(&name, &backend, &o, None));
         tracing::info!(service = %name, backend = %backend, state = b.state_name(), weight = b.weight(), "admin: backend reset to the file's values");
         Ok(view::ResetView {
             service: name,
@@ -257,7 +257,7 @@ pub async fn set_weight(
             }
         }
         let previous = b.weight();
-        op.set(&name, b, None, Some(weight));
+        op.record().set(&name, b, None, Some(weight));
         tracing::info!(
             service = %name,
             backend = %backend,

@@ -377,6 +377,15 @@ mod tests {
 
     /// The lines of `text` about backend `name`: the CLI's two table rows, the
     /// page's one (`<td>name`).
+    /// The status page and `crossbar status` of one document.
+    fn page_and_status(v: &ServicesView, s: &SourcesView) -> (String, String) {
+        let data = PageData {
+            services: v,
+            sources: &s.listeners,
+        };
+        (page(data, 0, ""), render(v, s, "", at(120)))
+    }
+
     fn rows(text: &str, name: &str) -> String {
         text.lines()
             .filter(|l| {
@@ -406,15 +415,7 @@ mod tests {
     #[test]
     fn every_field_the_page_shows_is_in_the_status() {
         let (v, s) = (fixture::everything(), fixture::sources());
-        let html = page(
-            PageData {
-                services: &v,
-                sources: &s.listeners,
-            },
-            0,
-            "",
-        );
-        let cli = render(&v, &s, "", at(120));
+        let (html, cli) = page_and_status(&v, &s);
         let p = &v.crossbar;
         let r = p.last_reload.as_ref().unwrap();
         for (what, want) in [
@@ -484,15 +485,7 @@ mod tests {
             weight_cell(&b),
             "1.24 (operator 4 x0.31 feedback; file 2; ramp 40%, 12s left)"
         );
-        let html = page(
-            PageData {
-                services: &v,
-                sources: &s.listeners,
-            },
-            0,
-            "",
-        );
-        let cli = render(&v, &s, "", at(120));
+        let (html, cli) = page_and_status(&v, &s);
         backend_fields(&rows(&html, &b.name), &rows(&cli, &b.name), &b);
     }
 

@@ -436,6 +436,27 @@ pub struct BackendConfig {
     pub source: Option<std::net::IpAddr>,
 }
 
+impl BackendConfig {
+    /// Backend `name` at `address` with every other setting at its default: weight
+    /// 1, no backup, no limit, no PROXY header, the default health settings, in
+    /// rotation, from the file.
+    pub fn new(name: &str, address: BackendAddress) -> BackendConfig {
+        BackendConfig {
+            name: name.into(),
+            address,
+            weight: 1,
+            backup: false,
+            max_connections: None,
+            proxy_protocol: None,
+            health: HealthConfig::default(),
+            disabled: false,
+            from_dns: None,
+            left_dns: false,
+            source: None,
+        }
+    }
+}
+
 /// One service: listeners, routing names, algorithm, stickiness and backends.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServiceConfig {

@@ -15,8 +15,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::config::{BackendConfig, CheckKind, HttpsCheck, ServiceConfig};
+use crate::dial::tls::{server_name_for, AcceptAnyCert, NameSource};
 use crate::health::explain::name_text;
-use crate::health::{self, AcceptAnyCert, CertInfo, NameSource, Target};
+use crate::health::{self, CertInfo, Target};
 
 /// Time one TLS handshake (connect included) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -135,7 +136,7 @@ pub struct CaCert {
 /// Everything the doctor asks one backend; never fails, records what went wrong.
 pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) -> Inspection {
     let target = health::target(svc, b);
-    let (_, source) = health::server_name_for(svc, b);
+    let (_, source) = server_name_for(svc, b);
     let mut out = Inspection {
         address: b.address.to_string(),
         server_name: name_text(&target.server_name),

@@ -21,6 +21,7 @@ use crate::config::{
     ServiceConfig,
 };
 use crate::dial;
+use crate::dial::tls::{client_tls, server_name_for};
 
 /// Largest jruby-metrics document read: at `level=debug` each borrowed or queued
 /// request is ~300 bytes, so a pool of 64 with a queue of 10,000 fits; more is not
@@ -89,7 +90,7 @@ impl Poller {
                     .server_name
                     .clone()
                     .and_then(|n| ServerName::try_from(n).ok())
-                    .unwrap_or_else(|| crate::health::server_name_for(svc, b).0);
+                    .unwrap_or_else(|| server_name_for(svc, b).0);
                 let host = match &server_name {
                     ServerName::DnsName(n) => n.as_ref().to_string(),
                     _ => b.address.to_string(),
@@ -184,7 +185,7 @@ impl Poller {
             Option<(PathBuf, PathBuf)>,
         ),
     ) -> Result<Http, FeedbackError> {
-        let config = crate::health::client_tls(ca_file.as_deref(), client_cert.as_ref())
+        let config = client_tls(ca_file.as_deref(), client_cert.as_ref())
             .map_err(|e| FeedbackError::Setup(e.to_string()))?;
         let tcp = dial::connect_own(&self.address, self.timeout, self.proxy)
             .await

@@ -47,7 +47,8 @@ pub enum FeedbackError {
 }
 
 impl FeedbackError {
-    /// The `result` label of `crossbar_backend_feedback_polls_total`.
+    /// The `result` label of `crossbar_backend_feedback_polls_total` (one of
+    /// [`crate::metrics::FEEDBACK_POLL_RESULTS`]).
     pub fn reason(&self) -> &'static str {
         match self {
             FeedbackError::Setup(_) => "setup",
@@ -61,19 +62,6 @@ impl FeedbackError {
             FeedbackError::Document(_) | FeedbackError::Agent(_) => "bad_answer",
         }
     }
-
-    /// Every `result` label but `ok`, for the metric's documentation and tests.
-    pub const REASONS: [&'static str; 9] = [
-        "setup",
-        "connect",
-        "tls",
-        "timeout",
-        "http",
-        "refused",
-        "status",
-        "too_large",
-        "bad_answer",
-    ];
 
     /// The one change that makes the poll succeed, in the words `crossbar doctor`
     /// prints after the reason.
@@ -134,6 +122,36 @@ impl FeedbackError {
                 FeedbackError::Document(_) | FeedbackError::TooLarge(_) | FeedbackError::Refused(_),
                 None,
             ) => "see the compiler's log for why it refused the request".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::FEEDBACK_POLL_RESULTS;
+
+    #[test]
+    fn the_metric_lists_every_reason() {
+        let io = || io::Error::other("x");
+        for e in [
+            FeedbackError::Setup(String::new()),
+            FeedbackError::Connect(io()),
+            FeedbackError::Tls(io()),
+            FeedbackError::Timeout(Duration::ZERO),
+            FeedbackError::Http(String::new()),
+            FeedbackError::Refused(403),
+            FeedbackError::Status(500),
+            FeedbackError::TooLarge(1),
+            FeedbackError::Document(DocumentError::NoQueue),
+            FeedbackError::Agent(AgentError::Empty),
+            FeedbackError::Io(io()),
+        ] {
+            assert!(
+                FEEDBACK_POLL_RESULTS.contains(&e.reason()),
+                "{}",
+                e.reason()
+            );
         }
     }
 }

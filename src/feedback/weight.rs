@@ -75,7 +75,7 @@ impl Phase {
         }
     }
 
-    /// Every phase, in the order of [`Phase::as_str`]'s metric labels.
+    /// Every phase (its metric labels: [`crate::metrics::FEEDBACK_PHASES`]).
     pub const ALL: [Phase; 7] = [
         Phase::Waiting,
         Phase::Blackout,
@@ -388,6 +388,12 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_metric_labels_are_the_phases() {
+        let labels = Phase::ALL.map(Phase::as_str);
+        assert_eq!(labels, crate::metrics::FEEDBACK_PHASES);
+    }
 
     fn params() -> Params {
         Params {

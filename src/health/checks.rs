@@ -11,9 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::error::CheckError;
-use super::tls_client::{accept_any_config, https_config};
 use crate::config::{BackendAddress, CheckKind, HttpsCheck};
 use crate::dial::connect_own;
+use crate::dial::tls::{accept_any_config, client_tls};
 
 /// Largest status body the https check reads; `/status/v1/simple` answers 7 bytes.
 const MAX_STATUS_BODY: usize = 64 * 1024;
@@ -144,7 +144,8 @@ pub(super) async fn https(
     target: &Target,
     timeout: Duration,
 ) -> Result<(), CheckError> {
-    let config = https_config(h)?;
+    // Built at every check, so renewed certificate files are picked up.
+    let config = client_tls(h.ca_file.as_deref(), h.client_cert.as_ref())?;
     let tcp = connect(target, timeout).await?;
     let tls = tokio_rustls::TlsConnector::from(config)
         .connect(target.server_name.clone(), tcp)

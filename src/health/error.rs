@@ -57,3 +57,9 @@ impl CheckError {
         }
     }
 }
+
+impl From<crate::dial::tls::SetupError> for CheckError {
+    fn from(e: crate::dial::tls::SetupError) -> CheckError {
+        CheckError::Setup(e.0)
+    }
+}

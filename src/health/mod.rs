@@ -27,13 +27,10 @@ pub(crate) mod explain;
 pub mod gate;
 mod predict;
 mod state;
-mod tls_client;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::ServerName;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -41,73 +38,16 @@ use crate::balance::Backend;
 use crate::config::{BackendConfig, CheckKind, ServiceConfig};
 use crate::service::Service;
 
+pub use crate::dial::tls::{server_name_for, NameSource};
 pub use cert::CertInfo;
 pub(crate) use checks::http_get;
 pub use checks::{classify_answer, run_check, HelloReply, Target};
 pub use error::CheckError;
 pub use predict::{predict, Predicted};
 pub use state::{observe, passive_failure, passive_success, Flip};
-pub(crate) use tls_client::{client_tls, AcceptAnyCert};
 
 /// Checks run every `interval` ± this fraction, so many backends don't probe in step.
 const JITTER: f64 = 0.1;
-
-/// Where the server name of a backend's checks comes from (the doctor names it when
-/// a certificate does not match).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NameSource {
-    /// The https check's `health.server_name`.
-    HealthServerName,
-    /// The service's first exact `server_names` entry.
-    ServerNames,
-    /// The backend address's host name.
-    BackendHost,
-    /// The backend address's IP (no SNI is sent; the certificate is verified
-    /// against the IP).
-    BackendIp,
-}
-
-/// The server name a backend's checks (and the ticket-key probe) send and verify:
-/// the https check's `server_name`, else the service's first exact `server_names`
-/// entry, else the backend host when it is a name, else its IP (then no SNI is
-/// sent). `names` is not used: those are what agents dial, which the doctor checks
-/// separately. `crossbar doctor` calls this too, so it probes what `run` will.
-pub fn server_name_for(
-    svc: &ServiceConfig,
-    b: &BackendConfig,
-) -> (ServerName<'static>, NameSource) {
-    let explicit = match &b.health.check {
-        CheckKind::Https(h) => h.server_name.clone(),
-        _ => None,
-    };
-    let from_service = svc
-        .server_names
-        .iter()
-        .find(|n| !n.starts_with('*'))
-        .cloned();
-    let host = &b.address.host;
-    let candidates = [
-        (explicit, NameSource::HealthServerName),
-        (from_service, NameSource::ServerNames),
-        (Some(host.clone()), NameSource::BackendHost),
-    ];
-    for (name, source) in candidates {
-        let Some(name) = name else { continue };
-        if name.parse::<IpAddr>().is_ok() {
-            continue;
-        }
-        if let Ok(sn) = ServerName::try_from(name) {
-            return (sn, source);
-        }
-    }
-    let ip = match host.parse::<IpAddr>() {
-        Ok(ip) => ip,
-        // A host that is neither a valid DNS name nor an IP: validation rejects it.
-        Err(_) => IpAddr::from([0, 0, 0, 0]),
-    };
-    (ServerName::IpAddress(ip.into()), NameSource::BackendIp)
-}
 
 /// What the checks of backend `b` of `svc` connect to and the name they use.
 pub fn target(svc: &ServiceConfig, b: &BackendConfig) -> Target {
@@ -194,8 +134,9 @@ pub fn check_label(c: &CheckKind) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::tls_client::accept_any_config;
     use super::*;
+    use crate::dial::tls::accept_any_config;
+    use rustls::pki_types::ServerName;
     use rustls::ClientConnection;
     use std::io;
 

@@ -70,7 +70,7 @@ pub async fn predict(
 /// The chain a backend presents (leaf first), from a handshake that accepts any
 /// certificate; empty when there is no handshake. The caller bounds the whole.
 async fn presented_chain(target: &super::Target, connect: Duration) -> Vec<CertInfo> {
-    let Ok(config) = super::tls_client::accept_any_config() else {
+    let Ok(config) = crate::dial::tls::accept_any_config() else {
         return Vec::new();
     };
     let handshake = async {

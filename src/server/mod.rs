@@ -13,6 +13,7 @@
 //! its socket across reloads and only its routing table (and its limit, backlog)
 //! changes. A reload is a transaction: everything that can fail is done off to the
 //! side without writing live state, then one commit applies it.
+mod feedback;
 mod first_checks;
 mod listeners;
 mod operator;
@@ -37,7 +38,7 @@ use crate::metrics::Metrics;
 use crate::service::{ProcessWide, Service};
 
 pub use listeners::FreebindChanged;
-pub use operator::{Against, Held, Judged, Operating, OperatorState, Override};
+pub use operator::{override_text, Against, Held, Judged, Operating, OperatorState, Override};
 pub use reload::{Applied, ApplyError, Outcome};
 pub use state_file::StateError;
 

@@ -110,20 +110,25 @@ pub struct Judged {
 impl Judged {
     /// In a line: `puppet/compile1 drain, weight 3`.
     pub fn text(&self) -> String {
-        let mut what = Vec::new();
-        if let Some(s) = self.held.state {
-            what.push(s.as_str().to_string());
-        }
-        if let Some(w) = self.held.weight {
-            what.push(format!("weight {w}"));
-        }
-        let why = self
-            .why
-            .as_deref()
-            .map(|w| format!(" ({w})"))
-            .unwrap_or_default();
-        format!("{}/{} {}{why}", self.service, self.backend, what.join(", "))
+        let state = self.held.state.map(Held::as_str);
+        let at = format!("{}/{}", self.service, self.backend);
+        override_text(&at, state, self.held.weight, self.why.as_deref())
     }
+}
+
+/// An override in a line, as reloads and the views say it: `at` (`service/backend`),
+/// the state and weight set, and why it was reset, if it was:
+/// `puppet/compile2 weight 5 (the reload changed the backend: ...)`.
+pub fn override_text(
+    at: &str,
+    state: Option<&str>,
+    weight: Option<u32>,
+    why: Option<&str>,
+) -> String {
+    let weight = weight.map(|w| format!("weight {w}"));
+    let what: Vec<&str> = state.into_iter().chain(weight.as_deref()).collect();
+    let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
+    format!("{at} {}{why}", what.join(", "))
 }
 
 /// Every backend's override, by service and backend name.
@@ -314,21 +319,10 @@ impl<'a> Operating<'a> {
         self.record.get(service, backend)
     }
 
-    /// Set (and record) a state and/or a weight on `b` of `service`.
-    pub fn set(
-        &mut self,
-        service: &str,
-        b: &Backend,
-        state: Option<AdminState>,
-        weight: Option<u32>,
-    ) {
-        self.record.set(service, b, state, weight);
+    /// The record, to set a backend's state or weight in ([`OperatorState::set`]) or
+    /// reset it ([`OperatorState::reset`]): the write is then saved and published.
+    pub fn record(&mut self) -> &mut OperatorState {
         self.changed = true;
-    }
-
-    /// Return `b` of `service` to its file's (and DNS's) values; what was dropped.
-    pub fn reset(&mut self, service: &str, b: &Backend) -> Option<Override> {
-        self.changed = true;
-        self.record.reset(service, b)
+        self.record
     }
 }

@@ -1,6 +1,6 @@
 //! The running services' background tasks (health checks, stick-table sweeper,
-//! ticket-key learners, periodic saver), what a commit retires of the old services,
-//! and saving the stick tables.
+//! load feedback, ticket-key learners, periodic saver), what a commit retires of
+//! the old services, and saving the stick tables.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ pub(super) fn spawn(
     for svc in services {
         crate::health::spawn_checks(svc);
         spawn_sweeper(svc);
-        crate::feedback::spawn(svc);
+        super::feedback::spawn(svc);
         probes.extend(crate::ticket_keys::spawn(svc));
         spawn_saver(svc, savers);
     }

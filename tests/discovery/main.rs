@@ -817,7 +817,7 @@ async fn run_time_weights_survive_dns_changes_and_reloads_until_reset() {
         .operate(move |op| {
             let b = op.service("svc").and_then(|s| s.pool.get(&set)).cloned();
             let b = b.expect("the discovered backend");
-            op.set("svc", &b, None, Some(configured + 6));
+            op.record().set("svc", &b, None, Some(configured + 6));
         })
         .await
         .expect("operator write");
@@ -850,7 +850,8 @@ async fn run_time_weights_survive_dns_changes_and_reloads_until_reset() {
     cb.server
         .operate(move |op| {
             let b = op.service("svc").and_then(|s| s.pool.get(&reset)).cloned();
-            op.reset("svc", &b.expect("the discovered backend"))
+            op.record()
+                .reset("svc", &b.expect("the discovered backend"))
         })
         .await
         .expect("operator reset");

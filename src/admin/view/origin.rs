@@ -75,19 +75,9 @@ pub struct HeldView {
 impl HeldView {
     /// In a line: `puppet/compile2 weight 5 (the reload changed the backend: ...)`.
     pub fn text(&self) -> String {
-        let mut what = Vec::new();
-        if let Some(s) = self.state {
-            what.push(s.as_str().to_string());
-        }
-        if let Some(w) = self.weight {
-            what.push(format!("weight {w}"));
-        }
-        let why = self
-            .why
-            .as_deref()
-            .map(|w| format!(" ({w})"))
-            .unwrap_or_default();
-        format!("{}/{} {}{why}", self.service, self.backend, what.join(", "))
+        let state = self.state.map(|s| s.as_str());
+        let at = format!("{}/{}", self.service, self.backend);
+        crate::server::override_text(&at, state, self.weight, self.why.as_deref())
     }
 }
 

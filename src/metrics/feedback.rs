@@ -4,9 +4,6 @@ use std::time::SystemTime;
 
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::error::FeedbackError;
-use super::weight::{Phase, Reading};
-
 /// The families, registered once per registry.
 #[derive(Clone)]
 pub struct FeedbackMetrics {
@@ -29,6 +26,25 @@ impl std::fmt::Debug for FeedbackMetrics {
 }
 
 const BACKEND: [&str; 2] = ["service", "backend"];
+
+/// `phase` values of `crossbar_backend_feedback_phase` (`feedback::weight::Phase::as_str`).
+pub const FEEDBACK_PHASES: [&str; 7] = [
+    "waiting", "blackout", "active", "ramping", "locked", "stopped", "expired",
+];
+/// `result` values of `crossbar_backend_feedback_polls_total`: `ok`, or the failure's
+/// reason (`FeedbackError::reason`).
+pub const FEEDBACK_POLL_RESULTS: [&str; 10] = [
+    "ok",
+    "setup",
+    "connect",
+    "tls",
+    "timeout",
+    "http",
+    "refused",
+    "status",
+    "too_large",
+    "bad_answer",
+];
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
     r.register(Box::new(c.clone())).expect("unique metric name"); // ok: static
@@ -128,30 +144,39 @@ impl FeedbackMetrics {
             let _ = v.remove_label_values(&l); // ok: absent labels are fine
         }
         let _ = self.sticky_replaced.remove_label_values(&l); // ok: absent labels are fine
-        for p in Phase::ALL {
-            let _ = self
-                .phase
-                .remove_label_values(&[service, backend, p.as_str()]); // ok
+        for p in FEEDBACK_PHASES {
+            let _ = self.phase.remove_label_values(&[service, backend, p]); // ok
         }
-        for r in FeedbackError::REASONS.iter().chain(&["ok"]) {
-            let _ = self.polls.remove_label_values(&[service, backend, *r]); // ok
+        for r in FEEDBACK_POLL_RESULTS {
+            let _ = self.polls.remove_label_values(&[service, backend, r]); // ok
         }
     }
 }
 
 /// What the poller publishes after each update.
 #[derive(Debug, Clone, Copy)]
-pub struct Published<'a> {
+pub struct FeedbackPublished<'a> {
     /// The factor.
     pub factor: f64,
     /// The weight before feedback.
     pub weight: u32,
-    /// Where the backend's feedback stands.
-    pub phase: Phase,
+    /// Where the backend's feedback stands: one of [`FEEDBACK_PHASES`].
+    pub phase: &'a str,
     /// It refuses work now.
     pub saturated: bool,
-    /// The last good answer.
-    pub last: Option<&'a Reading>,
+    /// The JRuby pool of the last good answer, when it came from Puppet.
+    pub jrubies: Option<JrubyCounts>,
+}
+
+/// A Puppet compiler's JRuby pool as its last good answer gave it.
+#[derive(Debug, Clone, Copy)]
+pub struct JrubyCounts {
+    /// num-jrubies.
+    pub jrubies: u32,
+    /// num-free-jrubies.
+    pub free: u32,
+    /// Requests waiting for a JRuby (requested-instances).
+    pub queued: u32,
 }
 
 /// One backend's handles.
@@ -173,14 +198,15 @@ impl BackendFeedbackMetrics {
         [self.service.as_str(), self.backend.as_str()]
     }
 
-    /// Count one poll: `ok`, or its failure's reason.
-    pub fn poll(&self, result: Result<(), &FeedbackError>) {
-        let label = result.err().map_or("ok", FeedbackError::reason);
+    /// Count one poll: `failure` is `None` when it succeeded, else its reason (one
+    /// of [`FEEDBACK_POLL_RESULTS`]).
+    pub fn poll(&self, failure: Option<&str>) {
+        let label = failure.unwrap_or("ok");
         self.all
             .polls
             .with_label_values(&[self.service.as_str(), self.backend.as_str(), label])
             .inc();
-        if result.is_ok() {
+        if failure.is_none() {
             let now = SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
@@ -205,7 +231,7 @@ impl BackendFeedbackMetrics {
     }
 
     /// Set the gauges to what was just published.
-    pub fn publish(&self, p: &Published<'_>) {
+    pub fn publish(&self, p: &FeedbackPublished<'_>) {
         let l = self.labels();
         self.all.factor.with_label_values(&l).set(p.factor);
         self.all
@@ -217,13 +243,13 @@ impl BackendFeedbackMetrics {
             .with_label_values(&l)
             .set(i64::from(p.saturated));
         self.all.sticky_replaced.with_label_values(&l);
-        for phase in Phase::ALL {
+        for phase in FEEDBACK_PHASES {
             self.all
                 .phase
-                .with_label_values(&[self.service.as_str(), self.backend.as_str(), phase.as_str()])
+                .with_label_values(&[self.service.as_str(), self.backend.as_str(), phase])
                 .set(i64::from(phase == p.phase));
         }
-        if let Some(Reading::Puppet(s)) = p.last {
+        if let Some(s) = p.jrubies {
             self.all
                 .jrubies
                 .with_label_values(&l)

@@ -1,5 +1,8 @@
-//! The TLS clients of the checks (and of the ticket-key learner): rustls configured
-//! for a modern ClientHello, with or without certificate verification.
+//! The TLS clients crossbar dials backends with (the health checks, the load-feedback
+//! polls, the ticket-key learner, the doctor): rustls configured for a modern
+//! ClientHello, with or without certificate verification, and the server name a
+//! backend is asked for.
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -8,14 +11,20 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::error::CheckError;
-use crate::config::HttpsCheck;
+use crate::config::{BackendConfig, CheckKind, ServiceConfig};
 
-pub(super) fn provider() -> Arc<CryptoProvider> {
+/// A file a TLS client needs (CA, client certificate or key) can't be used, or
+/// rustls refused the settings. The text is the one the https check has always
+/// logged (the feedback poll quotes it whole).
+#[derive(Debug, thiserror::Error)]
+#[error("check setup: {0}")]
+pub struct SetupError(pub String);
+
+fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-pub(super) fn versions() -> &'static [&'static rustls::SupportedProtocolVersion] {
+fn versions() -> &'static [&'static rustls::SupportedProtocolVersion] {
     static BOTH: [&rustls::SupportedProtocolVersion; 2] =
         [&rustls::version::TLS13, &rustls::version::TLS12];
     &BOTH
@@ -23,22 +32,15 @@ pub(super) fn versions() -> &'static [&'static rustls::SupportedProtocolVersion]
 
 /// The tls-hello check's client: any certificate passes (the handshake is never
 /// finished; we only need rustls to write a modern ClientHello).
-pub(super) fn accept_any_config() -> Result<Arc<ClientConfig>, CheckError> {
+pub(crate) fn accept_any_config() -> Result<Arc<ClientConfig>, SetupError> {
     let p = provider();
     let cfg = ClientConfig::builder_with_provider(p.clone())
         .with_protocol_versions(versions())
-        .map_err(|e| CheckError::Setup(e.to_string()))?
+        .map_err(|e| SetupError(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(p)))
         .with_no_client_auth();
     Ok(Arc::new(cfg))
-}
-
-/// The https check's client, built at every check so renewed certificate files are
-/// picked up: verifies against `ca_file` when set (else accepts any certificate),
-/// presents `client_cert`/`client_key` when set.
-pub(super) fn https_config(h: &HttpsCheck) -> Result<Arc<ClientConfig>, CheckError> {
-    client_tls(h.ca_file.as_deref(), h.client_cert.as_ref())
 }
 
 /// An HTTPS client as the `https` check's (load feedback polls with it too): verifies
@@ -49,11 +51,11 @@ pub(super) fn https_config(h: &HttpsCheck) -> Result<Arc<ClientConfig>, CheckErr
 pub(crate) fn client_tls(
     ca_file: Option<&std::path::Path>,
     client_cert: Option<&(std::path::PathBuf, std::path::PathBuf)>,
-) -> Result<Arc<ClientConfig>, CheckError> {
+) -> Result<Arc<ClientConfig>, SetupError> {
     let p = provider();
     let builder = ClientConfig::builder_with_provider(p.clone())
         .with_protocol_versions(versions())
-        .map_err(|e| CheckError::Setup(e.to_string()))?;
+        .map_err(|e| SetupError(e.to_string()))?;
     let builder = match ca_file {
         Some(path) => builder.with_root_certificates(roots(path)?),
         None => builder
@@ -69,7 +71,7 @@ pub(crate) fn client_tls(
                 PrivateKeyDer::from_pem_file(key).map_err(|e| setup_err("client_key", key, e))?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|e| CheckError::Setup(format!("client certificate: {e}")))?
+                .map_err(|e| SetupError(format!("client certificate: {e}")))?
         }
         None => builder.with_no_client_auth(),
     };
@@ -77,14 +79,14 @@ pub(crate) fn client_tls(
     Ok(Arc::new(cfg))
 }
 
-pub(super) fn roots(path: &std::path::Path) -> Result<RootCertStore, CheckError> {
+fn roots(path: &std::path::Path) -> Result<RootCertStore, SetupError> {
     let mut roots = RootCertStore::empty();
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| setup_err("ca_file", path, e))?;
     let (added, _ignored) = roots.add_parsable_certificates(certs);
     if added == 0 {
-        return Err(CheckError::Setup(format!(
+        return Err(SetupError(format!(
             "ca_file {}: no usable certificate",
             path.display()
         )));
@@ -92,12 +94,65 @@ pub(super) fn roots(path: &std::path::Path) -> Result<RootCertStore, CheckError>
     Ok(roots)
 }
 
-pub(super) fn setup_err(
-    key: &str,
-    path: &std::path::Path,
-    e: impl std::fmt::Display,
-) -> CheckError {
-    CheckError::Setup(format!("{key} {}: {e}", path.display()))
+fn setup_err(key: &str, path: &std::path::Path, e: impl std::fmt::Display) -> SetupError {
+    SetupError(format!("{key} {}: {e}", path.display()))
+}
+
+/// Where the server name of a backend's checks comes from (the doctor names it when
+/// a certificate does not match).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameSource {
+    /// The https check's `health.server_name`.
+    HealthServerName,
+    /// The service's first exact `server_names` entry.
+    ServerNames,
+    /// The backend address's host name.
+    BackendHost,
+    /// The backend address's IP (no SNI is sent; the certificate is verified
+    /// against the IP).
+    BackendIp,
+}
+
+/// The server name a backend's checks (and the ticket-key probe) send and verify:
+/// the https check's `server_name`, else the service's first exact `server_names`
+/// entry, else the backend host when it is a name, else its IP (then no SNI is
+/// sent). `names` is not used: those are what agents dial, which the doctor checks
+/// separately. `crossbar doctor` calls this too, so it probes what `run` will.
+pub fn server_name_for(
+    svc: &ServiceConfig,
+    b: &BackendConfig,
+) -> (ServerName<'static>, NameSource) {
+    let explicit = match &b.health.check {
+        CheckKind::Https(h) => h.server_name.clone(),
+        _ => None,
+    };
+    let from_service = svc
+        .server_names
+        .iter()
+        .find(|n| !n.starts_with('*'))
+        .cloned();
+    let host = &b.address.host;
+    let candidates = [
+        (explicit, NameSource::HealthServerName),
+        (from_service, NameSource::ServerNames),
+        (Some(host.clone()), NameSource::BackendHost),
+    ];
+    for (name, source) in candidates {
+        let Some(name) = name else { continue };
+        if name.parse::<IpAddr>().is_ok() {
+            continue;
+        }
+        if let Ok(sn) = ServerName::try_from(name) {
+            return (sn, source);
+        }
+    }
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        // A host that is neither a valid DNS name nor an IP: validation rejects it.
+        Err(_) => IpAddr::from([0, 0, 0, 0]),
+    };
+    (ServerName::IpAddress(ip.into()), NameSource::BackendIp)
 }
 
 /// Accepts any server certificate, but still checks handshake signatures against the
