@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Every state a backend can be in, as the `state` label of `crossbar_backend_state`.
-pub const BACKEND_STATES: [&str; 5] = ["up", "down", "drain", "disabled", "standby"];
+use crate::config::state::State;
 
 /// Longest check error kept for display; a TLS alert or an I/O error is < 200 bytes.
 const MAX_CHECK_ERROR: usize = 256;
@@ -39,7 +38,7 @@ pub struct LastCheck {
 /// Live facts of one backend.
 #[derive(Debug)]
 pub struct BackendLive {
-    /// Index into [`BACKEND_STATES`] plus one; 0 before the first state is published.
+    /// Index into [`State::ALL`] plus one; 0 before the first state is published.
     state: AtomicU8,
     state_since_ms: AtomicU64,
     peak: AtomicU32,
@@ -62,10 +61,8 @@ impl Default for BackendLive {
 impl BackendLive {
     /// Note the state just published; the since-time moves only on a change (the
     /// first state counts from when the backend was configured).
-    pub fn note_state(&self, state: &str) {
-        let Some(i) = BACKEND_STATES.iter().position(|s| *s == state) else {
-            return;
-        };
+    pub fn note_state(&self, state: State) {
+        let i = State::ALL.iter().position(|s| *s == state).unwrap_or(0);
         let code = i as u8 + 1;
         let prev = self.state.swap(code, Ordering::AcqRel);
         if prev != 0 && prev != code {
@@ -207,11 +204,11 @@ mod tests {
     fn since_moves_only_on_change() {
         let l = BackendLive::default();
         l.state_since_ms.store(1, Ordering::Release);
-        l.note_state("up");
+        l.note_state(State::Up);
         assert_eq!(l.state_since_ms.load(Ordering::Acquire), 1, "first state");
-        l.note_state("up");
+        l.note_state(State::Up);
         assert_eq!(l.state_since_ms.load(Ordering::Acquire), 1, "same state");
-        l.note_state("down");
+        l.note_state(State::Down);
         assert!(l.state_since_ms.load(Ordering::Acquire) > 1, "changed");
     }
 

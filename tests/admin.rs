@@ -740,6 +740,30 @@ async fn healthz_fails_while_draining() {
     drain.await.unwrap();
 }
 
+/// An operator write once shutdown has begun is answered for what it is: 503, the
+/// drain not applied because crossbar is shutting down; not a failed reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_once_shutdown_began_says_it_was_not_applied() {
+    let bed = Bed::start(None).await;
+    let mut held = Held::open(&bed, "plain").await;
+    let victim = held.who().await;
+    let server = bed.xb.server.clone();
+    let drain =
+        tokio::spawn(async move { server.shutdown(std::time::Duration::from_secs(5)).await });
+    common::wait_until("shutdown began", || bed.xb.is_draining()).await;
+    let path = format!("/api/backends/plain/{victim}/drain");
+    let a = call(bed.admin, Method::POST, &path, None).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    assert!(a.body.contains("drain not applied"), "{}", a.body);
+    assert!(a.body.contains("shutting down"), "{}", a.body);
+    assert!(!a.body.contains("reload failed"), "{}", a.body);
+    let b = bed.xb.backend("plain", &victim);
+    assert_eq!(b.state().as_str(), "up", "the drain was not applied");
+    assert_eq!(held.who().await, victim, "the open connection goes on");
+    drop(held);
+    drain.await.unwrap();
+}
+
 /// With `admin.healthz_needs_backends`, /healthz fails (503, naming the service)
 /// while a service has no backend that takes new connections, so keepalived moves
 /// the VIP (HAProxy's `monitor fail if nbsrv lt 1`), and says ok again once one
@@ -1095,7 +1119,8 @@ async fn writes_need_the_token() {
             .pool
             .get("p1")
             .unwrap()
-            .state_name(),
+            .state()
+            .as_str(),
         "up"
     );
     let right = call(bed.admin, Method::POST, path, Some("s3cret-token")).await;
@@ -1108,7 +1133,8 @@ async fn writes_need_the_token() {
             .pool
             .get("p1")
             .unwrap()
-            .state_name(),
+            .state()
+            .as_str(),
         "drain"
     );
     // Reads stay open.
@@ -1196,7 +1222,8 @@ async fn cli_end_to_end() {
             .pool
             .get("p1")
             .unwrap()
-            .state_name(),
+            .state()
+            .as_str(),
         "drain"
     );
     for _ in 0..3 {
@@ -1443,7 +1470,11 @@ async fn cross_site_and_rebound_requests_are_refused() {
             a.body
         );
         *expected.entry(reason).or_default() += 1.0;
-        assert_eq!(bed.xb.backend("puppet", "b1").state_name(), "up", "{what}");
+        assert_eq!(
+            bed.xb.backend("puppet", "b1").state().as_str(),
+            "up",
+            "{what}"
+        );
         assert_eq!(reloads(), 0.0, "{what}");
     }
     for (reason, n) in &expected {
@@ -1473,7 +1504,7 @@ async fn cross_site_and_rebound_requests_are_refused() {
 async fn the_cli_same_origin_pages_and_ssh_tunnels_still_work() {
     let bed = Bed::start(None).await;
     let url = bed.url();
-    let state = || bed.xb.backend("puppet", "b1").state_name();
+    let state = || bed.xb.backend("puppet", "b1").state().as_str();
     let (ok, out, err) = cli(args(&["backend", "disable", "puppet/b1", "--admin", &url])).await;
     assert!(ok, "{err}");
     assert_eq!(out, "puppet/b1: disabled (0 active connections)\n");
@@ -1655,7 +1686,7 @@ async fn idle_connections_never_lock_out_health_checks() {
 
 /// The state of `service/backend` as crossbar holds it.
 fn state(bed: &Bed, service: &str, backend: &str) -> &'static str {
-    bed.xb.backend(service, backend).state_name()
+    bed.xb.backend(service, backend).state().as_str()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2328,7 +2359,7 @@ async fn status_json_is_the_services_document_and_every_document_has_its_view() 
     reads_back_whole::<view::ServicesView>(&out);
     let v: view::ServicesView = serde_json::from_str(&out).unwrap();
     let plain = v.services.iter().find(|s| s.name == "plain").unwrap();
-    assert_eq!(plain.backends[0].state, view::BackendState::Drain);
+    assert_eq!(plain.backends[0].state, view::State::Drain);
     assert_eq!(plain.backends[1].connections_total, 2, "p2 took both");
 
     let mut held = Held::open(&bed, "plain").await;
@@ -2613,7 +2644,7 @@ async fn repeated_hosts_are_bad_requests_and_absolute_targets_name_the_host() {
         let (status, text) = common::raw_request(bed.addr, request.as_bytes(), limit).await;
         assert_eq!(status, Some(want), "{what}: {text}");
     }
-    assert_eq!(bed.cb.backend("svc", "e1").state_name(), "up");
+    assert_eq!(bed.cb.backend("svc", "e1").state().as_str(), "up");
     assert_eq!(
         bed.cb.metric(
             "crossbar_admin_requests_refused_total",

@@ -203,7 +203,7 @@ async fn a_stopped_backend_is_taken_out_without_failed_clients_and_returns_on_it
         detected <= detection_time() * GENEROUS,
         "detection took {detected:?}"
     );
-    assert_eq!(dead.state_name(), "down");
+    assert_eq!(dead.state().as_str(), "down");
     // After detection no new connection is sent to it: its connect errors stop growing
     // while clients keep connecting, and nothing answers as b2.
     let after = Instant::now();
@@ -312,7 +312,7 @@ async fn ca_failover(failback: &str) {
     let ca1 = restart_on(&ca, "ca1", ca1.addr).await;
     wait_until("ca1 to pass rise checks", || primary.is_healthy()).await;
     if failback == "manual" {
-        assert_eq!(primary.state_name(), "standby");
+        assert_eq!(primary.state().as_str(), "standby");
         assert!(!primary.is_available());
         for _ in 0..10 {
             assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "ca2");
@@ -324,7 +324,7 @@ async fn ca_failover(failback: &str) {
         // The operator fails back (`crossbar backend enable puppet/ca1`).
         primary.set_admin_state(AdminState::Enabled);
     }
-    assert_eq!(primary.state_name(), "up");
+    assert_eq!(primary.state().as_str(), "up");
     for _ in 0..5 {
         assert_eq!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), "ca1");
     }
@@ -356,7 +356,7 @@ async fn manual_failback_does_not_hold_the_only_backend() {
     wait_until("ca1 down", || !b.is_healthy()).await;
     let ca1 = restart_on(&ca, "ca1", ca1.addr).await;
     wait_until("ca1 up", || b.is_healthy()).await;
-    assert_eq!(b.state_name(), "up");
+    assert_eq!(b.state().as_str(), "up");
     drop(ca1);
 }
 
@@ -597,7 +597,7 @@ async fn drain_keeps_open_connections_and_takes_no_new_ones() {
     let held = ask(&mut sender).await;
     let backend = lb.backend("puppet", &held);
     backend.set_admin_state(AdminState::Drain);
-    assert_eq!(backend.state_name(), "drain");
+    assert_eq!(backend.state().as_str(), "drain");
     for _ in 0..10 {
         assert_ne!(get(lb.addr("puppet"), cfg.clone()).await.unwrap(), held);
     }
@@ -607,7 +607,7 @@ async fn drain_keeps_open_connections_and_takes_no_new_ones() {
         backend.metrics.check_ok.get() > ok
     })
     .await;
-    assert_eq!(backend.state_name(), "drain");
+    assert_eq!(backend.state().as_str(), "drain");
     assert_eq!(
         ask(&mut sender).await,
         held,

@@ -12,8 +12,8 @@ use tokio::sync::Semaphore;
 use super::error::ApiError;
 use super::query::{ConnectionsQuery, Pick, TableQuery};
 use super::view::{self, time::seconds_between};
-use crate::balance::Backend;
-use crate::config::{Balance, FeedbackConfig, Mode};
+use crate::balance::{Backend, State};
+use crate::config::Balance;
 use crate::server::Server;
 use crate::service::Service;
 
@@ -49,11 +49,8 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
     let departed_serve = svc.pool.departed_serve();
     view::ServiceView {
         name: svc.name().to_string(),
-        mode: match svc.config.mode {
-            Mode::Tls => view::Mode::Tls,
-            Mode::Tcp => view::Mode::Tcp,
-        },
-        balance: balance(svc.config.balance),
+        mode: svc.config.mode,
+        balance: svc.config.balance,
         listeners: server
             .local_addrs(svc.name())
             .iter()
@@ -82,21 +79,12 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
                 let held = operator.get(svc.name(), &b.name);
                 let mut v = view::BackendView {
                     slow_start: svc.pool.ramp_of(b).map(ramp),
-                    ..backend(b, svc.config.feedback.as_ref(), now)
+                    ..backend(b, svc, now)
                 };
                 origins(&mut v, b, held, departed_serve);
                 v
             })
             .collect(),
-    }
-}
-
-fn balance(b: Balance) -> view::Balance {
-    match b {
-        Balance::RoundRobin => view::Balance::RoundRobin,
-        Balance::LeastConn => view::Balance::LeastConn,
-        Balance::First => view::Balance::First,
-        Balance::Source => view::Balance::Source,
     }
 }
 
@@ -145,7 +133,7 @@ fn origins(
         None => view::Origin::File,
     };
     v.operator = held.map(|h| view::OperatorView {
-        state: h.state.map(held_state),
+        state: h.state.map(State::from),
         weight: h.weight,
         since: view::time::from_unix_seconds(h.since),
     });
@@ -154,18 +142,9 @@ fn origins(
         v.effective_origin = v.weight_origin;
     }
     if b.config.left_dns && !departed_serve && v.state_origin != view::Origin::Operator {
-        v.state = view::BackendState::Drain;
+        v.state = State::Drain;
         v.state_origin = view::Origin::Dns;
         v.available = false;
-    }
-}
-
-/// An operator state as the views name it.
-fn held_state(h: crate::server::Held) -> view::BackendState {
-    match h {
-        crate::server::Held::Enabled => view::BackendState::Up,
-        crate::server::Held::Drain => view::BackendState::Drain,
-        crate::server::Held::Disabled => view::BackendState::Disabled,
     }
 }
 
@@ -179,7 +158,7 @@ pub(super) fn held_view(
     view::HeldView {
         service: service.to_string(),
         backend: backend.to_string(),
-        state: o.state.map(held_state),
+        state: o.state.map(State::from),
         weight: o.weight,
         why,
     }
@@ -223,16 +202,12 @@ fn process(server: &Server, now: SystemTime) -> view::ProcessView {
     }
 }
 
-/// A backend's state as the views name it.
-pub(super) fn state(b: &Backend) -> view::BackendState {
-    // `state_name` names one of the five states; `up` is never reached.
-    view::BackendState::parse(b.state_name()).unwrap_or_default()
-}
-
-fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> view::BackendView {
+fn backend(b: &Backend, svc: &Service, now: SystemTime) -> view::BackendView {
     let (m, live) = (&b.metrics, &b.metrics.live);
     let since = live.state_since();
-    let (effective_weight, scaled, feedback) = super::weights::effective(b, feedback);
+    let feedback = svc.config.feedback.as_ref();
+    let (effective_weight, scaled, feedback) =
+        super::weights::effective(b, svc.pool.weight_of(b), feedback);
     view::BackendView {
         name: b.name.to_string(),
         address: b.config.address.to_string(),
@@ -241,7 +216,7 @@ fn backend(b: &Backend, feedback: Option<&FeedbackConfig>, now: SystemTime) -> v
             None => view::BackendSource::Config,
         },
         dns_name: b.config.from_dns.clone(),
-        state: state(b),
+        state: b.state(),
         state_since: since,
         state_seconds: seconds_between(since, now),
         available: b.is_available(),

@@ -66,6 +66,15 @@ pub enum ApiError {
     /// The configuration file could not be reloaded; the old one keeps running.
     #[error("reload failed, keeping the running configuration: {0}")]
     ReloadFailed(crate::server::ApplyError),
+    /// An operator write (`drain`, `enable`, `disable`, `weight`, `reset`) was not
+    /// applied: crossbar is shutting down, or its reload task ended.
+    #[error("{action} not applied: {why}")]
+    NotApplied {
+        /// The write: `drain`, `enable`, `disable`, `weight`, `reset`.
+        action: &'static str,
+        /// Why the reload task could not take it.
+        why: crate::server::ApplyError,
+    },
     /// The answer could not be built (a worker thread failed).
     #[error("internal error: {0}")]
     Internal(String),
@@ -89,6 +98,11 @@ impl ApiError {
             ApiError::BadQuery(_) => S::BAD_REQUEST,
             ApiError::LastBackend { .. } | ApiError::LastWeighted { .. } => S::CONFLICT,
             ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
+            ApiError::NotApplied {
+                why: crate::server::ApplyError::ShuttingDown,
+                ..
+            } => S::SERVICE_UNAVAILABLE,
+            ApiError::NotApplied { .. } => S::INTERNAL_SERVER_ERROR,
             ApiError::Internal(_) => S::INTERNAL_SERVER_ERROR,
         }
     }

@@ -661,7 +661,7 @@ fn write_footer(o: &mut String) -> fmt::Result {
 mod tests {
     use super::*;
     use crate::admin::view::fixture::{self, backend, failed_check, service};
-    use crate::admin::view::{BackendState, ReloadView};
+    use crate::admin::view::{ReloadView, State};
 
     fn page(services: &ServicesView, sources: &[ListenerSourcesView]) -> String {
         render(PageData { services, sources }, 0, "")
@@ -714,7 +714,7 @@ mod tests {
         let mut data = one_service(service(
             "<i>s",
             Balance::RoundRobin,
-            vec![backend("\"><b", BackendState::Standby)],
+            vec![backend("\"><b", State::Standby)],
         ));
         data.crossbar.config = "/tmp/<b>&amp;/c.yaml".into();
         data.crossbar.last_reload = Some(ReloadView {
@@ -742,15 +742,15 @@ mod tests {
         let a = BackendView {
             check: CheckKind::Tcp,
             last_check: failed_check("refused <x>"),
-            ..backend("a", BackendState::Down)
+            ..backend("a", State::Down)
         };
         let b = BackendView {
             check: CheckKind::Tcp,
             healthy: false,
             last_check: failed_check("refused <x>"),
-            ..backend("b", BackendState::Drain)
+            ..backend("b", State::Drain)
         };
-        let c = backend("c", BackendState::Disabled);
+        let c = backend("c", State::Disabled);
         let mut data = one_service(service("ca", Balance::RoundRobin, vec![a, b, c]));
         let html = page(&data, &[]);
         assert!(html.contains(
@@ -764,7 +764,7 @@ mod tests {
         assert!(!page(&data, &[]).contains("NO BACKEND AVAILABLE"));
         // Up at weight 0 takes sticky clients only: no backend for new ones.
         let c = &mut data.services[0].backends[2];
-        (c.state, c.weight, c.configured_weight) = (BackendState::Up, 0, 2);
+        (c.state, c.weight, c.configured_weight) = (State::Up, 0, 2);
         let html = page(&data, &[]);
         assert!(html.contains("; c at WEIGHT 0 by the operator (sticky clients only)</div>"));
         assert!(html.contains("crossbar backend reset ca/c"), "the way back");
@@ -775,11 +775,11 @@ mod tests {
         let a = BackendView {
             check_failures: 4,
             last_check: failed_check("x"),
-            ..backend("a", BackendState::Down)
+            ..backend("a", State::Down)
         };
         let b = BackendView {
             check_failures: 7,
-            ..backend("b", BackendState::Up)
+            ..backend("b", State::Up)
         };
         let data = one_service(ServiceView {
             active_backend: Some("b".into()),

@@ -4,34 +4,36 @@
 use std::time::Duration;
 
 use super::view;
-use crate::balance::Backend;
+use crate::balance::{Backend, Weight};
 use crate::config::{FeedbackConfig, FeedbackSource};
 use crate::feedback::cell::FACTOR_ONE;
 use crate::feedback::weight::Reading;
 use crate::feedback::{self, Snapshot};
 
-/// The weight new connections are balanced by, whether load feedback decides it
+/// The weight new connections are balanced by (`weight`, the pool's
+/// [`Weight`] of `b`: the very number the scheduler picks with), whether load feedback decides it
 /// now (scales the weight), and the feedback behind it: the fields of
 /// [`view::BackendView`] that say so. Who set the weight otherwise is
 /// `api::origins`'s to say.
 pub(super) fn effective(
     b: &Backend,
+    weight: Weight,
     cfg: Option<&FeedbackConfig>,
 ) -> (f64, bool, Option<view::FeedbackView>) {
+    let weight = (weight.as_f64() * 100.0).round() / 100.0;
     let Some(cfg) = cfg else {
-        return (f64::from(b.weight()), false, None);
+        return (weight, false, None);
     };
     let snap = feedback::snapshot(b.feedback(), cfg);
     let v = feedback_view(&snap, cfg);
     let scaled = v.phase.applies() && b.feedback().factor() != FACTOR_ONE;
-    let weight = (b.effective_weight() * 100.0).round() / 100.0;
     (weight, scaled, Some(v))
 }
 
 fn feedback_view(s: &Snapshot, cfg: &FeedbackConfig) -> view::FeedbackView {
     let puppet = matches!(cfg.source, FeedbackSource::Puppet(_));
     view::FeedbackView {
-        phase: phase(s.phase),
+        phase: s.phase,
         factor: (s.factor * 1000.0).round() / 1000.0,
         saturated: s.saturated,
         sample: s.last.as_ref().map(|(r, _)| sample(r)),
@@ -55,19 +57,6 @@ fn sample(r: &Reading) -> view::FeedbackSample {
             queue_limit_hits: s.queue_limit_hits,
         },
         Reading::Agent(a) => view::FeedbackSample::Agent { words: a.words() },
-    }
-}
-
-fn phase(p: feedback::weight::Phase) -> view::FeedbackPhase {
-    use feedback::weight::Phase as P;
-    match p {
-        P::Waiting => view::FeedbackPhase::Waiting,
-        P::Blackout => view::FeedbackPhase::Blackout,
-        P::Active => view::FeedbackPhase::Active,
-        P::Ramping => view::FeedbackPhase::Ramping,
-        P::Locked => view::FeedbackPhase::Locked,
-        P::Stopped => view::FeedbackPhase::Stopped,
-        P::Expired => view::FeedbackPhase::Expired,
     }
 }
 

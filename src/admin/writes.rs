@@ -4,11 +4,11 @@
 //! rotation is refused unless forced.
 use std::sync::Arc;
 
-use super::api::{entry, picked, service, state, table_of};
+use super::api::{entry, picked, service, table_of};
 use super::error::ApiError;
 use super::query::{KillPick, Pick, WeightAsk};
 use super::view;
-use crate::balance::{AdminState, Backend};
+use crate::balance::{AdminState, Backend, State};
 use crate::open_connections::OpenConn;
 use crate::server::Server;
 use crate::service::Service;
@@ -16,12 +16,8 @@ use crate::service::Service;
 /// A backend state change requested by `POST /api/backends/{service}/{backend}/{action}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// No new connections; open ones continue; sticky entries to it are ignored.
-    Drain,
-    /// Back in rotation (also ends a manual-failback standby).
-    Enable,
-    /// Maintenance: no new connections.
-    Disable,
+    /// Set the operator's state: `drain`, `enable` or `disable` ([`AdminState::verb`]).
+    Set(AdminState),
     /// Back to the file's (and DNS's) state and weight.
     Reset,
 }
@@ -29,31 +25,20 @@ pub enum Action {
 impl Action {
     /// Parse the last path segment.
     pub fn parse(s: &str) -> Option<Action> {
-        match s {
-            "drain" => Some(Action::Drain),
-            "enable" => Some(Action::Enable),
-            "disable" => Some(Action::Disable),
-            "reset" => Some(Action::Reset),
-            _ => None,
+        if s == "reset" {
+            return Some(Action::Reset);
         }
+        AdminState::ALL
+            .into_iter()
+            .find(|a| a.verb() == s)
+            .map(Action::Set)
     }
 
-    /// The path segment (`drain`, `enable`, `disable`).
+    /// The path segment (`drain`, `enable`, `disable`, `reset`).
     pub fn as_str(self) -> &'static str {
         match self {
-            Action::Drain => "drain",
-            Action::Enable => "enable",
-            Action::Disable => "disable",
+            Action::Set(state) => state.verb(),
             Action::Reset => "reset",
-        }
-    }
-
-    fn state(self) -> Option<AdminState> {
-        match self {
-            Action::Drain => Some(AdminState::Drain),
-            Action::Enable => Some(AdminState::Enabled),
-            Action::Disable => Some(AdminState::Disabled),
-            Action::Reset => None,
         }
     }
 }
@@ -125,28 +110,28 @@ pub async fn set_backend(
     action: Action,
     force: bool,
 ) -> Result<view::BackendStateView, ApiError> {
-    if action == Action::Reset {
+    let Action::Set(state) = action else {
         return Err(ApiError::BadQuery(
             "reset answers a ResetView: use reset_backend".into(),
         ));
-    }
+    };
     let (name, backend) = (name.to_string(), backend.to_string());
     let written = server.operate(move |op| {
         let svc = op_service(op, &name)?;
         let b = backend_of(svc, &backend)?;
-        if !force && action != Action::Enable {
+        if !force && state != AdminState::Enabled {
             last_available(svc, b, action)?;
         }
-        op.record().set(&name, b, action.state(), None);
-        tracing::info!(service = %name, backend = %backend, state = b.state_name(), "admin: backend state set (kept across reloads that leave the backend alone, and restarts with state_file)");
+        op.record().set(&name, b, Some(state), None);
+        tracing::info!(service = %name, backend = %backend, state = %b.state(), "admin: backend state set (kept across reloads that leave the backend alone, and restarts with state_file)");
         Ok(view::BackendStateView {
             service: name,
             backend,
-            state: state(b),
+            state: b.state(),
             active_connections: b.active(),
         })
     });
-    written.await.map_err(ApiError::ReloadFailed)?
+    written.await.map_err(not_applied(action.as_str()))?
 }
 
 /// `POST /api/backends/{service}/{backend}/reset`: drop what the operator set on
@@ -163,19 +148,25 @@ pub async fn reset_backend(
         let svc = op_service(op, &name)?;
         let b = backend_of(svc, &backend)?;
         if !force && b.config.disabled {
-            last_available(svc, b, Action::Disable)?;
+            last_available(svc, b, Action::Set(AdminState::Disabled))?;
         }
         let held = op.record().reset(&name, b).map(|o| super::api::held_view(&name, &backend, &o, None));
-        tracing::info!(service = %name, backend = %backend, state = b.state_name(), weight = b.weight(), "admin: backend reset to the file's values");
+        tracing::info!(service = %name, backend = %backend, state = %b.state(), weight = b.weight(), "admin: backend reset to the file's values");
         Ok(view::ResetView {
             service: name,
             backend,
-            state: state(b),
+            state: b.state(),
             weight: b.weight(),
             reset: held,
         })
     });
-    written.await.map_err(ApiError::ReloadFailed)?
+    written.await.map_err(not_applied("reset"))?
+}
+
+/// An operator write the reload task could not take (shutdown has begun, or the
+/// task ended): said as what it is, not as a failed reload.
+fn not_applied(action: &'static str) -> impl FnOnce(crate::server::ApplyError) -> ApiError {
+    move |why| ApiError::NotApplied { action, why }
 }
 
 /// The running service `name` of an operator write, or the API's 404.
@@ -219,8 +210,8 @@ fn others_out(svc: &Service, b: &Backend) -> Option<String> {
     }
     let list: Vec<String> = others
         .iter()
-        .map(|o| match o.state_name() {
-            "up" => format!("{} up at weight 0", o.name),
+        .map(|o| match o.state() {
+            State::Up => format!("{} up at weight 0", o.name),
             state => format!("{} {state}", o.name),
         })
         .collect();
@@ -272,11 +263,11 @@ pub async fn set_weight(
             weight,
             previous_weight: previous,
             configured_weight: b.config.weight,
-            state: state(b),
+            state: b.state(),
             active_connections: b.active(),
         })
     });
-    written.await.map_err(ApiError::ReloadFailed)?
+    written.await.map_err(not_applied("weight"))?
 }
 
 /// `POST /api/connections/kill?id=N|client=ADDR`: close open connections (HAProxy's

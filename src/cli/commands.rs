@@ -12,6 +12,7 @@ use super::http::CliError;
 use super::options::{options, ClientOptions};
 use super::outcome::{fail, report};
 use crate::admin::{Action, WeightAsk};
+use crate::balance::AdminState;
 use crate::config::Config;
 
 /// `crossbar doctor`'s exit code when the configuration itself is invalid.
@@ -206,9 +207,9 @@ fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
         (BackendAction::ShutdownSessions, None) => {
             return Ok(ClientCommand::ShutdownSessions { service, backend })
         }
-        (BackendAction::Drain, None) => Action::Drain,
-        (BackendAction::Enable, None) => Action::Enable,
-        (BackendAction::Disable, None) => Action::Disable,
+        (BackendAction::Drain, None) => Action::Set(AdminState::Drain),
+        (BackendAction::Enable, None) => Action::Set(AdminState::Enabled),
+        (BackendAction::Disable, None) => Action::Set(AdminState::Disabled),
         (BackendAction::Reset, None) => Action::Reset,
     };
     Ok(ClientCommand::Backend {

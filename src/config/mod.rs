@@ -22,6 +22,7 @@ mod problems;
 mod proxy_accept;
 mod raw;
 mod shared_listen;
+pub mod state;
 mod stick_rules;
 mod summary;
 mod validate;
@@ -29,6 +30,8 @@ mod validate;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 pub use discover::{DiscoverConfig, DiscoverQuery, DiscoveredBackend};
 pub use error::{ConfigError, Diagnostic};
@@ -233,13 +236,25 @@ impl Default for HealthConfig {
     }
 }
 
-/// `mode:` of a service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `mode:` of a service (in the views too: `tls`, `tcp`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Read the ClientHello, route by SNI, stick on TLS session state (default).
+    #[default]
     Tls,
     /// Plain layer 4: choose the backend at accept, no inspection.
     Tcp,
+}
+
+impl Mode {
+    /// The YAML spelling and the name on the wire: `tls` or `tcp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Tls => "tls",
+            Mode::Tcp => "tcp",
+        }
+    }
 }
 
 /// `on_non_tls:` — what a `tls` service does with bytes that are not a TLS handshake.
@@ -273,10 +288,13 @@ impl RelayMode {
     }
 }
 
-/// `balance:` algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `balance:` algorithm (in the views too: `roundrobin`, `leastconn`, `first`,
+/// `source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Balance {
     /// Smooth weighted round robin (default).
+    #[default]
     RoundRobin,
     /// Fewest active connections relative to weight.
     LeastConn,
@@ -284,6 +302,19 @@ pub enum Balance {
     First,
     /// Weighted rendezvous hash of the client address.
     Source,
+}
+
+impl Balance {
+    /// The YAML spelling and the name on the wire: `roundrobin`, `leastconn`,
+    /// `first`, `source`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Balance::RoundRobin => "roundrobin",
+            Balance::LeastConn => "leastconn",
+            Balance::First => "first",
+            Balance::Source => "source",
+        }
+    }
 }
 
 /// `on_marked_down:` — what a backend's health checks marking it down does to the

@@ -182,16 +182,17 @@ impl Conn<'_> {
         let opening = Opening::new(self.peer, &backend.name, self.started, open)
             .with_sockets(self.client.as_raw_fd(), server.as_raw_fd());
         let listed = svc.connections.open(opening);
-        let watched = (hello.as_ref(), client_ip, pending.as_slice());
+        let relaying = watched::Relaying {
+            svc: &svc,
+            backend: &backend,
+            open: listed.conn(),
+            hello: hello.as_ref(),
+            ip: client_ip,
+            pending: pending.as_slice(),
+        };
         let hard_stop = &self.shared.hard_stop;
-        let (stats, handshake) = watched::relay_watched(
-            &mut self.client,
-            &mut server,
-            (&svc, &backend, listed.conn()),
-            watched,
-            hard_stop,
-        )
-        .await?;
+        let (stats, handshake) =
+            watched::relay_watched(&mut self.client, &mut server, relaying, hard_stop).await?;
         // The relay leaves the second FIN to close(2): nothing awaits from here until
         // both sockets are dropped (the client's with `self`, after the log line).
         // No kill touches them once they may close.

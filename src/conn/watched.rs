@@ -2,7 +2,8 @@
 //! entries from it once the client has proven enough, and record how the relay
 //! ended.
 use std::net::IpAddr;
-use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -12,13 +13,30 @@ use crate::access_log::{AccessLog, End};
 use crate::balance::Backend;
 use crate::hello::{ClientHelloInfo, ServerHandshake, ServerWatcher};
 use crate::open_connections::OpenConn;
-use crate::relay::{self, ClientHook, RelayCounters, RelayEnd, RelayStats, Watch};
+use crate::relay::{self, HandshakeObserver, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::Service;
 use crate::stick::LearnWhen;
 
 /// How many bytes of the server's handshake the watcher may look at: a full TLS 1.2
 /// flight carries the certificate chain (Puppet's is ~4 KiB; big chains ~16 KiB).
 const SERVER_WATCH_LIMIT: usize = 64 * 1024;
+
+/// What the relay of one connection needs beyond its sockets: where it goes, what
+/// the client said, and answer bytes already read.
+pub(super) struct Relaying<'a> {
+    /// The service.
+    pub(super) svc: &'a Service,
+    /// The backend it was placed on.
+    pub(super) backend: &'a Backend,
+    /// Its entry in the registry of open connections.
+    pub(super) open: &'a OpenConn,
+    /// The client's hello, in tls mode.
+    pub(super) hello: Option<&'a ClientHelloInfo>,
+    /// The client's address, as stickiness on `source` keys it.
+    pub(super) ip: IpAddr,
+    /// Answer bytes read while confirming the placement.
+    pub(super) pending: &'a [u8],
+}
 
 /// Steps 5-6: relay both ways until both sides closed; in tls mode the server's
 /// handshake is watched on the way and stick entries are learned from it, once the
@@ -28,75 +46,29 @@ const SERVER_WATCH_LIMIT: usize = 64 * 1024;
 pub(super) async fn relay_watched(
     stream: &mut TcpStream,
     server: &mut TcpStream,
-    (svc, backend, open): (&Service, &Backend, &OpenConn),
-    (hello, ip, pending): (Option<&ClientHelloInfo>, IpAddr, &[u8]),
+    r: Relaying<'_>,
     hard_stop: &relay::HardStop,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
-    let mut handshake = None;
-    let flight = std::sync::Mutex::new(Flight::Waiting);
-    let mut watch = hello.map(|h| {
-        let seen = &mut handshake;
-        let flight = &flight;
-        let sticking = svc.sticking();
+    // Boxed: the connection's future holds it for the connection's life.
+    let learner = r.hello.map(|hello| Box::new(Learner::new(&r, hello)));
+    let mut watch = learner.as_deref().map(|l| {
         Box::new(Watch {
-            watcher: ServerWatcher::new(SERVER_WATCH_LIMIT),
-            on_handshake: Box::new(move |hs: &ServerHandshake| {
-                *seen = handshake_kind(backend, hs);
-                open.handshake_seen();
-                let Some(s) = svc.sticking() else { return };
-                s.learn_handshake(h, hs, &backend.name);
-                let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
-                *f = match crate::stick::learn_when(h, hs) {
-                    LearnWhen::Now => {
-                        s.learn_source(hs, ip, &backend.name);
-                        Flight::Done
-                    }
-                    LearnWhen::AfterClientFlight => Flight::Held(Box::new(hs.clone())),
-                    LearnWhen::Never => Flight::Done,
-                };
-            }) as Box<dyn FnOnce(&ServerHandshake) + Send + '_>,
-            on_client: sticking.map(|_| {
-                Box::new(move || {
-                    let mut f = flight.lock().unwrap_or_else(PoisonError::into_inner);
-                    match std::mem::replace(&mut *f, Flight::Done) {
-                        // Bytes before the server's handshake answered nothing.
-                        Flight::Waiting => {
-                            *f = Flight::Waiting;
-                            false
-                        }
-                        Flight::Held(hs) => {
-                            if let Some(s) = svc.sticking() {
-                                s.learn_source(&hs, ip, &backend.name);
-                            }
-                            true
-                        }
-                        Flight::Done => true,
-                    }
-                }) as ClientHook<'_>
-            }),
+            watcher: Some(ServerWatcher::new(SERVER_WATCH_LIMIT)),
+            observer: l,
         })
     });
-    replay_pending(stream, pending, backend, &mut watch).await?;
+    replay_pending(stream, r.pending, r.backend, &mut watch).await?;
     let counters = RelayCounters {
-        c2s: &backend.metrics.bytes_c2s,
-        s2c: &backend.metrics.bytes_s2c,
-        conn: &open.bytes,
+        c2s: &r.backend.metrics.bytes_c2s,
+        s2c: &r.backend.metrics.bytes_s2c,
+        conn: &r.open.bytes,
     };
     let timing = relay::Timing {
-        idle: svc.config.timeouts.idle,
-        backend_keepalive: svc.config.keepalive.as_ref(),
+        idle: r.svc.config.timeouts.idle,
+        backend_keepalive: r.svc.config.keepalive.as_ref(),
     };
-    let stats = relay::relay_as(
-        svc.config.relay,
-        stream,
-        server,
-        timing,
-        &counters,
-        watch,
-        hard_stop,
-    )
-    .await;
-    Ok((stats, handshake))
+    let stats = relay::relay(stream, server, timing, &counters, watch, hard_stop).await;
+    Ok((stats, learner.and_then(|l| l.kind.get().copied().flatten())))
 }
 
 /// Answer bytes read while confirming the placement (`pending`) reach the client
@@ -116,29 +88,91 @@ async fn replay_pending(
         .map_err(|_| ConnError::ClientGone)?;
     backend.metrics.bytes_s2c.inc_by(pending.len() as u64);
     if let Some(w) = watch.as_mut() {
-        if w.watcher.feed(pending) && w.on_client.is_some() {
-            // Done; the relay still runs `on_client` (the done watcher passes
-            // the server's next bytes straight to a no-op).
-            let on_handshake = std::mem::replace(&mut w.on_handshake, Box::new(|_| {}));
-            on_handshake(w.watcher.info());
-        } else if w.watcher.is_done() {
-            if let Some(w) = watch.take() {
-                (w.on_handshake)(w.watcher.info());
-            }
-        }
+        w.feed(pending);
     }
     Ok(())
 }
 
 /// Where a connection is in proving its handshake ([`crate::stick::learn_when`]):
-/// what it teaches of the client's address waits for the client's next flight.
-enum Flight {
-    /// The server's handshake not seen yet: client bytes now answer nothing.
-    Waiting,
-    /// The server's handshake, held until the client sends bytes after it.
-    Held(Box<ServerHandshake>),
-    /// Learned, or nothing to learn.
-    Done,
+/// the server's handshake not seen yet (client bytes now answer nothing).
+const WAITING: u8 = 0;
+/// The server's handshake seen; what it teaches of the client's address waits for
+/// the client's next flight ([`Learner::held`]).
+const HELD: u8 = 1;
+/// Learned, or nothing to learn.
+const DONE: u8 = 2;
+
+/// Learns stick entries from the server's handshake as the relay shows it, and of
+/// the client's address once the client's next flight proved it: the relay's
+/// [`HandshakeObserver`] for one connection.
+struct Learner<'a> {
+    r: &'a Relaying<'a>,
+    hello: &'a ClientHelloInfo,
+    /// The handshake's kind for the access log, once seen.
+    kind: OnceLock<Option<&'static str>>,
+    /// [`WAITING`], [`HELD`] or [`DONE`].
+    flight: AtomicU8,
+    /// The server's handshake while [`HELD`] (boxed: most connections never hold one).
+    held: OnceLock<Box<ServerHandshake>>,
+}
+
+impl<'a> Learner<'a> {
+    fn new(r: &'a Relaying<'a>, hello: &'a ClientHelloInfo) -> Learner<'a> {
+        Learner {
+            r,
+            hello,
+            kind: OnceLock::new(),
+            flight: AtomicU8::new(WAITING),
+            held: OnceLock::new(),
+        }
+    }
+}
+
+impl HandshakeObserver for Learner<'_> {
+    fn handshake(&self, hs: &ServerHandshake) {
+        let (svc, backend) = (self.r.svc, self.r.backend);
+        // Once: the relay tells the handshake once.
+        let _ = self.kind.set(handshake_kind(backend, hs)); // ok: set once
+        self.r.open.handshake_seen();
+        let Some(s) = svc.sticking() else {
+            self.flight.store(DONE, Ordering::Release);
+            return;
+        };
+        s.learn_handshake(self.hello, hs, &backend.name);
+        let next = match crate::stick::learn_when(self.hello, hs) {
+            LearnWhen::Now => {
+                s.learn_source(hs, self.r.ip, &backend.name);
+                DONE
+            }
+            LearnWhen::AfterClientFlight => {
+                let _ = self.held.set(Box::new(hs.clone())); // ok: set once
+                HELD
+            }
+            LearnWhen::Never => DONE,
+        };
+        self.flight.store(next, Ordering::Release);
+    }
+
+    fn client_moved(&self) -> bool {
+        let Some(s) = self.r.svc.sticking() else {
+            return true; // nothing to learn from the client's bytes
+        };
+        match self.flight.load(Ordering::Acquire) {
+            // Bytes before the server's handshake answered nothing.
+            WAITING => false,
+            HELD => {
+                let won = self
+                    .flight
+                    .compare_exchange(HELD, DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+                if let (true, Some(hs)) = (won, self.held.get()) {
+                    s.learn_source(hs, self.r.ip, &self.r.backend.name);
+                }
+                true
+            }
+            _ => true,
+        }
+    }
 }
 
 /// Count a server handshake as full or resumed; its access-log word.

@@ -11,6 +11,8 @@
 //! known. The result is published for the balancer in a `cell::FeedbackCell`.
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 pub use super::sample::{PoolLock, PuppetSample, Reading};
 
 /// Largest factor: a compiler of 31 JRubies beside ones of 1 stays within 16 times
@@ -41,10 +43,13 @@ pub struct Params {
     pub by_pool_size: bool,
 }
 
-/// Where a backend's feedback stands, as every view names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a backend's feedback stands, as every view names it (on the wire by
+/// [`Phase::as_str`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Phase {
     /// No good sample yet: the configured weight.
+    #[default]
     Waiting,
     /// Sampled, but new (`blackout`): the configured weight.
     Blackout,
@@ -73,6 +78,14 @@ impl Phase {
             Phase::Stopped => "stopped",
             Phase::Expired => "expired",
         }
+    }
+
+    /// Its factor comes from the samples (else the configured weight applies).
+    pub fn applies(self) -> bool {
+        matches!(
+            self,
+            Phase::Active | Phase::Ramping | Phase::Locked | Phase::Stopped
+        )
     }
 
     /// Every phase (its metric labels: [`crate::metrics::FEEDBACK_PHASES`]).

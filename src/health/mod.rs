@@ -193,11 +193,11 @@ mod tests {
         assert_eq!(observe(&svc, &p, false), None);
         assert_eq!(observe(&svc, &p, false), Some(Flip::Down));
         assert_eq!(observe(&svc, &p, false), None, "a flip is reported once");
-        assert_eq!(p.state_name(), "down");
+        assert_eq!(p.state().as_str(), "down");
         assert_eq!(observe(&svc, &p, true), None);
         assert_eq!(observe(&svc, &p, true), Some(Flip::Up));
         assert_eq!(observe(&svc, &p, true), None);
-        assert_eq!(p.state_name(), "up");
+        assert_eq!(p.state().as_str(), "up");
         // A pass in the middle breaks a failure streak.
         observe(&svc, &p, false);
         observe(&svc, &p, false);
@@ -223,7 +223,7 @@ mod tests {
         drop(lease);
         observe(&svc, &p, true);
         assert_eq!(observe(&svc, &p, true), Some(Flip::Standby));
-        assert_eq!(p.state_name(), "standby");
+        assert_eq!(p.state().as_str(), "standby");
         assert!(!p.is_available());
         // Failing and recovering again keeps it held.
         for _ in 0..3 {
@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(observe(&svc, &p, true), Some(Flip::Standby));
         // The operator's enable releases it.
         p.set_admin_state(AdminState::Enabled);
-        assert_eq!(p.state_name(), "up");
+        assert_eq!(p.state().as_str(), "up");
         // A backup is never held.
         for _ in 0..3 {
             observe(&svc, &b, false);
@@ -254,12 +254,12 @@ mod tests {
             observe(&svc, &p, false);
             observe(&svc, &b, false);
         }
-        assert_eq!((p.state_name(), b.state_name()), ("down", "down"));
+        assert_eq!((p.state().as_str(), b.state().as_str()), ("down", "down"));
         observe(&svc, &b, true);
         assert_eq!(observe(&svc, &b, true), Some(Flip::Up));
         observe(&svc, &p, true);
         assert_eq!(observe(&svc, &p, true), Some(Flip::Up));
-        assert_eq!(p.state_name(), "up");
+        assert_eq!(p.state().as_str(), "up");
         let lease = svc.pool.try_pick(CLIENT, &[]).expect("a backend");
         assert_eq!(&*lease.backend().name, "p", "the primary resumes");
     }

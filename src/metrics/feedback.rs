@@ -158,8 +158,9 @@ impl FeedbackMetrics {
 pub struct FeedbackPublished<'a> {
     /// The factor.
     pub factor: f64,
-    /// The weight before feedback.
-    pub weight: u32,
+    /// The weight new connections are balanced by with that factor
+    /// (`balance::Weight`: the weight x the factor x a slow-start ramp).
+    pub effective_weight: f64,
     /// Where the backend's feedback stands: one of [`FEEDBACK_PHASES`].
     pub phase: &'a str,
     /// It refuses work now.
@@ -237,7 +238,7 @@ impl BackendFeedbackMetrics {
         self.all
             .effective_weight
             .with_label_values(&l)
-            .set(f64::from(p.weight) * p.factor);
+            .set(p.effective_weight);
         self.all
             .saturated
             .with_label_values(&l)

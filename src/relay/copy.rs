@@ -21,22 +21,53 @@ use crate::hello::{ServerHandshake, ServerWatcher};
 /// in one read.
 const BUF_SIZE: usize = 16 * 1024 + 256;
 
-/// Inspection of the server's handshake during the relay (boxed by callers: it is
-/// only needed during the handshake, and inline it would enlarge every connection's
-/// future for its whole life).
-pub struct Watch<'a> {
-    /// The watcher fed with server->client bytes.
-    pub watcher: ServerWatcher,
-    /// Called once when the watcher is done.
-    pub on_handshake: Box<dyn FnOnce(&ServerHandshake) + Send + 'a>,
-    /// Called each time the client's direction has relayed more bytes (not at its
-    /// EOF), until it returns true: the client's answers to what the server sent,
-    /// which prove more than its hello did.
-    pub on_client: Option<ClientHook<'a>>,
+/// Who hears what the relay saw of the handshake: the connection, which learns
+/// stick entries from it. Both directions' pumps call it, within the connection's
+/// one task.
+pub trait HandshakeObserver: Sync {
+    /// The server's handshake as the watcher saw it (once: when the watcher is done,
+    /// or the server's direction ended).
+    fn handshake(&self, hs: &ServerHandshake);
+    /// The client's direction relayed more bytes (not its EOF): the client's answers
+    /// to what the server sent, which prove more than its hello did. True once it
+    /// needs to hear no more.
+    fn client_moved(&self) -> bool;
 }
 
-/// See [`Watch::on_client`]: true once it needs to hear no more.
-pub type ClientHook<'a> = Box<dyn FnMut() -> bool + Send + 'a>;
+/// Inspection of the server's handshake during the relay (boxed by callers: it is
+/// only needed during the handshake, and inline it would enlarge every
+/// connection's future for its whole life; the pump drops it once done).
+pub struct Watch<'a> {
+    /// The watcher fed with server->client bytes, until it is done.
+    pub watcher: Option<ServerWatcher>,
+    /// Who hears of the handshake and of the client's bytes after it.
+    pub observer: &'a dyn HandshakeObserver,
+}
+
+impl<'a> Watch<'a> {
+    /// Feed `data` (server->client bytes) to the watcher; once it is done, tell the
+    /// observer and drop it.
+    pub fn feed(&mut self, data: &[u8]) {
+        if let Some(w) = self.watcher.as_mut() {
+            if w.feed(data) || w.is_done() {
+                self.finish();
+            }
+        }
+    }
+
+    /// The server's direction ended: tell the observer what the watcher saw, if it
+    /// still watched.
+    pub fn finish(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            self.observer.handshake(w.info());
+        }
+    }
+
+    /// Still watching the server's bytes?
+    pub fn watching(&self) -> bool {
+        self.watcher.is_some()
+    }
+}
 
 /// Relay `src` (the socket of `from.0`) to `dst` until EOF, then half-close `dst`,
 /// unless `from.1` says the other direction found an abort: then `dst` is to be
@@ -80,6 +111,9 @@ async fn move_bytes(
             meter.count(backlog.len());
             backlog = Vec::new();
         }
+        if watch.as_ref().is_some_and(|w| !w.watching()) {
+            watch = None; // done during the replay of answer bytes
+        }
         if bulk && watch.is_none() && splice_enabled() {
             // Boxed: only bulk directions get here, and inline it would enlarge every
             // connection's future, idle ones included.
@@ -94,8 +128,8 @@ async fn move_bytes(
                 .await?;
         match moved {
             Copied::Eof => {
-                if let Some(w) = watch.take() {
-                    (w.on_handshake)(w.watcher.info());
+                if let Some(mut w) = watch.take() {
+                    w.finish();
                 }
                 return Ok(());
             }
@@ -153,10 +187,9 @@ fn copy_once(
         backlog.extend_from_slice(&data[written..]);
         // Inspection after forwarding, so it adds no latency.
         if let Some(w) = watch.as_mut() {
-            if w.watcher.feed(data) {
-                if let Some(w) = watch.take() {
-                    (w.on_handshake)(w.watcher.info());
-                }
+            w.feed(data);
+            if !w.watching() {
+                *watch = None;
             }
         }
         Poll::Ready(Ok(Copied::Bytes { written, full }))

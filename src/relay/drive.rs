@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::config::Keepalive;
 
-use super::copy::{self, ClientHook, Watch};
+use super::copy::{self, HandshakeObserver, Watch};
 use super::ending::{self, Abort, Ending, Ends, Peer};
 use super::hard_stop::HardStop;
 use super::meter::{Activity, Meter, RelayCounters};
@@ -53,7 +53,7 @@ pub async fn relay(
     server: &mut TcpStream,
     timing: impl Into<Timing<'_>>,
     counters: &RelayCounters<'_>,
-    mut watch: Option<Box<Watch<'_>>>,
+    watch: Option<Box<Watch<'_>>>,
     hard_stop: &HardStop,
 ) -> RelayStats {
     let Timing {
@@ -65,7 +65,7 @@ pub async fn relay(
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
     let ends = Ends::default();
-    let on_client = watch.as_mut().and_then(|w| w.on_client.take());
+    let on_client = watch.as_ref().map(|w| w.observer);
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();
@@ -91,7 +91,7 @@ pub async fn relay(
 fn on_moved<'a, F: Future>(
     mut pump: Pin<&'a mut F>,
     meter: &'a Meter<'a>,
-    mut hook: Option<ClientHook<'a>>,
+    mut hook: Option<&'a dyn HandshakeObserver>,
 ) -> impl Future<Output = F::Output> + 'a {
     let mut seen = 0;
     std::future::poll_fn(move |cx| {
@@ -100,7 +100,7 @@ fn on_moved<'a, F: Future>(
             let moved = meter.moved();
             if moved > seen {
                 seen = moved;
-                if h() {
+                if h.client_moved() {
                     hook = None;
                 }
             }

@@ -16,7 +16,6 @@
 //!
 //! `plan.rs` stands apart: which relay a service's `relay:` setting means
 //! ([`plan`]), for `crossbar check`, `crossbar doctor` and the start-up log.
-use tokio::net::TcpStream;
 
 mod copy;
 mod drive;
@@ -28,7 +27,7 @@ mod plan;
 #[cfg(target_os = "linux")]
 mod splice;
 
-pub use copy::{ClientHook, Watch};
+pub use copy::{HandshakeObserver, Watch};
 pub use drive::{relay, Timing};
 pub use ending::{Abort, Ending, Peer};
 pub use hard_stop::HardStop;
@@ -50,18 +49,4 @@ pub fn pipe_fds() -> (u64, u64) {
     {
         (0, 0)
     }
-}
-
-/// [`relay`] with the service's `relay:` mode; every mode relays with splice-auto
-/// today (see [`plan`]).
-pub async fn relay_as(
-    _mode: crate::config::RelayMode,
-    client: &mut TcpStream,
-    server: &mut TcpStream,
-    timing: Timing<'_>,
-    counters: &RelayCounters<'_>,
-    watch: Option<Box<Watch<'_>>>,
-    hard_stop: &HardStop,
-) -> RelayStats {
-    relay(client, server, timing, counters, watch, hard_stop).await
 }

@@ -136,7 +136,7 @@ fn publish(svc: &Service, p: &Params, phases: &mut [Option<Phase>], now: Instant
         b.feedback().publish(fixed(factors[i]), saturated, maxconn);
         b.metrics.feedback.publish(&FeedbackPublished {
             factor: factors[i],
-            weight: b.weight(),
+            effective_weight: svc.pool.weight_of(b).as_f64(),
             phase: verdicts[i].phase.as_str(),
             saturated,
             jrubies: match t.last() {

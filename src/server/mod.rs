@@ -38,7 +38,7 @@ use crate::metrics::Metrics;
 use crate::service::{ProcessWide, Service};
 
 pub use listeners::FreebindChanged;
-pub use operator::{override_text, Against, Held, Judged, Operating, OperatorState, Override};
+pub use operator::{override_text, Against, Judged, Operating, OperatorState, Override};
 pub use reload::{Applied, ApplyError, Outcome};
 pub use state_file::StateError;
 

@@ -14,46 +14,6 @@ use crate::balance::{AdminState, Backend};
 use crate::config::BackendConfig;
 use crate::service::Service;
 
-/// An operator state as the state file and the views name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Held {
-    /// In rotation (the file says `disabled: true`, the operator enabled it).
-    Enabled,
-    /// No new connections; open ones finish.
-    Drain,
-    /// Maintenance.
-    Disabled,
-}
-
-impl Held {
-    fn admin(self) -> AdminState {
-        match self {
-            Held::Enabled => AdminState::Enabled,
-            Held::Drain => AdminState::Drain,
-            Held::Disabled => AdminState::Disabled,
-        }
-    }
-
-    /// The operator state `s` as held.
-    pub fn of(s: AdminState) -> Held {
-        match s {
-            AdminState::Enabled => Held::Enabled,
-            AdminState::Drain => Held::Drain,
-            AdminState::Disabled => Held::Disabled,
-        }
-    }
-
-    /// `enabled`, `drain`, `disabled`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Held::Enabled => "enabled",
-            Held::Drain => "drain",
-            Held::Disabled => "disabled",
-        }
-    }
-}
-
 /// The settings of the file an override was set against: a reload that changes
 /// one of them "changes the backend" and resets the override. A backend found in
 /// DNS has none (`None`): DNS may move it or reweigh it, the operator still wins.
@@ -83,7 +43,7 @@ impl Against {
 pub struct Override {
     /// The state, if the operator set one other than the file's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<Held>,
+    pub state: Option<AdminState>,
     /// The weight, if the operator set one other than the file's (or DNS's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
@@ -110,7 +70,7 @@ pub struct Judged {
 impl Judged {
     /// In a line: `puppet/compile1 drain, weight 3`.
     pub fn text(&self) -> String {
-        let state = self.held.state.map(Held::as_str);
+        let state = self.held.state.map(AdminState::as_str);
         let at = format!("{}/{}", self.service, self.backend);
         override_text(&at, state, self.held.weight, self.why.as_deref())
     }
@@ -173,10 +133,10 @@ impl OperatorState {
         self.services.retain(|_, b| !b.is_empty());
         for svc in services {
             for b in &svc.pool.backends {
-                let file = file_state(&b.config);
+                let file = AdminState::of_file(&b.config);
                 match self.get(svc.name(), &b.name) {
                     Some(o) => {
-                        b.apply_admin_state(o.state.map_or(file, Held::admin));
+                        b.apply_admin_state(o.state.unwrap_or(file));
                         b.set_weight(o.weight.unwrap_or(b.config.weight));
                     }
                     None => b.apply_admin_state(file),
@@ -195,7 +155,7 @@ impl OperatorState {
         state: Option<AdminState>,
         weight: Option<u32>,
     ) {
-        let file = file_state(&b.config);
+        let file = AdminState::of_file(&b.config);
         let entry = self
             .services
             .entry(service.to_string())
@@ -208,7 +168,7 @@ impl OperatorState {
                 against: Against::of(&b.config),
             });
         if let Some(s) = state {
-            entry.state = (s != file).then(|| Held::of(s));
+            entry.state = (s != file).then_some(s);
             b.set_admin_state(s);
         }
         if let Some(w) = weight {
@@ -226,7 +186,7 @@ impl OperatorState {
     /// (and DNS's) state and weight; what was dropped, if anything.
     pub fn reset(&mut self, service: &str, b: &Backend) -> Option<Override> {
         let was = self.forget(service, &b.name);
-        b.set_admin_state(file_state(&b.config));
+        b.set_admin_state(AdminState::of_file(&b.config));
         b.set_weight(b.config.weight);
         was
     }
@@ -238,15 +198,6 @@ impl OperatorState {
             self.services.remove(service);
         }
         was
-    }
-}
-
-/// The state the file gives `b`.
-fn file_state(b: &BackendConfig) -> AdminState {
-    if b.disabled {
-        AdminState::Disabled
-    } else {
-        AdminState::Enabled
     }
 }
 

@@ -134,7 +134,7 @@ fn socket(family: libc::c_int, nonblocking: bool) -> io::Result<RawFd> {
 
 /// A socket for a backend connection, with TCP_NODELAY: a relay forwards what it
 /// was given at once, and Nagle would hold a small TLS record back for an ACK.
-/// (crossbar sets it on its backend sockets too: src/dial.rs.)
+/// (crossbar sets it on its backend sockets too: src/dial/mod.rs.)
 pub fn backend_socket(family: libc::c_int, nonblocking: bool) -> io::Result<RawFd> {
     let fd = socket(family, nonblocking)?;
     set_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1).inspect_err(|_| close(fd))?;

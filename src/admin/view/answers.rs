@@ -2,7 +2,7 @@
 //! the error document every failed request answers.
 use serde::{Deserialize, Serialize};
 
-use super::BackendState;
+use super::State;
 
 /// `POST /api/backends/{service}/{backend}/{drain|enable|disable}`: the new state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,7 +12,7 @@ pub struct BackendStateView {
     /// The backend.
     pub backend: String,
     /// Its state now.
-    pub state: BackendState,
+    pub state: State,
     /// Its open connections (a drain is done at 0).
     pub active_connections: u32,
 }
@@ -31,7 +31,7 @@ pub struct WeightView {
     /// The file's (a reload or restart returns to it).
     pub configured_weight: u32,
     /// Its state.
-    pub state: BackendState,
+    pub state: State,
     /// Its open connections.
     pub active_connections: u32,
 }

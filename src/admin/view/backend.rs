@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::{time, Bytes, FeedbackView, Handshakes};
+use crate::balance::State;
 
 /// Where a backend comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,60 +18,6 @@ pub enum BackendSource {
     Config,
     /// Found in DNS (`discover:`).
     Dns,
-}
-
-/// A backend's state: the operator's, else its health.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendState {
-    /// Takes traffic.
-    #[default]
-    Up,
-    /// Failed its health checks.
-    Down,
-    /// No new connections, open ones finish (the operator).
-    Drain,
-    /// Maintenance (the operator).
-    Disabled,
-    /// Recovered, waiting for manual failback.
-    Standby,
-}
-
-impl BackendState {
-    /// The name on the wire: `up`, `down`, `drain`, `disabled`, `standby`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendState::Up => "up",
-            BackendState::Down => "down",
-            BackendState::Drain => "drain",
-            BackendState::Disabled => "disabled",
-            BackendState::Standby => "standby",
-        }
-    }
-
-    /// The state from its wire name (as [`crate::balance::Backend::state_name`] says it).
-    pub fn parse(name: &str) -> Option<BackendState> {
-        [
-            BackendState::Up,
-            BackendState::Down,
-            BackendState::Drain,
-            BackendState::Disabled,
-            BackendState::Standby,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == name)
-    }
-
-    /// Set by the operator, so the state says nothing of health (drain, disabled).
-    pub fn hides_health(self) -> bool {
-        matches!(self, BackendState::Drain | BackendState::Disabled)
-    }
-}
-
-impl std::fmt::Display for BackendState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// A backend's active health check.
@@ -143,7 +90,7 @@ pub struct BackendView {
     /// The DNS name it came from.
     pub dns_name: Option<String>,
     /// Its state.
-    pub state: BackendState,
+    pub state: State,
     /// When it entered that state.
     #[serde(with = "time::rfc3339")]
     pub state_since: SystemTime,
@@ -234,7 +181,7 @@ impl Default for BackendView {
             address: String::new(),
             source: BackendSource::Config,
             dns_name: None,
-            state: BackendState::Up,
+            state: State::Up,
             state_since: SystemTime::UNIX_EPOCH,
             state_seconds: 0,
             available: true,
@@ -300,10 +247,8 @@ impl BackendView {
     pub fn state_note(&self) -> Option<&'static str> {
         match (self.state_origin, self.state) {
             (super::Origin::Dns, _) => Some("left DNS"),
-            (super::Origin::Operator, BackendState::Up | BackendState::Down) => {
-                Some("enabled by the operator")
-            }
-            (super::Origin::File, BackendState::Disabled) => Some("file"),
+            (super::Origin::Operator, State::Up | State::Down) => Some("enabled by the operator"),
+            (super::Origin::File, State::Disabled) => Some("file"),
             _ if self.left_dns => Some("left DNS, serving until a listed backend can"),
             _ => None,
         }
@@ -338,21 +283,21 @@ impl BackendView {
             (true, false) => "health DOWN".into(),
         };
         match self.state {
-            BackendState::Down => format!("DOWN: {health}"),
-            BackendState::Drain if self.state_origin == super::Origin::Dns => {
+            State::Down => format!("DOWN: {health}"),
+            State::Drain if self.state_origin == super::Origin::Dns => {
                 format!("DRAINING: it left DNS ({health})")
             }
-            BackendState::Drain => format!("DRAINED by the operator ({health})"),
-            BackendState::Disabled if self.state_origin == super::Origin::File => {
+            State::Drain => format!("DRAINED by the operator ({health})"),
+            State::Disabled if self.state_origin == super::Origin::File => {
                 format!("DISABLED in the file ({health})")
             }
-            BackendState::Disabled => format!("DISABLED by the operator ({health})"),
+            State::Disabled => format!("DISABLED by the operator ({health})"),
 
-            BackendState::Standby => "in STANDBY: recovered, waiting for manual failback".into(),
-            BackendState::Up if self.weight == 0 => {
+            State::Standby => "in STANDBY: recovered, waiting for manual failback".into(),
+            State::Up if self.weight == 0 => {
                 "at WEIGHT 0 by the operator (sticky clients only)".into()
             }
-            BackendState::Up => "up".into(),
+            State::Up => "up".into(),
         }
     }
 
@@ -360,15 +305,15 @@ impl BackendView {
     pub fn next_step(&self, service: &str) -> Option<NextStep> {
         let target = format!("{service}/{}", self.name);
         let (why, command) = match self.state {
-            BackendState::Standby => (
+            State::Standby => (
                 "recovered primary held back (failback: manual); to hand traffic back",
                 format!("enable {target}"),
             ),
-            BackendState::Drain => (
+            State::Drain => (
                 "draining; to put it back in rotation",
                 format!("enable {target}"),
             ),
-            BackendState::Disabled => (
+            State::Disabled => (
                 "in maintenance; to put it back in rotation",
                 format!("enable {target}"),
             ),

@@ -3,6 +3,8 @@
 //! status page and `crossbar status` both say about them.
 use serde::{Deserialize, Serialize};
 
+use super::FeedbackPhase;
+
 /// What is polled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -12,53 +14,6 @@ pub enum FeedbackKind {
     Puppet,
     /// An HAProxy agent-check.
     Agent,
-}
-
-/// Where a backend's feedback stands (see `crate::feedback::weight::Phase`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FeedbackPhase {
-    /// No good sample yet: the configured weight.
-    #[default]
-    Waiting,
-    /// New: its samples are not used yet.
-    Blackout,
-    /// Its samples set its factor.
-    Active,
-    /// Its JRuby pool is filling: the factor ramps with it.
-    Ramping,
-    /// Its pool is locked (code deploy): the minimum.
-    Locked,
-    /// Its agent said drain, maint or down: the minimum.
-    Stopped,
-    /// No good sample for `feedback.expiry`: the configured weight.
-    Expired,
-}
-
-impl FeedbackPhase {
-    /// The name on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FeedbackPhase::Waiting => "waiting",
-            FeedbackPhase::Blackout => "blackout",
-            FeedbackPhase::Active => "active",
-            FeedbackPhase::Ramping => "ramping",
-            FeedbackPhase::Locked => "locked",
-            FeedbackPhase::Stopped => "stopped",
-            FeedbackPhase::Expired => "expired",
-        }
-    }
-
-    /// Its factor comes from the samples (else the configured weight applies).
-    pub fn applies(self) -> bool {
-        matches!(
-            self,
-            FeedbackPhase::Active
-                | FeedbackPhase::Ramping
-                | FeedbackPhase::Locked
-                | FeedbackPhase::Stopped
-        )
-    }
 }
 
 /// The last good answer of a backend.

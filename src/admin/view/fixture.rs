@@ -14,14 +14,14 @@ pub fn at(secs: u64) -> SystemTime {
 }
 
 /// A backend in `state`: available when up, healthy unless down.
-pub fn backend(name: &str, state: BackendState) -> BackendView {
+pub fn backend(name: &str, state: State) -> BackendView {
     BackendView {
         name: name.into(),
         address: format!("{name}.example:8140"),
         state,
         state_since: at(0),
-        available: state == BackendState::Up,
-        healthy: state != BackendState::Down,
+        available: state == State::Up,
+        healthy: state != State::Down,
         state_origin: match state.hides_health() {
             true => super::Origin::Operator,
             false => super::Origin::File,
@@ -111,7 +111,7 @@ fn busy() -> BackendView {
             resumed: 40_100,
             full: 5_431,
         },
-        ..backend("compile1", BackendState::Up)
+        ..backend("compile1", State::Up)
     }
 }
 
@@ -146,7 +146,7 @@ fn compilers() -> ServiceView {
         healthy: false,
         check_failures: 9,
         last_check: failed_check("connection refused (os error 111)"),
-        ..backend("compile2", BackendState::Drain)
+        ..backend("compile2", State::Drain)
     };
     ServiceView {
         listeners: vec!["10.0.0.10:8140".into()],
@@ -198,11 +198,7 @@ fn compilers() -> ServiceView {
         ..service(
             "puppet",
             Balance::LeastConn,
-            vec![
-                compile1,
-                compile2,
-                backend("compile3", BackendState::Standby),
-            ],
+            vec![compile1, compile2, backend("compile3", State::Standby)],
         )
     }
 }
@@ -217,7 +213,7 @@ fn ca() -> ServiceView {
             vec![
                 BackendView {
                     last_check: failed_check("certificate expired"),
-                    ..backend("ca1", BackendState::Down)
+                    ..backend("ca1", State::Down)
                 },
                 BackendView {
                     backup: true,
@@ -227,7 +223,7 @@ fn ca() -> ServiceView {
                         seconds_left: 36,
                         seconds_total: 60,
                     }),
-                    ..backend("ca2", BackendState::Up)
+                    ..backend("ca2", State::Up)
                 },
             ],
         )
@@ -242,11 +238,11 @@ fn db() -> ServiceView {
         vec![
             BackendView {
                 check: CheckKind::None,
-                ..backend("db1", BackendState::Disabled)
+                ..backend("db1", State::Disabled)
             },
             BackendView {
                 weight: 0,
-                ..backend("db2", BackendState::Up)
+                ..backend("db2", State::Up)
             },
         ],
     )

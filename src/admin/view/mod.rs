@@ -22,15 +22,20 @@ mod tables;
 pub mod time;
 mod traffic;
 
+/// The domain's own types on the wire: a backend's state, a service's `mode:` and
+/// `balance:`, where a backend's load feedback stands.
+pub use crate::balance::State;
+pub use crate::config::{Balance, Mode};
+pub use crate::feedback::weight::Phase as FeedbackPhase;
 pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
-    BackendSource, BackendState, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
+    BackendSource, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
 };
-pub use feedback::{FeedbackKind, FeedbackPhase, FeedbackSample, FeedbackSettings, FeedbackView};
+pub use feedback::{FeedbackKind, FeedbackSample, FeedbackSettings, FeedbackView};
 pub use origin::{HeldView, OperatorView, Origin, ResetView};
 pub use services::{
-    Balance, Bytes, DiscoveryView, Handshakes, Lookups, Mode, ProcessView, ProxyListenerView,
-    ReloadView, ServiceView, ServicesView, StickTableView, TableCounts, Totals,
+    Bytes, DiscoveryView, Handshakes, Lookups, ProcessView, ProxyListenerView, ReloadView,
+    ServiceView, ServicesView, StickTableView, TableCounts, Totals,
 };
 pub use tables::{DeleteView, EntryView, FlushView, Lookup, TableView};
 pub use traffic::{
@@ -135,7 +140,7 @@ mod tests {
             flushed: 5012,
         });
         round_trip(&BackendStateView {
-            state: BackendState::Drain,
+            state: State::Drain,
             ..BackendStateView::default()
         });
         round_trip(&WeightView::default());
@@ -146,7 +151,7 @@ mod tests {
             kept: vec![HeldView {
                 service: "puppet".into(),
                 backend: "compile1".into(),
-                state: Some(BackendState::Drain),
+                state: Some(State::Drain),
                 weight: None,
                 why: None,
             }],

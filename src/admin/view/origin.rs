@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{time, BackendState};
+use super::{time, State};
 
 /// Who decided a value a view shows: the config file, DNS (`discover:`), or the
 /// operator at run time (`crossbar backend ...`), which wins over both until a
@@ -49,7 +49,7 @@ impl std::fmt::Display for Origin {
 pub struct OperatorView {
     /// The state set (`drain`, `disabled`, or `up` for enabled against the file's
     /// `disabled: true`), if one was.
-    pub state: Option<BackendState>,
+    pub state: Option<State>,
     /// The weight set, if one was.
     pub weight: Option<u32>,
     /// When it was set.
@@ -65,7 +65,7 @@ pub struct HeldView {
     /// The backend.
     pub backend: String,
     /// The state the operator had set, if one.
-    pub state: Option<BackendState>,
+    pub state: Option<State>,
     /// The weight the operator had set, if one.
     pub weight: Option<u32>,
     /// Why it was reset (`null`: kept).
@@ -90,7 +90,7 @@ pub struct ResetView {
     /// The backend.
     pub backend: String,
     /// Its state now.
-    pub state: BackendState,
+    pub state: State,
     /// Its weight now.
     pub weight: u32,
     /// What the operator had set (`null`: nothing, the reset changed nothing).

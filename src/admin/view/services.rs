@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{time, BackendState, BackendView, FeedbackSettings};
+use super::{time, BackendView, Balance, FeedbackSettings, Mode, State};
 
 /// `GET /api/services`: the process facts, then every service in config order, then
 /// each listener with `per_source` limits and its busiest sources: everything the
@@ -71,54 +71,6 @@ pub struct ReloadView {
     /// Operator states it reset, and why.
     #[serde(default)]
     pub reset: Vec<String>,
-}
-
-/// `mode:` of a service.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// TLS passthrough: the ClientHello is read.
-    #[default]
-    Tls,
-    /// Plain layer 4.
-    Tcp,
-}
-
-impl Mode {
-    /// The name on the wire: `tls` or `tcp`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Tls => "tls",
-            Mode::Tcp => "tcp",
-        }
-    }
-}
-
-/// `balance:` of a service.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Balance {
-    /// Smooth weighted round robin.
-    #[default]
-    RoundRobin,
-    /// Fewest open connections per unit of weight.
-    LeastConn,
-    /// The first available backend in config order.
-    First,
-    /// Weighted rendezvous hash of the client address.
-    Source,
-}
-
-impl Balance {
-    /// The name on the wire: `roundrobin`, `leastconn`, `first`, `source`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Balance::RoundRobin => "roundrobin",
-            Balance::LeastConn => "leastconn",
-            Balance::First => "first",
-            Balance::Source => "source",
-        }
-    }
 }
 
 /// One service.
@@ -307,7 +259,7 @@ impl ServiceView {
             ..Totals::default()
         };
         for b in &self.backends {
-            t.up += usize::from(b.state == BackendState::Up);
+            t.up += usize::from(b.state == State::Up);
             t.weight += u64::from(b.weight);
             t.active_connections += u64::from(b.active_connections);
             t.connections_total += b.connections_total;

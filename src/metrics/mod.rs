@@ -13,6 +13,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+mod families;
 mod feedback;
 
 pub use feedback::{
@@ -20,11 +21,12 @@ pub use feedback::{
     FEEDBACK_POLL_RESULTS,
 };
 
+use crate::config::state::State;
 use crate::listener::AcceptCounters;
 use crate::live::BackendLive;
-pub use crate::live::BACKEND_STATES;
 use crate::relay::Peer;
 use crate::stick::{KeyKind, StickTable};
+use families::{BackendFamilies, ListenerFamilies, ServiceFamilies, StickFamilies};
 
 /// Buckets for connect time: loopback is ~100 us, a WAN master tens of ms, a timeout seconds.
 const CONNECT_BUCKETS: &[f64] = &[
@@ -42,31 +44,10 @@ pub const UNROUTED: &str = "unrouted";
 pub struct Metrics {
     /// The registry `/metrics` encodes.
     pub registry: Registry,
-    stick_lookups: IntCounterVec,
-    stick_learned: IntCounterVec,
-    stick_confirm: IntCounterVec,
-    stick_confirm_extra: IntCounterVec,
-    tls_handshakes: IntCounterVec,
-    connections: IntCounterVec,
-    active: IntGaugeVec,
-    backend_up: IntGaugeVec,
-    backend_weight: IntGaugeVec,
-    backend_state: IntGaugeVec,
-    bytes: IntCounterVec,
-    connect_errors: IntCounterVec,
-    server_hello_timeouts: IntCounterVec,
-    hello_errors: IntCounterVec,
-    connect_duration: HistogramVec,
-    connection_duration: HistogramVec,
-    listener_accepts: IntCounterVec,
-    listener_refused: IntCounterVec,
-    sources_tracked: IntGaugeVec,
-    proxy_probes: IntCounterVec,
-    routing_refused: IntCounterVec,
-    queue_timeouts: IntCounterVec,
-    resets: IntCounterVec,
-    config_reloads: IntCounterVec,
-    health_checks: IntCounterVec,
+    stick: StickFamilies,
+    backends: BackendFamilies,
+    services: ServiceFamilies,
+    listeners: ListenerFamilies,
     tables: Arc<TableCollector>,
     /// Process facts for the status page (start, last reload).
     pub process: crate::live::ProcessLive,
@@ -127,162 +108,10 @@ impl Metrics {
         r.register(Box::new(TableCollectorHandle(tables.clone())))
             .expect("unique metric name"); // ok: static
         let metrics = Arc::new(Metrics {
-            stick_lookups: counter_vec(
-                &r,
-                "crossbar_stick_lookups_total",
-                "Stick table lookups by key kind and result.",
-                &["service", "key", "result"],
-            ),
-            stick_learned: counter_vec(
-                &r,
-                "crossbar_stick_learned_total",
-                "Stick entries learned from the server's handshake, by key kind.",
-                &["service", "key"],
-            ),
-            stick_confirm: counter_vec(
-                &r,
-                "crossbar_stick_confirm_total",
-                "Placement confirmations of offered sessions, by result (first, \
-                 retried_resumed, none_resumed, budget_empty, not_eligible, hello_retry, \
-                 ended).",
-                &["service", "result"],
-            ),
-            stick_confirm_extra: counter_vec(
-                &r,
-                "crossbar_stick_confirm_extra_handshakes_total",
-                "ClientHellos offered to a backend beyond the first while confirming a \
-                 placement (each costs that backend a handshake).",
-                &["service", "backend"],
-            ),
-            tls_handshakes: counter_vec(
-                &r,
-                "crossbar_tls_handshakes_total",
-                "TLS handshakes seen in the ServerHello, by kind (resumed|full).",
-                &["service", "backend", "kind"],
-            ),
-            connections: counter_vec(
-                &r,
-                "crossbar_connections_total",
-                "Connections relayed to a backend.",
-                &["service", "backend"],
-            ),
-            active: gauge_vec(
-                &r,
-                "crossbar_active_connections",
-                "Connections open to a backend now.",
-                &["service", "backend"],
-            ),
-            backend_up: gauge_vec(
-                &r,
-                "crossbar_backend_up",
-                "1 if the backend takes new connections (healthy and enabled), else 0.",
-                &["service", "backend"],
-            ),
-            backend_weight: gauge_vec(
-                &r,
-                "crossbar_backend_weight",
-                "The weight before load feedback: the configured one, or the one set at \
-                 run time (0: no new connections, sticky hits only).",
-                &["service", "backend"],
-            ),
-            backend_state: gauge_vec(
-                &r,
-                "crossbar_backend_state",
-                "1 for the backend's current state (up|down|drain|disabled|standby).",
-                &["service", "backend", "state"],
-            ),
-            bytes: counter_vec(
-                &r,
-                "crossbar_bytes_total",
-                "Bytes relayed, by direction.",
-                &["service", "backend", "direction"],
-            ),
-            connect_errors: counter_vec(
-                &r,
-                "crossbar_connect_errors_total",
-                "Failed connect attempts to a backend.",
-                &["service", "backend"],
-            ),
-            server_hello_timeouts: counter_vec(
-                &r,
-                "crossbar_server_hello_timeouts_total",
-                "Backends that sent nothing within timeouts.server_hello of the ClientHello (tls mode; the next backend is tried).",
-                &["service", "backend"],
-            ),
-            hello_errors: counter_vec(
-                &r,
-                "crossbar_client_hello_errors_total",
-                "Connections closed because the ClientHello was unusable, by reason.",
-                &["service", "reason"],
-            ),
-            connect_duration: histogram_vec(
-                &r,
-                "crossbar_connect_duration_seconds",
-                "Time to connect to a backend.",
-                &["service", "backend"],
-                CONNECT_BUCKETS,
-            ),
-            connection_duration: histogram_vec(
-                &r,
-                "crossbar_connection_duration_seconds",
-                "Lifetime of relayed connections.",
-                &["service"],
-                DURATION_BUCKETS,
-            ),
-            listener_accepts: counter_vec(
-                &r,
-                "crossbar_listener_accepts_total",
-                "Connections accepted by a listener.",
-                &["listener"],
-            ),
-            listener_refused: counter_vec(
-                &r,
-                "crossbar_listener_refused_total",
-                "Connections a listener refused, by reason.",
-                &["listener", "reason"],
-            ),
-            sources_tracked: gauge_vec(
-                &r,
-                "crossbar_listener_sources_tracked",
-                "Client sources a listener's per_source table tracks (updated each second).",
-                &["listener"],
-            ),
-            proxy_probes: counter_vec(
-                &r,
-                "crossbar_proxy_probes_total",
-                "Health checks of a trusted tier: a PROXY header for its own connection (v2 LOCAL) and a close, neither an error nor logged.",
-                &["listener"],
-            ),
-            routing_refused: counter_vec(
-                &r,
-                "crossbar_route_refused_total",
-                "Connections refused by routing or because no backend could take them, by reason.",
-                &["service", "reason"],
-            ),
-            queue_timeouts: counter_vec(
-                &r,
-                "crossbar_queue_timeouts_total",
-                "Connections that waited for a backend slot and gave up.",
-                &["service"],
-            ),
-            resets: counter_vec(
-                &r,
-                "crossbar_connection_resets_total",
-                "Relayed connections a peer aborted (reset or error), by the side that aborted; crossbar reset the other side in turn.",
-                &["service", "side"],
-            ),
-            config_reloads: counter_vec(
-                &r,
-                "crossbar_config_reloads_total",
-                "Configuration reloads by result (ok|error).",
-                &["result"],
-            ),
-            health_checks: counter_vec(
-                &r,
-                "crossbar_health_checks_total",
-                "Active health checks by result (ok|fail).",
-                &["service", "backend", "result"],
-            ),
+            stick: StickFamilies::register(&r),
+            backends: BackendFamilies::register(&r),
+            services: ServiceFamilies::register(&r),
+            listeners: ListenerFamilies::register(&r),
             tables,
             process: Default::default(),
             live: Mutex::new(HashMap::new()),
@@ -305,12 +134,15 @@ impl Metrics {
     /// compare with: the first failed reload would never fire an alert).
     fn zero_fixed_labels(&self) {
         for result in RELOAD_RESULTS {
-            self.config_reloads.with_label_values(&[result]);
+            self.services.config_reloads.with_label_values(&[result]);
         }
         for reason in HELLO_ERROR_REASONS {
-            self.hello_errors.with_label_values(&[UNROUTED, reason]);
+            self.services
+                .hello_errors
+                .with_label_values(&[UNROUTED, reason]);
         }
-        self.routing_refused
+        self.services
+            .routing_refused
             .with_label_values(&[UNROUTED, UNROUTED_REFUSED_REASON]);
     }
 
@@ -326,33 +158,44 @@ impl Metrics {
     /// Handles of one service.
     pub fn service(&self, service: &str) -> ServiceMetrics {
         let lookup = |key: &str, result: &str| {
-            self.stick_lookups
+            self.stick
+                .lookups
                 .with_label_values(&[service, key, result])
         };
         let keys = ["session_id", "ticket", "psk", "source"];
         // Fixed label sets exist at 0 from the start (see `zero_fixed_labels`).
         for reason in HELLO_ERROR_REASONS {
-            self.hello_errors.with_label_values(&[service, reason]);
+            self.services
+                .hello_errors
+                .with_label_values(&[service, reason]);
         }
         for reason in ROUTE_REFUSED_REASONS {
-            self.routing_refused.with_label_values(&[service, reason]);
+            self.services
+                .routing_refused
+                .with_label_values(&[service, reason]);
         }
         for result in CONFIRM_RESULTS {
-            self.stick_confirm.with_label_values(&[service, result]);
+            self.stick.confirm.with_label_values(&[service, result]);
         }
         ServiceMetrics {
             name: service.to_string(),
             lookup_hit: keys.map(|k| lookup(k, "hit")),
             lookup_miss: keys.map(|k| lookup(k, "miss")),
-            learned: keys.map(|k| self.stick_learned.with_label_values(&[service, k])),
-            duration: self.connection_duration.with_label_values(&[service]),
-            queue_timeouts: self.queue_timeouts.with_label_values(&[service]),
-            resets: [Peer::Client, Peer::Backend]
-                .map(|p| self.resets.with_label_values(&[service, p.as_str()])),
-            hello_errors: self.hello_errors.clone(),
-            routing_refused: self.routing_refused.clone(),
-            confirm: self.stick_confirm.clone(),
-            confirm_extra: self.stick_confirm_extra.clone(),
+            learned: keys.map(|k| self.stick.learned.with_label_values(&[service, k])),
+            duration: self
+                .services
+                .connection_duration
+                .with_label_values(&[service]),
+            queue_timeouts: self.services.queue_timeouts.with_label_values(&[service]),
+            resets: [Peer::Client, Peer::Backend].map(|p| {
+                self.services
+                    .resets
+                    .with_label_values(&[service, p.as_str()])
+            }),
+            hello_errors: self.services.hello_errors.clone(),
+            routing_refused: self.services.routing_refused.clone(),
+            confirm: self.stick.confirm.clone(),
+            confirm_extra: self.stick.confirm_extra.clone(),
         }
     }
 
@@ -361,34 +204,42 @@ impl Metrics {
         let l = [service, backend];
         // Exists at 0 from the start, like the other per-backend counters, so a
         // dashboard or rate() sees the series before the first confirmation.
-        self.stick_confirm_extra.with_label_values(&l);
+        self.stick.confirm_extra.with_label_values(&l);
         BackendMetrics {
-            connections: self.connections.with_label_values(&l),
-            active: self.active.with_label_values(&l),
-            up: self.backend_up.with_label_values(&l),
-            weight: self.backend_weight.with_label_values(&l),
-            bytes_c2s: self
-                .bytes
-                .with_label_values(&[service, backend, "client_to_server"]),
-            bytes_s2c: self
-                .bytes
-                .with_label_values(&[service, backend, "server_to_client"]),
-            connect_errors: self.connect_errors.with_label_values(&l),
-            server_hello_timeouts: self.server_hello_timeouts.with_label_values(&l),
-            connect_duration: self.connect_duration.with_label_values(&l),
+            connections: self.backends.connections.with_label_values(&l),
+            active: self.backends.active.with_label_values(&l),
+            up: self.backends.up.with_label_values(&l),
+            weight: self.backends.weight.with_label_values(&l),
+            bytes_c2s: self.backends.bytes.with_label_values(&[
+                service,
+                backend,
+                "client_to_server",
+            ]),
+            bytes_s2c: self.backends.bytes.with_label_values(&[
+                service,
+                backend,
+                "server_to_client",
+            ]),
+            connect_errors: self.backends.connect_errors.with_label_values(&l),
+            server_hello_timeouts: self.backends.server_hello_timeouts.with_label_values(&l),
+            connect_duration: self.backends.connect_duration.with_label_values(&l),
             resumed: self
+                .backends
                 .tls_handshakes
                 .with_label_values(&[service, backend, "resumed"]),
             full: self
+                .backends
                 .tls_handshakes
                 .with_label_values(&[service, backend, "full"]),
             check_ok: self
+                .backends
                 .health_checks
                 .with_label_values(&[service, backend, "ok"]),
             check_fail: self
+                .backends
                 .health_checks
                 .with_label_values(&[service, backend, "fail"]),
-            state: self.backend_state.clone(),
+            state: self.backends.state.clone(),
             feedback: self.feedback.backend(service, backend),
             live: self.backend_live(service, backend),
             service: service.to_string(),
@@ -411,50 +262,57 @@ impl Metrics {
             .remove(&(service.to_string(), backend.to_string()));
         let l = [service, backend];
         for v in [
-            &self.connections,
-            &self.connect_errors,
-            &self.server_hello_timeouts,
-            &self.stick_confirm_extra,
+            &self.backends.connections,
+            &self.backends.connect_errors,
+            &self.backends.server_hello_timeouts,
+            &self.stick.confirm_extra,
         ] {
             let _ = v.remove_label_values(&l); // ok: absent labels are fine
         }
-        let _ = self.active.remove_label_values(&l); // ok: absent labels are fine
-        let _ = self.backend_up.remove_label_values(&l); // ok: absent labels are fine
-        let _ = self.backend_weight.remove_label_values(&l); // ok: absent labels are fine
-        let _ = self.connect_duration.remove_label_values(&l); // ok: absent labels are fine
-                                                               // Every series of the backend goes at once: one that came back starts all
-                                                               // of them at 0 together, never some restarted while others kept counting.
+        let _ = self.backends.active.remove_label_values(&l); // ok: absent labels are fine
+        let _ = self.backends.up.remove_label_values(&l); // ok: absent labels are fine
+        let _ = self.backends.weight.remove_label_values(&l); // ok: absent labels are fine
+        let _ = self.backends.connect_duration.remove_label_values(&l); // ok: absent labels are fine
+                                                                        // Every series of the backend goes at once: one that came back starts all
+                                                                        // of them at 0 together, never some restarted while others kept counting.
         for (v, third) in [
-            (&self.bytes, "client_to_server"),
-            (&self.bytes, "server_to_client"),
-            (&self.tls_handshakes, "resumed"),
-            (&self.tls_handshakes, "full"),
-            (&self.health_checks, "ok"),
-            (&self.health_checks, "fail"),
+            (&self.backends.bytes, "client_to_server"),
+            (&self.backends.bytes, "server_to_client"),
+            (&self.backends.tls_handshakes, "resumed"),
+            (&self.backends.tls_handshakes, "full"),
+            (&self.backends.health_checks, "ok"),
+            (&self.backends.health_checks, "fail"),
         ] {
             let _ = v.remove_label_values(&[service, backend, third]); // ok: absent is fine
         }
         self.feedback.forget(service, backend);
-        for state in BACKEND_STATES {
+        for state in State::ALL {
             let _ = self
-                .backend_state
-                .remove_label_values(&[service, backend, state]); // ok
+                .backends
+                .state
+                .remove_label_values(&[service, backend, state.as_str()]); // ok
         }
     }
 
     /// Handles for a listener (label: its address).
     pub(crate) fn listener(&self, listener: &str) -> AcceptCounters {
         // Exported (0) for every listener, `per_source` or not, like its counters.
-        self.sources_tracked.with_label_values(&[listener]);
-        self.proxy_probes.with_label_values(&[listener]);
-        self.listener_refused.with_label_values(&[listener, "self"]);
+        self.listeners
+            .sources_tracked
+            .with_label_values(&[listener]);
+        self.listeners.proxy_probes.with_label_values(&[listener]);
+        self.listeners
+            .refused
+            .with_label_values(&[listener, "self"]);
         AcceptCounters {
-            accepts: self.listener_accepts.with_label_values(&[listener]),
+            accepts: self.listeners.accepts.with_label_values(&[listener]),
             refused_full: self
-                .listener_refused
+                .listeners
+                .refused
                 .with_label_values(&[listener, "max_connections"]),
             accept_errors: self
-                .listener_refused
+                .listeners
+                .refused
                 .with_label_values(&[listener, "accept_error"]),
         }
     }
@@ -463,26 +321,34 @@ impl Metrics {
     /// would read as sources still tracked); its counters stay, like a backend's
     /// totals in Prometheus, until the process ends.
     pub fn forget_listener(&self, listener: &str) {
-        let _ = self.sources_tracked.remove_label_values(&[listener]); // ok: absent is fine
+        let _ = self
+            .listeners
+            .sources_tracked
+            .remove_label_values(&[listener]); // ok: absent is fine
     }
 
     /// Count a connection `listener` refused because it came from one of crossbar's
     /// own backend connections (`reason="self"`: a backend is our own listener).
     pub fn self_connection(&self, listener: &str) {
-        self.listener_refused
+        self.listeners
+            .refused
             .with_label_values(&[listener, "self"])
             .inc();
     }
 
     /// Count a trusted tier's health check on `listener` (a PROXY LOCAL header and a close).
     pub fn proxy_probe(&self, listener: &str) {
-        self.proxy_probes.with_label_values(&[listener]).inc();
+        self.listeners
+            .proxy_probes
+            .with_label_values(&[listener])
+            .inc();
     }
 
     /// Count a connection a listener ended at its front for a PROXY header reason
     /// (`reason="proxy_<reason>"`, see [`crate::proxy_protocol::FrontError::reason`]).
     pub fn proxy_refused(&self, listener: &str, reason: &str) {
-        self.listener_refused
+        self.listeners
+            .refused
             .with_label_values(&[listener, &format!("proxy_{reason}")])
             .inc();
     }
@@ -490,17 +356,22 @@ impl Metrics {
     /// `crossbar_listener_refused_total` of `listener` for `reason` (per-source
     /// admission's reasons: `crate::admission::Refusal::reason`).
     pub fn listener_refused(&self, listener: &str, reason: &str) -> IntCounter {
-        self.listener_refused.with_label_values(&[listener, reason])
+        self.listeners
+            .refused
+            .with_label_values(&[listener, reason])
     }
 
     /// `crossbar_listener_sources_tracked` of `listener`.
     pub fn sources_tracked(&self, listener: &str) -> IntGauge {
-        self.sources_tracked.with_label_values(&[listener])
+        self.listeners
+            .sources_tracked
+            .with_label_values(&[listener])
     }
 
     /// Count a configuration reload.
     pub fn reload(&self, ok: bool) {
-        self.config_reloads
+        self.services
+            .config_reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
     }
@@ -624,10 +495,15 @@ impl ServiceMetrics {
 /// Count a hello error or routing refusal that happened before a service was known.
 pub fn unrouted(metrics: &Metrics, hello_reason: Option<&str>, refused: Option<&str>) {
     if let Some(r) = hello_reason {
-        metrics.hello_errors.with_label_values(&[UNROUTED, r]).inc();
+        metrics
+            .services
+            .hello_errors
+            .with_label_values(&[UNROUTED, r])
+            .inc();
     }
     if let Some(r) = refused {
         metrics
+            .services
             .routing_refused
             .with_label_values(&[UNROUTED, r])
             .inc();
@@ -674,11 +550,11 @@ pub struct BackendMetrics {
 
 impl BackendMetrics {
     /// Set the state gauge: 1 for `state`, 0 for the others.
-    pub fn set_state(&self, state: &str) {
+    pub fn set_state(&self, state: State) {
         self.live.note_state(state);
-        for s in BACKEND_STATES {
+        for s in State::ALL {
             self.state
-                .with_label_values(&[&self.service, &self.backend, s])
+                .with_label_values(&[&self.service, &self.backend, s.as_str()])
                 .set(i64::from(s == state));
         }
     }
