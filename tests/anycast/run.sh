@@ -29,13 +29,15 @@
 # backends are all unreachable withdraws (admin.healthz_needs_backends); flapping
 # health is damped by HOLD; BIRD stopped, or running without the VIP's protocols:
 # crossbar keeps serving and the watcher says the VIP is not announced, and why; it
-# is announced again once a right BIRD is back.
+# is announced again once a right BIRD is back; a watcher that restarts alone adopts
+# the announcement instead of withdrawing the node.
 #
 # Prints PASS/FAIL lines and the figures (docs/ha.md quotes them), ends with
 # "N passed, M failed"; exit 1 on any failure. A missing tool is a failure.
 #
 #   CROSSBAR_BIN=target/debug/crossbar tests/anycast/run.sh
 #   NO_INSTALL=1   fail instead of apt-get installing the tools
+#   INSTALL_ONLY=1 install them, then exit (.ci/run, before this runs beside other tests)
 #   KEEP=1         keep the work directory (logs of every process)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,7 +45,7 @@ ROOT=$PWD
 BIN=$(realpath -m "${CROSSBAR_BIN:-target/debug/crossbar}")
 PKG=$ROOT/packaging/anycast
 FLOWS_PY=$ROOT/tests/anycast/flows.py
-PKGS=(bird2 iproute2 openssl curl python3 procps)
+PKGS=(bird2 iproute2 openssl curl python3)
 
 VIP=203.0.113.100
 NODES=(1 2 3)
@@ -88,6 +90,10 @@ if [ ${#missing[@]} -gt 0 ]; then
         { apt-get -o DPkg::Lock::Timeout=600 update >/dev/null 2>&1 &&
           apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1; } ||
         die "apt-get install ${missing[*]} failed"
+fi
+if [ "${INSTALL_ONLY:-0}" = 1 ]; then
+    echo "tests/anycast/run.sh: the tools are installed (INSTALL_ONLY=1)"
+    exit 0
 fi
 for t in bird birdc ip openssl curl /usr/bin/python3 "$BIN"; do
     command -v "$t" >/dev/null || die "missing $t"
@@ -583,6 +589,18 @@ wait_for "watcher says announced" "$WAIT" bash -c "tail -1 '$W/${WATCH_LOG[3]}.l
 said=$?
 check bird-back "$([ "$ok" = 0 ] && [ "$said" = 0 ] && echo 1)" \
     "BIRD back on node 3: the watcher re-enabled the VIP (router [$(members)]; watcher: $(watch_log 3 | tail -1))"
+
+# ---- The watcher alone restarts (an upgrade, a crash of it) on node 2: it adopts the
+# announcement BIRD still carries; the router never loses node 2.
+( while :; do present 2 || echo "n2 missing from [$(members)] at $(now_ms)"; sleep 0.2; done ) > "$W/restart-watch.log" 2>&1 &
+RESTARTWATCH=$!; PIDS+=("$RESTARTWATCH")
+kill -9 "${WATCH[2]}"; wait "${WATCH[2]}" 2>/dev/null
+start_watcher 2
+wait_for "the new watcher on node 2 reports" "$WAIT" grep -q 'announced (BGP sessions up' "$W/${WATCH_LOG[2]}.log"
+said=$?
+kill "$RESTARTWATCH" 2>/dev/null; wait "$RESTARTWATCH" 2>/dev/null
+check watcher-restart "$([ "$said" = 0 ] && ! grep -q withdrawn "$W/${WATCH_LOG[2]}.log" && [ ! -s "$W/restart-watch.log" ] && active 2 && echo 1)" \
+    "watcher restarted on node 2: it adopted the announcement, the router never lost the node ($(grep -c . "$W/restart-watch.log") samples without it); watcher: $(watch_log 2 | sed -n 2p)"
 
 kill "$WATCHDOG" 2>/dev/null
 finish
