@@ -40,7 +40,7 @@
 #   INSTALL_ONLY=1 install them, then exit (.ci/run, before this runs beside other tests)
 #   KEEP=1         keep the work directory (logs of every process)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 BIN=$(realpath -m "${CROSSBAR_BIN:-target/debug/crossbar}")
 PKG=$ROOT/packaging/anycast
@@ -199,7 +199,6 @@ build_lab() {
 }
 
 crossbar_yaml() {
-    local svc port
     echo 'admin: { listen: "127.0.0.1:9140", healthz_needs_backends: true }'
     echo 'defaults:'
     echo '  health: { check: tcp, interval: 1s, timeout: 500ms, rise: 1, fall: 2 }'
@@ -323,7 +322,7 @@ new_on() {
 # ------------------------------------------------------------------ scenarios
 # join MODE J: J's crossbar and BIRD run, its watcher starts: the router adds it.
 scenario_join() {
-    local mode=$1 j=$2 name="$1-join" before after r others
+    local mode=$1 j=$2 name="$1-join" before after r
     before=$(members)
     flows_start "$name" || { fail "$name" "flows did not start"; return; }
     start_watcher "$j"
@@ -551,7 +550,6 @@ for k in 1 2 3; do
     sleep 2
 done
 kill "$FLAPWATCH" 2>/dev/null; wait "$FLAPWATCH" 2>/dev/null
-t1=$(now_ms)
 ip -n "$(ns 3)" route del prohibit 10.55.100.0/24
 wait_for "node 3 healthy" "$WAIT" healthy 3
 t_ok=$(now_ms)
