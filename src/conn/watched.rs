@@ -49,9 +49,8 @@ pub(super) async fn relay_watched(
     r: Relaying<'_>,
     hard_stop: &relay::HardStop,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
-    // Boxed: the connection's future holds it for the connection's life.
-    let learner = r.hello.map(|hello| Box::new(Learner::new(&r, hello)));
-    let mut watch = learner.as_deref().map(|l| {
+    let learner = r.hello.map(|hello| Learner::new(&r, hello));
+    let mut watch = learner.as_ref().map(|l| {
         Box::new(Watch {
             watcher: Some(ServerWatcher::new(SERVER_WATCH_LIMIT)),
             observer: l,
@@ -68,7 +67,7 @@ pub(super) async fn relay_watched(
         backend_keepalive: r.svc.config.keepalive.as_ref(),
     };
     let stats = relay::relay(stream, server, timing, &counters, watch, hard_stop).await;
-    Ok((stats, learner.and_then(|l| l.kind.get().copied().flatten())))
+    Ok((stats, learner.and_then(|l| l.kind())))
 }
 
 /// Answer bytes read while confirming the placement (`pending`) reach the client
@@ -108,8 +107,10 @@ const DONE: u8 = 2;
 struct Learner<'a> {
     r: &'a Relaying<'a>,
     hello: &'a ClientHelloInfo,
-    /// The handshake's kind for the access log, once seen.
-    kind: OnceLock<Option<&'static str>>,
+    /// The handshake's kind for the access log, once seen: an index into
+    /// [`HANDSHAKE_KINDS`] plus one, 0 while unseen. (The learner lives in the
+    /// connection's future for the connection's life: a byte, not a pointer.)
+    kind: AtomicU8,
     /// [`WAITING`], [`HELD`] or [`DONE`].
     flight: AtomicU8,
     /// The server's handshake while [`HELD`] (boxed: most connections never hold one).
@@ -121,18 +122,33 @@ impl<'a> Learner<'a> {
         Learner {
             r,
             hello,
-            kind: OnceLock::new(),
+            kind: AtomicU8::new(0),
             flight: AtomicU8::new(WAITING),
             held: OnceLock::new(),
         }
     }
 }
 
+impl Learner<'_> {
+    /// The handshake's kind (`full`/`resumed`), if the server's handshake showed it.
+    fn kind(&self) -> Option<&'static str> {
+        let i = usize::from(self.kind.load(Ordering::Acquire));
+        i.checked_sub(1)
+            .and_then(|i| HANDSHAKE_KINDS.get(i))
+            .copied()
+    }
+}
+
+/// The access log's words for a handshake.
+const HANDSHAKE_KINDS: [&str; 2] = ["full", "resumed"];
+
 impl HandshakeObserver for Learner<'_> {
     fn handshake(&self, hs: &ServerHandshake) {
         let (svc, backend) = (self.r.svc, self.r.backend);
-        // Once: the relay tells the handshake once.
-        let _ = self.kind.set(handshake_kind(backend, hs)); // ok: set once
+        let kind = handshake_kind(backend, hs)
+            .and_then(|k| HANDSHAKE_KINDS.iter().position(|&w| w == k))
+            .map_or(0, |i| i as u8 + 1);
+        self.kind.store(kind, Ordering::Release);
         self.r.open.handshake_seen();
         let Some(s) = svc.sticking() else {
             self.flight.store(DONE, Ordering::Release);
