@@ -582,6 +582,7 @@ async fn a_compiler_lying_about_its_pool_never_pushes_the_honest_ones_to_the_flo
     assert!(f2 > 0.5 && f3 > 0.5, "c1 x{f1} c2 x{f2} c3 x{f3}");
     let seen = shares(&cb, CONNECTIONS).await;
     let on_c1 = seen.get("c1").copied().unwrap_or(0);
+    eprintln!("claiming 64 JRubies beside two of 3: c1 x{f1:.2} c2 x{f2:.2} c3 x{f3:.2}, new connections {seen:?}");
     assert!(
         on_c1 * 3 < CONNECTIONS * 2,
         "at most two thirds to the liar: {seen:?}"
@@ -631,6 +632,7 @@ async fn a_saturated_compiler_stays_at_the_floor_when_the_others_are_silent_or_l
         "c1 at the floor beside an expired c2"
     );
     let seen = shares(&cb, 60).await;
+    eprintln!("saturated c1 beside an expired c2 and a locked c3: new connections {seen:?}");
     assert!(seen.get("c1").copied().unwrap_or(0) * 5 < 60, "{seen:?}");
     let admin = cb.serve_admin(None).await;
     let page = common::admin_get(admin.addr, "/").await;
