@@ -32,6 +32,7 @@ use std::time::Duration;
 
 pub use discover::{DiscoverConfig, DiscoverQuery, DiscoveredBackend};
 pub use error::{ConfigError, Diagnostic};
+pub(crate) use feedback::MAX_JRUBIES;
 pub use feedback::{AgentFeedback, FeedbackConfig, FeedbackSource, PuppetFeedback};
 pub(crate) use files::describe_file_type;
 pub use nearest::nearest;

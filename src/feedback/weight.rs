@@ -27,9 +27,10 @@ pub const MAX_FACTOR: f64 = 16.0;
 /// new size (its `max-active-instances` was lowered): the ramp ends. Pools of dozens
 /// of JRubies fill within a minute or two.
 const RAMP_GIVE_UP: Duration = Duration::from_secs(300);
-/// Most JRubies a compiler plausibly reports: each takes 0.5-2 GiB of heap, the
-/// largest compilers run a few dozen; more is a lie or a broken endpoint.
-pub const MAX_PLAUSIBLE_JRUBIES: u32 = 256;
+/// Most JRubies a compiler plausibly reports without a configured `jrubies`: the
+/// largest `jrubies` the configuration accepts (each JRuby takes 0.5-2 GiB of heap:
+/// the largest compilers run a few dozen); more is a lie or a broken endpoint.
+pub const MAX_PLAUSIBLE_JRUBIES: u32 = crate::config::MAX_JRUBIES as u32;
 /// A compiler's pool counts at most this many times the median pool of the other
 /// compilers with a say: compilers of 1 and 3 JRubies keep their 1:3, one claiming
 /// 64 beside compilers of 3 counts as 12 (its honest neighbours keep two thirds of
@@ -131,7 +132,7 @@ impl Verdict {
 
 /// Why a compiler's sample can't be true, if it can't: more free JRubies than its
 /// pool, a pool above the configured `jrubies` (the size every compiler of the
-/// service should have) or above [`MAX_PLAUSIBLE_JRUBIES`]. (A negative count is
+/// service should have) or, without it, above [`MAX_PLAUSIBLE_JRUBIES`]. (A negative count is
 /// not a number the document parser takes.) Such a sample is refused like a
 /// document that does not parse.
 pub fn implausible(s: &PuppetSample, p: &Params) -> Option<String> {
@@ -141,11 +142,13 @@ pub fn implausible(s: &PuppetSample, p: &Params) -> Option<String> {
             s.free, s.jrubies
         ));
     }
-    if let Some(target) = p.jrubies.filter(|&t| s.jrubies > t) {
-        return Some(format!(
-            "implausible sample: num-jrubies {} above feedback.jrubies {target}",
-            s.jrubies
-        ));
+    if let Some(target) = p.jrubies {
+        return (s.jrubies > target).then(|| {
+            format!(
+                "implausible sample: num-jrubies {} above feedback.jrubies {target}",
+                s.jrubies
+            )
+        });
     }
     (s.jrubies > MAX_PLAUSIBLE_JRUBIES).then(|| {
         format!(
