@@ -500,11 +500,6 @@ impl ReloadTask {
     /// `force` ([`reload_guard`]); returns the gate's and the guard's warnings.
     async fn reload(&mut self, config: Config, force: bool) -> Outcome {
         let (prepared, mut warnings) = self.prepare(config, Applying::Reload).await?;
-        let stranded = reload_guard::stranded(&self.services, &self.operator, &prepared.config);
-        if !stranded.is_empty() && !force {
-            return Err(ApplyError::NoBackendLeft(stranded.join("\n")));
-        }
-        warnings.extend(stranded.into_iter().map(|s| format!("forced: {s}")));
         if same_running(&self.config, &prepared.config) && prepared.first.is_empty() {
             // Nothing to commit: every backend, and the operator's state, as it was.
             let kept = self.operator.apply(&self.services);
@@ -515,6 +510,11 @@ impl ReloadTask {
                 changed: false,
             });
         }
+        let stranded = reload_guard::stranded(&self.services, &self.operator, &prepared.config);
+        if !stranded.is_empty() && !force {
+            return Err(ApplyError::NoBackendLeft(stranded.join("\n")));
+        }
+        warnings.extend(stranded.into_iter().map(|s| format!("forced: {s}")));
         let (_, judged) = self.commit(prepared);
         let (kept, reset) = judged.into_iter().partition(|j| j.why.is_none());
         self.save_state().await;
