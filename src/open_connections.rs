@@ -52,13 +52,16 @@ pub struct OpenConn {
 impl OpenConn {
     /// Close the connection: shut down both of its sockets (its relay then sees
     /// both ends close and ends, the client sees its connection close). False when
-    /// it is closing already.
+    /// it is closing already, or was killed before (a second kill in the few
+    /// milliseconds before its relay ends reports nothing).
     pub fn kill(&self) -> bool {
         let sockets = self.sockets.lock().unwrap_or_else(PoisonError::into_inner);
         let Some((client, server)) = *sockets else {
             return false;
         };
-        self.killed.store(true, Ordering::Relaxed);
+        if self.killed.swap(true, Ordering::Relaxed) {
+            return false;
+        }
         for fd in [client, server] {
             // Fails only on a socket closed already by its peer: nothing to do then.
             let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
@@ -311,5 +314,27 @@ mod tests {
         assert_eq!(list.len(), 1);
         drop(young);
         assert!(list.is_empty());
+    }
+
+    /// A connection killed twice before its relay released its sockets (a double
+    /// click, two operators, `kill` then `shutdown-sessions`) is reported closed
+    /// once: the second kill finds it closing.
+    #[test]
+    fn a_connection_killed_twice_is_reported_once() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = std::net::TcpStream::connect(addr).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let list = OpenConnections::default();
+        let b: Arc<str> = Arc::from("b1");
+        let o = opening(&b, Instant::now(), 1).with_sockets(client.as_raw_fd(), server.as_raw_fd());
+        let listed = list.open(o);
+        assert_eq!(list.kill(|_| true).len(), 1, "the first kill closes it");
+        assert_eq!(list.kill(|_| true).len(), 0, "the second finds it closing");
+        assert!(listed.conn().was_killed());
+        let mut byte = [0u8; 1];
+        let read = std::io::Read::read(&mut &client, &mut byte).expect("read after shutdown");
+        assert_eq!(read, 0, "the client sees its connection close");
     }
 }

@@ -194,7 +194,10 @@ pub fn prepare_table(sc: &ServiceConfig, old: Option<&Arc<Service>>) -> Option<P
     let t = StickTable::new(table_params(st));
     if let Some(path) = &st.state_file {
         let names: Vec<&str> = sc.backends.iter().map(|b| b.name.as_str()).collect();
-        match t.load(path, &names) {
+        // A `discover` service's backends are not known before DNS answers: its
+        // entries for up to `max_backends` other names wait for them.
+        let discovered = sc.discover.as_ref().map_or(0, |d| d.max_backends);
+        match t.load_discovering(path, &names, discovered) {
             Ok(n) => {
                 tracing::info!(service = %sc.name, entries = n, "stick table loaded from {}", path.display())
             }

@@ -506,3 +506,168 @@ fn round_robin_keeps_a_small_share_in_turn_while_factors_change() {
         "the small share got {small} of 2000 picks"
     );
 }
+
+/// Three compilers c1, c2, c3.
+async fn three_compilers(ca: &TestCa) -> [Compiler; 3] {
+    let any = common::any_port();
+    [
+        Compiler::start(ca, "c1", &[SNI], any).await,
+        Compiler::start(ca, "c2", &[SNI], any).await,
+        Compiler::start(ca, "c3", &[SNI], any).await,
+    ]
+}
+
+/// The polls of `backend` counted with `result` so far.
+fn polls(cb: &Crossbar, backend: &str, result: &str) -> f64 {
+    cb.metric(
+        "crossbar_backend_feedback_polls_total",
+        &[("backend", backend), ("result", result)],
+    )
+}
+
+/// `backend`'s feedback is in `phase` (the metric says 1).
+fn in_phase(cb: &Crossbar, backend: &str, phase: &str) -> bool {
+    cb.metric(
+        "crossbar_backend_feedback_phase",
+        &[("backend", backend), ("phase", phase)],
+    ) == 1.0
+}
+
+/// A compiler that lies about its pool takes no more than its share: an absurd
+/// sample (4294967295 JRubies, or more free than its pool) is refused and counted
+/// as a bad answer; a plausible but high one (64 beside compilers of 3) counts as
+/// at most 4 times the others' pool, so the honest ones keep most of their weight
+/// (before: the liar got x3.0 and the others the 5 % floor, 200/200 connections).
+#[tokio::test]
+async fn a_compiler_lying_about_its_pool_never_pushes_the_honest_ones_to_the_floor() {
+    let ca = test_ca();
+    let [c1, c2, c3] = three_compilers(&ca).await;
+    for c in [&c2, &c3] {
+        c.answer(Answer::pool(3, 3, 0));
+    }
+    c1.answer(Answer::pool(3, 3, 0));
+    let cb = balancer(&ca, &[&c1, &c2, &c3], "leastconn", FAST).await;
+    common::wait_until("all three sampled", || {
+        ["c1", "c2", "c3"]
+            .iter()
+            .all(|b| in_phase(&cb, b, "active"))
+    })
+    .await;
+
+    for absurd in [
+        Answer::pool(u32::MAX, u32::MAX, 0),
+        Answer::pool(3, u32::MAX, 0),
+    ] {
+        let before = polls(&cb, "c1", "bad_answer");
+        c1.answer(absurd.clone());
+        common::wait_until("the absurd sample refused as a bad answer", || {
+            polls(&cb, "c1", "bad_answer") > before
+        })
+        .await;
+        assert!(
+            factor(&cb, "c1") <= 1.0 && factor(&cb, "c2") >= 1.0 && factor(&cb, "c3") >= 1.0,
+            "{absurd:?}: c1 x{} c2 x{} c3 x{}",
+            factor(&cb, "c1"),
+            factor(&cb, "c2"),
+            factor(&cb, "c3")
+        );
+    }
+
+    c1.answer(Answer::pool(64, 64, 0));
+    common::wait_until("c1's claim of 64 JRubies sampled", || {
+        factor(&cb, "c1") > 1.0
+    })
+    .await;
+    let (f1, f2, f3) = (factor(&cb, "c1"), factor(&cb, "c2"), factor(&cb, "c3"));
+    assert!(f2 > 0.5 && f3 > 0.5, "c1 x{f1} c2 x{f2} c3 x{f3}");
+    let seen = shares(&cb, CONNECTIONS).await;
+    let on_c1 = seen.get("c1").copied().unwrap_or(0);
+    eprintln!("claiming 64 JRubies beside two of 3: c1 x{f1:.2} c2 x{f2:.2} c3 x{f3:.2}, new connections {seen:?}");
+    assert!(
+        on_c1 * 3 < CONNECTIONS * 2,
+        "at most two thirds to the liar: {seen:?}"
+    );
+}
+
+/// A saturated compiler (no free JRuby, its queue full, its borrowed JRubies
+/// listed as puppetserver lists them) is at the floor whatever the others report:
+/// with c2's samples expired and c3's pool locked (before: x2.00, 52 of 60 new
+/// connections), then with both locked (before: x3.00, 60/60). The status page
+/// draws SATURATED in the warning colour.
+#[tokio::test]
+async fn a_saturated_compiler_stays_at_the_floor_when_the_others_are_silent_or_locked() {
+    let ca = test_ca();
+    let [c1, c2, c3] = three_compilers(&ca).await;
+    for c in [&c1, &c2, &c3] {
+        c.answer(Answer::pool(3, 3, 0));
+    }
+    let fb =
+        "kind: puppet, interval: 100ms, blackout: 0s, smoothing: 30s, expiry: 2s, queue_limit: 4";
+    let cb = balancer(&ca, &[&c1, &c2, &c3], "leastconn", fb).await;
+    common::wait_until("all three sampled", || {
+        ["c1", "c2", "c3"]
+            .iter()
+            .all(|b| in_phase(&cb, b, "active"))
+    })
+    .await;
+    let locked = Answer::Pool {
+        jrubies: 3,
+        free: 3,
+        queued: 0,
+        hits: 0,
+        lock: ":acquired",
+    };
+    c1.answer(Answer::pool(3, 0, 4));
+    c2.answer(Answer::Status(403));
+    c3.answer(locked.clone());
+    common::wait_until("c1 saturated, c2 expired, c3 locked", || {
+        cb.metric("crossbar_backend_feedback_saturated", &[("backend", "c1")]) == 1.0
+            && in_phase(&cb, "c2", "expired")
+            && in_phase(&cb, "c3", "locked")
+    })
+    .await;
+    assert_eq!(
+        factor(&cb, "c1"),
+        0.05,
+        "c1 at the floor beside an expired c2"
+    );
+    let seen = shares(&cb, 60).await;
+    eprintln!("saturated c1 beside an expired c2 and a locked c3: new connections {seen:?}");
+    assert!(seen.get("c1").copied().unwrap_or(0) * 5 < 60, "{seen:?}");
+    let admin = cb.serve_admin(None).await;
+    let page = common::admin_get(admin.addr, "/").await;
+    assert!(
+        page.contains("<span class=\"warn\">c1 ") && !page.contains("<span class=\"ok\">c1 "),
+        "SATURATED in the warning colour"
+    );
+
+    c2.answer(locked);
+    common::wait_until("c2 locked too", || in_phase(&cb, "c2", "locked")).await;
+    assert_eq!(factor(&cb, "c1"), 0.05, "c1 at the floor beside two locked");
+}
+
+/// One absurd sample (refused) or one sample of a pool far larger than before
+/// (64 JRubies, once) does not hold the compiler at the floor: the next honest
+/// samples set its factor again (before: ramping at 3/64 for RAMP_GIVE_UP, 300 s).
+#[tokio::test]
+async fn one_absurd_sample_does_not_hold_a_compiler_at_the_floor() {
+    let ca = test_ca();
+    let (c1, c2) = two_compilers(&ca).await;
+    for c in [&c1, &c2] {
+        c.answer(Answer::pool(3, 3, 0));
+    }
+    let cb = balancer(&ca, &[&c1, &c2], "roundrobin", FAST).await;
+    both_active(&cb).await;
+    for once in [Answer::pool(u32::MAX, u32::MAX, 0), Answer::pool(64, 64, 0)] {
+        let before = polls(&cb, "c1", "ok") + polls(&cb, "c1", "bad_answer");
+        c1.answer_once(once.clone());
+        // The one sample was taken once two more polls are counted (one may have
+        // been under way when it was set).
+        common::wait_until("the one sample taken", || {
+            polls(&cb, "c1", "ok") + polls(&cb, "c1", "bad_answer") >= before + 2.0
+        })
+        .await;
+        factors_until(&cb, "both back at their share", |a, b| a == 1.0 && b == 1.0).await;
+        assert!(in_phase(&cb, "c1", "active"), "{once:?}: not ramping");
+    }
+}

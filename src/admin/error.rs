@@ -96,7 +96,9 @@ impl ApiError {
             | ApiError::NoConnection(_)
             | ApiError::NoEntry { .. } => S::NOT_FOUND,
             ApiError::BadQuery(_) => S::BAD_REQUEST,
-            ApiError::LastBackend { .. } | ApiError::LastWeighted { .. } => S::CONFLICT,
+            ApiError::LastBackend { .. }
+            | ApiError::LastWeighted { .. }
+            | ApiError::ReloadFailed(crate::server::ApplyError::NoBackendLeft(_)) => S::CONFLICT,
             ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
             ApiError::NotApplied {
                 why: crate::server::ApplyError::ShuttingDown,

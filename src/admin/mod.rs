@@ -600,6 +600,9 @@ async fn dispatch(ctx: &Ctx, route: Route<'_>, method: &Method, query: Option<&s
         Route::Kill => view_reply(
             query::kill_query(query).and_then(|pick| writes::kill_connections(server, pick)),
         ),
-        Route::Reload => view_reply(writes::reload(server).await),
+        Route::Reload => match query::force_query(query) {
+            Ok(force) => view_reply(writes::reload(server, force).await),
+            Err(e) => error(e.status(), e),
+        },
     }
 }

@@ -7,7 +7,8 @@ use super::human::Esc;
 use super::view::{BackendView, FeedbackKind, Origin, ServiceView};
 
 /// A service's load feedback, if it has any: what is polled, then each backend's factor and last sample;
-/// a failing poll in warning colour (the weight falls back to the configured one).
+/// a failing poll (the weight falls back to the configured one) or a saturated
+/// compiler in warning colour, never in the colour of health.
 pub(super) fn write_caption(o: &mut String, svc: &ServiceView) -> fmt::Result {
     let Some(f) = &svc.feedback else {
         return Ok(());
@@ -23,7 +24,10 @@ pub(super) fn write_caption(o: &mut String, svc: &ServiceView) -> fmt::Result {
     )?;
     for b in &svc.backends {
         let Some(fb) = &b.feedback else { continue };
-        let class = if fb.error.is_some() { "warn" } else { "ok" };
+        let class = match fb.error.is_some() || fb.saturated {
+            true => "warn",
+            false => "ok",
+        };
         write!(
             o,
             " <span class=\"{class}\">{} {}</span>;",

@@ -331,9 +331,14 @@ pub fn shutdown_sessions(
     Ok(view::KilledView { killed })
 }
 
-/// `POST /api/reload`: the same path as SIGHUP; an applied reload's warnings.
-pub async fn reload(server: &Arc<Server>) -> Result<view::ReloadAnswer, ApiError> {
-    let applied = server.reload_file().await.map_err(ApiError::ReloadFailed)?;
+/// `POST /api/reload[?force=true]`: the same path as SIGHUP; an applied reload's
+/// warnings. One that leaves a service with no backend for new connections is
+/// refused (409) unless `force`.
+pub async fn reload(server: &Arc<Server>, force: bool) -> Result<view::ReloadAnswer, ApiError> {
+    let applied = server
+        .reload_file_forced(force)
+        .await
+        .map_err(ApiError::ReloadFailed)?;
     let held = |v: &[crate::server::Judged]| {
         v.iter()
             .map(|j| super::api::held_view(&j.service, &j.backend, &j.held, j.why.clone()))

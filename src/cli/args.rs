@@ -191,11 +191,18 @@ pub enum Command {
     /// reason and exits 1, an applied reload prints its warnings. With -c FILE, FILE is checked first (like `crossbar check`, files it names
     /// included) and nothing is sent when it has errors; the admin address and
     /// token file then come from FILE unless --admin/--token-file are given. This is
-    /// the unit's ExecReload: `systemctl reload` fails on a bad file.
+    /// the unit's ExecReload: `systemctl reload` fails on a bad file. A reload that
+    /// would leave a service with no backend for new connections (the others
+    /// drained, disabled, down or at weight 0, the last one removed) is refused
+    /// like the same drain, unless --force.
     Reload {
         /// How to reach the admin API.
         #[command(flatten)]
         admin: AdminArgs,
+        /// Apply it even if it leaves a service with no backend for new
+        /// connections (the answer, the log and `crossbar status` warn of it).
+        #[arg(long)]
+        force: bool,
     },
     /// Print a shell completion script, or write the man pages, for packaging.
     #[command(hide = true)]

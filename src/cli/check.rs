@@ -18,6 +18,11 @@ pub fn check(config: &Path, config_only: bool, resolve: bool) -> ExitCode {
             for w in &cfg.warnings {
                 eprintln!("{w}");
             }
+            if let Some(w) = cfg.state_file.as_deref().filter(|_| !config_only) {
+                if let Some(why) = crate::server::state_file_problem(w) {
+                    eprintln!("{}: state_file: warning: {why}", config.display());
+                }
+            }
             print!("{}", cfg.summary());
             for s in &cfg.services {
                 let plan = crate::relay::plan(s.relay).describe();

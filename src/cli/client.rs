@@ -91,7 +91,10 @@ pub enum Command {
         limit: Option<usize>,
     },
     /// Reload the configuration file.
-    Reload,
+    Reload {
+        /// Even if it leaves a service with no backend for new connections.
+        force: bool,
+    },
 }
 
 /// Stick entries named by the command line.
@@ -190,7 +193,10 @@ impl Command {
                 Method::POST,
                 format!("/api/backends/{service}/{backend}/shutdown-sessions"),
             ),
-            Command::Reload => (Method::POST, "/api/reload".into()),
+            Command::Reload { force } => (
+                Method::POST,
+                format!("/api/reload{}", if *force { "?force=true" } else { "" }),
+            ),
         }
     }
 }
@@ -290,7 +296,7 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
         Command::Weight {
             service, backend, ..
         } => weighted(service, backend, &decode(p, &body)?),
-        Command::Reload => reloaded(&decode(p, &body)?),
+        Command::Reload { .. } => reloaded(&decode(p, &body)?),
         Command::Kill { .. } | Command::ShutdownSessions { .. } => {
             super::traffic::killed(&decode(p, &body)?)
         }

@@ -75,9 +75,11 @@ pub fn client(args: AdminArgs, url_from_env: bool, cmd: ClientCommand) -> ExitCo
 
 /// `crossbar reload [-c FILE]`: check FILE first, then reload through the admin API
 /// (which answers once the new config is live, or with the reason it was refused).
-pub fn reload(admin: AdminArgs, url_from_env: bool) -> ExitCode {
+/// With `force`, a reload that leaves a service with no backend for new connections
+/// is applied (with a warning) rather than refused.
+pub fn reload(admin: AdminArgs, url_from_env: bool, force: bool) -> ExitCode {
     match options(admin, url_from_env, true) {
-        Ok(opts) => send(&opts, &ClientCommand::Reload),
+        Ok(opts) => send(&opts, &ClientCommand::Reload { force }),
         Err(code) => code,
     }
 }

@@ -36,7 +36,7 @@ pub const DEFAULT_PUPPET_SMOOTHING: Duration = Duration::from_secs(2);
 /// share of new connections whatever its metrics say.
 pub const DEFAULT_FLOOR_PERCENT: u32 = 5;
 /// Largest `jrubies` target: puppetserver's pools are sized by cores, dozens at most.
-const MAX_JRUBIES: u64 = 1024;
+pub(crate) const MAX_JRUBIES: u64 = 1024;
 /// Largest `queue_limit` (the compilers' `max-queued-requests`).
 const MAX_QUEUE_LIMIT: u64 = 1_000_000;
 /// Longest `send` string of an agent check (HAProxy's `agent-send`).

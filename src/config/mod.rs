@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use discover::{DiscoverConfig, DiscoverQuery, DiscoveredBackend};
 pub use error::{ConfigError, Diagnostic};
+pub(crate) use feedback::MAX_JRUBIES;
 pub use feedback::{AgentFeedback, FeedbackConfig, FeedbackSource, PuppetFeedback};
 pub(crate) use files::describe_file_type;
 pub use nearest::nearest;

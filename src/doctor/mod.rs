@@ -151,6 +151,18 @@ pub async fn run(config: &Config, opts: Options, dns: &crate::discovery::Resolve
         })
         .collect();
     let mut findings = findings::judge(config, &backends);
+    if let Some(why) = config
+        .state_file
+        .as_deref()
+        .and_then(crate::server::state_file_problem)
+    {
+        findings.push(Finding {
+            severity: Severity::Warning,
+            service: "state_file".into(),
+            backend: None,
+            message: why,
+        });
+    }
     for (service, message) in dns.no_backend.iter().chain(&dns.own) {
         findings.push(Finding {
             severity: Severity::Error,

@@ -41,6 +41,11 @@ pub enum FeedbackError {
     /// The agent's answer was refused.
     #[error("{0}")]
     Agent(#[from] AgentError),
+    /// A jruby-metrics document that parses but can't be true (more free JRubies
+    /// than the pool, a pool above `feedback.jrubies` or any compiler's):
+    /// refused like a bad document (see [`crate::feedback::weight::implausible`]).
+    #[error("{0}")]
+    Implausible(String),
     /// Reading or writing the agent's socket failed.
     #[error("i/o: {0}")]
     Io(io::Error),
@@ -59,7 +64,9 @@ impl FeedbackError {
             FeedbackError::Refused(_) => "refused",
             FeedbackError::Status(_) => "status",
             FeedbackError::TooLarge(_) => "too_large",
-            FeedbackError::Document(_) | FeedbackError::Agent(_) => "bad_answer",
+            FeedbackError::Document(_)
+            | FeedbackError::Agent(_)
+            | FeedbackError::Implausible(_) => "bad_answer",
         }
     }
 
@@ -113,6 +120,12 @@ impl FeedbackError {
                     .into()
             }
             (FeedbackError::Setup(_), _) => "correct the file named above".into(),
+            (FeedbackError::Implausible(_), _) => {
+                "the compiler reports a pool it can't have: correct feedback.jrubies if its pool \
+                 was enlarged, else check that feedback.path reaches this compiler's own \
+                 puppetserver (not a proxy or another service)"
+                    .into()
+            }
             (FeedbackError::Agent(_), _) => {
                 "feedback.port is not an HAProxy agent: it must answer a line such as `up 75%`"
                     .into()
@@ -146,6 +159,7 @@ mod tests {
             FeedbackError::Document(DocumentError::NoQueue),
             FeedbackError::Agent(AgentError::Empty),
             FeedbackError::Io(io()),
+            FeedbackError::Implausible(String::new()),
         ] {
             assert!(
                 FEEDBACK_POLL_RESULTS.contains(&e.reason()),

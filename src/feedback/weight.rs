@@ -9,6 +9,13 @@
 //! never a choice: no node sends everything to the freest), an agent's percentage
 //! as said, the floor under every one, 1 (the configured weight) where nothing is
 //! known. The result is published for the balancer in a `cell::FeedbackCell`.
+//!
+//! What a compiler says is not believed blindly: an implausible sample is refused
+//! ([`implausible`], counted as a bad answer), a pool counts at most
+//! [`MAX_POOL_OVER_OTHERS`] times the others' (so one compiler's report never
+//! pushes honest ones to the floor), a saturated compiler is at the floor whatever
+//! the others say, and a larger pool than before is believed only once two samples
+//! in a row report it.
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +29,16 @@ pub const MAX_FACTOR: f64 = 16.0;
 /// new size (its `max-active-instances` was lowered): the ramp ends. Pools of dozens
 /// of JRubies fill within a minute or two.
 const RAMP_GIVE_UP: Duration = Duration::from_secs(300);
+/// Most JRubies a compiler plausibly reports without a configured `jrubies`: the
+/// largest `jrubies` the configuration accepts (each JRuby takes 0.5-2 GiB of heap:
+/// the largest compilers run a few dozen); more is a lie or a broken endpoint.
+pub const MAX_PLAUSIBLE_JRUBIES: u32 = crate::config::MAX_JRUBIES as u32;
+/// A compiler's pool counts at most this many times the median pool of the other
+/// compilers with a say: compilers of 1 and 3 JRubies keep their 1:3, one claiming
+/// 64 beside compilers of 3 counts as 12 (its honest neighbours keep two thirds of
+/// the weight they had). Fleets mixing pools more unlike than this set `weight:`
+/// per backend, which multiplies the factor.
+pub const MAX_POOL_OVER_OTHERS: f64 = 4.0;
 
 /// The settings the function reads (from the service's `feedback:`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,6 +127,9 @@ pub struct Verdict {
     /// The score is a factor already (an agent's percentage), not relative to the
     /// others' (a compiler's capacity).
     pub absolute: bool,
+    /// The pool the compiler reported (`num-jrubies`), which its score grows with:
+    /// capped against the others' in [`factors`]; `None` for an agent.
+    pub pool: Option<u32>,
 }
 
 impl Verdict {
@@ -118,8 +138,37 @@ impl Verdict {
             phase,
             score: None,
             absolute: false,
+            pool: None,
         }
     }
+}
+
+/// Why a compiler's sample can't be true, if it can't: more free JRubies than its
+/// pool, a pool above the configured `jrubies` (the size every compiler of the
+/// service should have) or, without it, above [`MAX_PLAUSIBLE_JRUBIES`]. (A negative count is
+/// not a number the document parser takes.) Such a sample is refused like a
+/// document that does not parse.
+pub fn implausible(s: &PuppetSample, p: &Params) -> Option<String> {
+    if s.free > s.jrubies {
+        return Some(format!(
+            "implausible sample: num-free-jrubies {} > num-jrubies {}",
+            s.free, s.jrubies
+        ));
+    }
+    if let Some(target) = p.jrubies {
+        return (s.jrubies > target).then(|| {
+            format!(
+                "implausible sample: num-jrubies {} above feedback.jrubies {target}",
+                s.jrubies
+            )
+        });
+    }
+    (s.jrubies > MAX_PLAUSIBLE_JRUBIES).then(|| {
+        format!(
+            "implausible sample: num-jrubies {} above {MAX_PLAUSIBLE_JRUBIES}",
+            s.jrubies
+        )
+    })
 }
 
 /// What the samples of one backend taught.
@@ -157,8 +206,12 @@ impl Tracker {
             (r, _) => r,
         };
         if let Reading::Puppet(s) = &reading {
-            self.hits_grew = matches!(&self.last, Some(Reading::Puppet(old)) if s.queue_limit_hits > old.queue_limit_hits);
-            self.note_pool(s.jrubies, now);
+            let previous = match &self.last {
+                Some(Reading::Puppet(old)) => Some(old),
+                _ => None,
+            };
+            self.hits_grew = previous.is_some_and(|old| s.queue_limit_hits > old.queue_limit_hits);
+            self.note_pool(s.jrubies, previous.map(|old| old.jrubies), now);
         }
         if let Some(value) = self.instant_value(&reading, p) {
             let alpha = match self.smoothed {
@@ -197,9 +250,17 @@ impl Tracker {
         }
     }
 
-    fn note_pool(&mut self, jrubies: u32, now: Instant) {
+    /// A pool larger than the largest seen counts once two samples in a row
+    /// report it (`previous`: the sample before), or at once when it is the first
+    /// sample ever: one absurd answer does not hold the compiler ramping.
+    fn note_pool(&mut self, jrubies: u32, previous: Option<u32>, now: Instant) {
+        let confirmed = match previous {
+            Some(before) => before.min(jrubies),
+            None if self.largest_pool == 0 => jrubies,
+            None => 0,
+        };
+        self.largest_pool = self.largest_pool.max(confirmed);
         if jrubies >= self.largest_pool {
-            self.largest_pool = jrubies;
             self.below_since = None;
             return;
         }
@@ -230,6 +291,16 @@ impl Tracker {
         }
         let smoothed = self.smoothed.map(|(v, _)| v);
         let (v, ramp) = match last {
+            Reading::Puppet(s) if self.saturated(now, p) => {
+                // It refuses work: a score of 0, so the floor whatever the others
+                // say (an average still decaying towards 0 could be the largest of
+                // a few locked or expired compilers'), in its blackout too.
+                let (v, _) = self.puppet_verdict(s, smoothed, p);
+                return Verdict {
+                    score: Some(0.0),
+                    ..v
+                };
+            }
             Reading::Puppet(s) => self.puppet_verdict(s, smoothed, p),
             Reading::Agent(a) => {
                 let stops = a.stops();
@@ -240,6 +311,7 @@ impl Tracker {
                         phase,
                         score: Some(score),
                         absolute: true,
+                        pool: None,
                     },
                     1.0,
                 )
@@ -280,6 +352,7 @@ impl Tracker {
                 phase: Phase::Locked,
                 score: Some(0.0),
                 absolute: false,
+                pool: Some(s.jrubies).filter(|_| p.by_pool_size),
             };
             return (v, 1.0);
         }
@@ -293,6 +366,7 @@ impl Tracker {
             phase,
             score: smoothed.map(|v| v * ramp),
             absolute: false,
+            pool: Some(s.jrubies).filter(|_| p.by_pool_size),
         };
         (v, ramp)
     }
@@ -373,19 +447,23 @@ pub fn capacity(s: &PuppetSample, p: &Params) -> f64 {
 }
 
 /// The factors of a service's backends from their verdicts (same order): a
-/// compiler's score relative to the mean of those with a say, an agent's as said,
-/// 1 without a say; then at least `floor` and at most [`MAX_FACTOR`].
+/// compiler's score (its pool capped at [`MAX_POOL_OVER_OTHERS`] times the others')
+/// relative to the mean of those with a say, an agent's as said, 1 without a say;
+/// then at least `floor` and at most [`MAX_FACTOR`].
 pub fn factors(verdicts: &[Verdict], floor: f64) -> Vec<f64> {
+    let scores = capped_scores(verdicts);
     let relative: Vec<f64> = verdicts
         .iter()
-        .filter(|v| !v.absolute)
-        .filter_map(|v| v.score)
+        .zip(&scores)
+        .filter(|(v, _)| !v.absolute)
+        .filter_map(|(_, s)| *s)
         .collect();
     let mean = relative.iter().sum::<f64>() / relative.len().max(1) as f64;
     verdicts
         .iter()
-        .map(|v| {
-            let f = match v.score {
+        .zip(scores)
+        .map(|(v, score)| {
+            let f = match score {
                 None => 1.0,
                 Some(s) if v.absolute => s,
                 Some(_) if mean <= 0.0 => floor, // every compiler locked or empty
@@ -394,6 +472,45 @@ pub fn factors(verdicts: &[Verdict], floor: f64) -> Vec<f64> {
             f.clamp(floor, MAX_FACTOR)
         })
         .collect()
+}
+
+/// Each verdict's score, a compiler's scaled down when its pool is more than
+/// [`MAX_POOL_OVER_OTHERS`] times the median pool of the other compilers with a
+/// say (its score grows with its pool: a pool it made up must not take the share
+/// of the honest ones).
+fn capped_scores(verdicts: &[Verdict]) -> Vec<Option<f64>> {
+    let pools: Vec<(usize, f64)> = verdicts
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.absolute && v.score.is_some())
+        .filter_map(|(i, v)| v.pool.map(|n| (i, f64::from(n.max(1)))))
+        .collect();
+    verdicts
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let (score, pool) = (v.score?, v.pool.filter(|_| !v.absolute));
+            let Some(pool) = pool.map(|n| f64::from(n.max(1))) else {
+                return Some(score);
+            };
+            let mut others: Vec<f64> = pools.iter().filter(|(j, _)| *j != i).map(|p| p.1).collect();
+            let Some(median) = median(&mut others) else {
+                return Some(score);
+            };
+            let cap = MAX_POOL_OVER_OTHERS * median;
+            Some(if pool > cap {
+                score * cap / pool
+            } else {
+                score
+            })
+        })
+        .collect()
+}
+
+/// The median of `xs` (the lower middle one of an even count); `None` if empty.
+fn median(xs: &mut [f64]) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len().saturating_sub(1) / 2).copied()
 }
 
 #[cfg(test)]
@@ -478,6 +595,7 @@ mod tests {
                 phase: Phase::Active,
                 score: Some(s),
                 absolute: false,
+                pool: None,
             }),
             0.05,
         );
@@ -518,6 +636,7 @@ mod tests {
             phase: Phase::Active,
             score: Some(s),
             absolute: false,
+            pool: None,
         };
         let herd = factors(&[v(3.0), v(5.0)], 0.05);
         assert_eq!(
@@ -651,6 +770,7 @@ mod tests {
             phase: Phase::Active,
             score: Some(s),
             absolute: false,
+            pool: None,
         };
         let f = factors(&[v(0.0), v(3.0), v(3.0)], 0.05);
         assert_eq!(f[0], 0.05, "a compiler at 0 keeps the floor");
@@ -664,6 +784,7 @@ mod tests {
             phase: Phase::Stopped,
             score: Some(0.0),
             absolute: true,
+            pool: None,
         };
         assert_eq!(factors(&[agent], 0.1), vec![0.1]);
         let crowd: Vec<Verdict> = std::iter::once(v(1000.0))
@@ -678,6 +799,7 @@ mod tests {
             phase: Phase::Active,
             score: Some(20.0),
             absolute: true,
+            pool: None,
         };
         assert_eq!(factors(&[loud], 0.05), vec![MAX_FACTOR]);
         assert!(
@@ -701,6 +823,7 @@ mod tests {
             phase: Phase::Active,
             score: Some(3.0),
             absolute: false,
+            pool: None,
         };
         assert_eq!(factors(&[v, other], 0.05)[0], 0.05);
         let requested = with(pool(3, 3, 0), |s| s.lock = PoolLock::Requested);
@@ -841,6 +964,7 @@ mod tests {
             phase: Phase::Active,
             score: Some(3.0),
             absolute: false,
+            pool: None,
         };
         assert_eq!(
             factors(&[v, other], 0.05),
@@ -862,6 +986,117 @@ mod tests {
             t.max_connections(at + 11 * S, &p),
             None,
             "an expired answer sets no limit"
+        );
+    }
+
+    #[test]
+    fn implausible_samples_are_named() {
+        let p = params();
+        let s = |jrubies, free| PuppetSample {
+            jrubies,
+            free,
+            queued: 0,
+            borrowed: 0,
+            lock: PoolLock::NotInUse,
+            queue_limit_hits: 0,
+        };
+        assert_eq!(implausible(&s(3, 3), &p), None);
+        assert!(implausible(&s(3, u32::MAX), &p).is_some_and(|w| w.contains("num-free-jrubies")));
+        assert!(implausible(&s(u32::MAX, u32::MAX), &p).is_some());
+        assert_eq!(implausible(&s(MAX_PLAUSIBLE_JRUBIES, 0), &p), None);
+        let target = Params {
+            jrubies: Some(4),
+            ..p
+        };
+        assert_eq!(implausible(&s(4, 4), &target), None);
+        assert!(implausible(&s(64, 64), &target).is_some_and(|w| w.contains("feedback.jrubies 4")));
+    }
+
+    #[test]
+    fn one_compiler_claiming_a_large_pool_does_not_push_the_others_to_the_floor() {
+        let v = |score: f64, pool: u32| Verdict {
+            phase: Phase::Active,
+            score: Some(score),
+            absolute: false,
+            pool: Some(pool),
+        };
+        // With queue_limit 2: an idle liar of 64 scores 66, idle honest ones of 3, 5.
+        let f = factors(&[v(66.0, 64), v(5.0, 3), v(5.0, 3)], 0.05);
+        let liar = 66.0 * 12.0 / 64.0;
+        let mean = (liar + 10.0) / 3.0;
+        assert!((f[0] - liar / mean).abs() < 1e-9, "{f:?}");
+        assert!(
+            f[1] > 0.6 && f[1] == f[2],
+            "the honest keep most of their weight: {f:?}"
+        );
+        let real = factors(&[v(3.0, 1), v(5.0, 3)], 0.05);
+        assert_eq!(real, vec![0.75, 1.25], "1 and 3 JRubies: within the cap");
+        let two = factors(&[v(66.0, 64), v(5.0, 3)], 0.05);
+        assert!(
+            two[1] > 0.3,
+            "two compilers: the other's pool is the median: {two:?}"
+        );
+    }
+
+    #[test]
+    fn a_saturated_compiler_is_at_the_floor_whatever_the_others_say() {
+        let t0 = Instant::now();
+        let p = Params {
+            queue_limit: Some(4),
+            smoothing: 10 * S,
+            ..params()
+        };
+        // Idle, then saturated: its average decays towards 0 but is not 0 yet.
+        let (t, at) = fed(&p, t0, &[pool(3, 3, 0), pool(3, 0, 4)]);
+        assert!(t.saturated(at, &p));
+        let saturated = t.verdict(at, &p);
+        let locked = fed(
+            &p,
+            t0,
+            &[with(pool(3, 3, 0), |s| s.lock = PoolLock::Acquired)],
+        )
+        .0;
+        let locked = locked.verdict(t0, &p);
+        for others in [
+            vec![locked],
+            vec![locked, locked],
+            vec![Verdict::none(Phase::Expired), locked],
+        ] {
+            let all: Vec<Verdict> = std::iter::once(saturated).chain(others).collect();
+            assert_eq!(factors(&all, 0.05)[0], 0.05, "{all:?}");
+        }
+        let blackout = Params {
+            blackout: 60 * S,
+            ..p
+        };
+        let (t, at) = fed(&blackout, t0, &[pool(3, 0, 4)]);
+        assert_eq!(
+            factors(&[t.verdict(at, &blackout)], 0.05),
+            vec![0.05],
+            "in its blackout too"
+        );
+    }
+
+    #[test]
+    fn one_absurd_pool_size_does_not_hold_a_compiler_ramping() {
+        let t0 = Instant::now();
+        let p = params();
+        let (t, at) = fed(&p, t0, &[pool(3, 3, 0), pool(64, 64, 0), pool(3, 3, 0)]);
+        assert_eq!(
+            t.verdict(at, &p).phase,
+            Phase::Active,
+            "one sample of 64 is not its size"
+        );
+        assert_eq!(t.expected_pool(&p), 3);
+        let (t, at) = fed(
+            &p,
+            t0,
+            &[pool(3, 3, 0), pool(4, 4, 0), pool(4, 4, 0), pool(3, 3, 0)],
+        );
+        assert_eq!(
+            t.verdict(at, &p).phase,
+            Phase::Ramping,
+            "two samples of 4 are"
         );
     }
 }

@@ -96,6 +96,12 @@ fn observe(svc: &Service, cfg: &FeedbackConfig, p: &Params, (i, result, at): Out
     let Some(b) = svc.pool.backends.get(i) else {
         return;
     };
+    let result = result.and_then(|r| match &r {
+        Reading::Puppet(s) => {
+            weight::implausible(s, p).map_or(Ok(r), |why| Err(FeedbackError::Implausible(why)))
+        }
+        Reading::Agent(_) => Ok(r),
+    });
     b.metrics
         .feedback
         .poll(result.as_ref().err().map(FeedbackError::reason));

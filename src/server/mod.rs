@@ -18,6 +18,7 @@ mod first_checks;
 mod listeners;
 mod operator;
 mod reload;
+mod reload_guard;
 mod running;
 mod services;
 mod state_file;
@@ -40,7 +41,7 @@ use crate::service::{ProcessWide, Service};
 pub use listeners::FreebindChanged;
 pub use operator::{override_text, Against, Judged, Operating, OperatorState, Override};
 pub use reload::{Applied, ApplyError, Outcome};
-pub use state_file::StateError;
+pub use state_file::{problem as state_file_problem, StateError};
 
 use reload::{Parts, ReloadTask, Request, Requests};
 use running::{Published, Running};
@@ -182,8 +183,15 @@ impl Server {
     /// the warnings (the file's and the health gate's), or the reason. The admin
     /// endpoint itself (listen address, token) is not reloaded: that needs a restart.
     pub async fn reload_file(&self) -> Outcome {
+        self.reload_file_forced(false).await
+    }
+
+    /// [`Server::reload_file`], and with `force` applied even if it leaves a
+    /// service with no backend for new connections (refused otherwise:
+    /// [`ApplyError::NoBackendLeft`]); the answer then warns of each such service.
+    pub async fn reload_file_forced(&self, force: bool) -> Outcome {
         self.requests
-            .ask(|reply| Request::ReloadFile { reply })
+            .ask(|reply| Request::ReloadFile { force, reply })
             .await
     }
 

@@ -20,9 +20,10 @@ use tokio_util::task::TaskTracker;
 
 use super::listeners::{listen_groups, FreebindChanged, ListenGroup, Listeners, NewSockets};
 use super::operator::{Judged, Operating, OperatorState};
+use super::reload_guard;
 use super::running::{Published, Running};
 use super::services::{self, Probe};
-use super::state_file::{self, Saved, StateError};
+use super::state_file::{self, Saved};
 use crate::config::{Config, ConfigError};
 use crate::discovery::{DnsChange, FirstLookups, Registry};
 use crate::listener::BindError;
@@ -48,11 +49,15 @@ pub(crate) enum Request {
     /// names opened too), and apply it; logged, counted and shown on the status page
     /// (SIGHUP, `POST /api/reload`).
     ReloadFile {
+        /// Apply it even if it leaves a service with no backend for new
+        /// connections (see `reload_guard.rs`); the answer then warns.
+        force: bool,
         /// Where the outcome goes.
         reply: Reply,
     },
     /// Apply a configuration already loaded, as a reload does (library callers and
-    /// tests); not counted as a reload of the file.
+    /// tests); not counted as a reload of the file. Never refused by the
+    /// last-backend guard: its answer warns instead.
     Apply {
         /// The new configuration.
         config: Box<Config>,
@@ -140,6 +145,11 @@ pub enum ApplyError {
     /// backends passing now; the reason per service, one a line.
     #[error("{0}")]
     HealthGate(String),
+    /// The reload would leave a service that takes new connections now with no
+    /// backend for them (drained, disabled, down, weight 0 or removed), and was
+    /// not forced; the reason per service, one a line.
+    #[error("{0}")]
+    NoBackendLeft(String),
     /// Shutdown has begun: the reload task takes no more requests.
     #[error("crossbar is shutting down: the running configuration stays until it exits")]
     ShuttingDown,
@@ -148,9 +158,6 @@ pub enum ApplyError {
     /// a restart.
     #[error("the reload task ended unexpectedly (see the log): the running configuration stays as it is, and changes need a restart")]
     TaskEnded,
-    /// The server-state file (`state_file`) could not be read at start.
-    #[error(transparent)]
-    StateFile(#[from] StateError),
 }
 
 /// The sending side of the reload task's channel.
@@ -267,6 +274,8 @@ pub(super) struct ReloadTask {
     operator: OperatorState,
     /// What the state file holds now (`None`: not saved yet).
     saved: Option<Saved>,
+    /// What it held at start: the last known health of backends DNS gives later.
+    at_start: Option<Saved>,
 }
 
 impl ReloadTask {
@@ -292,6 +301,7 @@ impl ReloadTask {
             inbox,
             operator: OperatorState::default(),
             saved: None,
+            at_start: None,
         };
         let requests = Requests {
             sender: requests,
@@ -316,14 +326,17 @@ impl ReloadTask {
     }
 
     /// At start: the state file's operator record becomes ours; its content, for
-    /// the backends' last known health.
+    /// the backends' last known health. Never fails: an unusable file is set aside
+    /// (see `state_file.rs`) and the configuration's values are used.
     async fn load_state(&mut self) -> Result<Option<Saved>, ApplyError> {
+        let counter = state_file::set_aside_counter(&self.shared.metrics.registry);
         let Some(path) = self.config.state_file.clone() else {
             return Ok(None);
         };
-        let loaded = tokio::task::spawn_blocking(move || state_file::load(&path))
-            .await
-            .map_err(ApplyError::Read)??;
+        let loaded =
+            tokio::task::spawn_blocking(move || state_file::load_at_start(&path, &counter))
+                .await
+                .map_err(ApplyError::Read)?;
         if let Some(saved) = &loaded {
             self.operator = saved.operator.clone();
             tracing::info!(
@@ -335,8 +348,16 @@ impl ReloadTask {
                     .sum::<usize>(),
                 "operator state read from the state file"
             );
+            if let Some(ahead) = saved.in_the_future() {
+                tracing::warn!(
+                    "the state file says it was saved {ahead:?} in the future (this host's clock \
+                     went back, or the file was copied): its backend health is not used, the \
+                     first checks decide"
+                );
+            }
         }
         self.saved = loaded.clone();
+        self.at_start = loaded.clone();
         Ok(loaded)
     }
 
@@ -392,12 +413,12 @@ impl ReloadTask {
 
     async fn handle(&mut self, request: Request) {
         match request {
-            Request::ReloadFile { reply } => {
-                let outcome = self.reload_file().await;
+            Request::ReloadFile { force, reply } => {
+                let outcome = self.reload_file(force).await;
                 let _ = reply.send(outcome); // ok: the asker may have gone
             }
             Request::Apply { config, reply } => {
-                let outcome = self.reload(*config).await;
+                let outcome = self.reload(*config, true).await;
                 let _ = reply.send(outcome); // ok: the asker may have gone
             }
             Request::Dns(change) => self.rediscover(*change).await,
@@ -415,7 +436,7 @@ impl ReloadTask {
     /// Re-read the config file, check it, and apply it; on any error keep the running
     /// config. Logs and counts the outcome. The admin endpoint itself (listen
     /// address, token) is not reloaded: that needs a restart.
-    async fn reload_file(&mut self) -> Outcome {
+    async fn reload_file(&mut self, force: bool) -> Outcome {
         let path = self.config.source.clone();
         tracing::info!(config = %path.display(), "reloading");
         crate::system::sd_notify("RELOADING=1");
@@ -423,7 +444,7 @@ impl ReloadTask {
             Ok(cfg) => {
                 cfg.log_warnings();
                 let warnings: Vec<String> = cfg.warnings.iter().map(|w| w.to_string()).collect();
-                self.reload(cfg).await.map(|mut applied| {
+                self.reload(cfg, force).await.map(|mut applied| {
                     for w in &applied.warnings {
                         tracing::warn!("{w}");
                     }
@@ -474,10 +495,11 @@ impl ReloadTask {
     /// state carried over by name), new addresses bound, removed ones closed, kept
     /// ones re-routed and their limits and backlog changed. Established connections
     /// are untouched. New health settings are probed first and refused when they
-    /// would fail every backend of a service that has backends passing now; returns
-    /// the gate's warnings.
-    async fn reload(&mut self, config: Config) -> Outcome {
-        let (prepared, warnings) = self.prepare(config, Applying::Reload).await?;
+    /// would fail every backend of a service that has backends passing now; one
+    /// that leaves a service with no backend for new connections is refused unless
+    /// `force` ([`reload_guard`]); returns the gate's and the guard's warnings.
+    async fn reload(&mut self, config: Config, force: bool) -> Outcome {
+        let (prepared, mut warnings) = self.prepare(config, Applying::Reload).await?;
         if same_running(&self.config, &prepared.config) && prepared.first.is_empty() {
             // Nothing to commit: every backend, and the operator's state, as it was.
             let kept = self.operator.apply(&self.services);
@@ -488,6 +510,11 @@ impl ReloadTask {
                 changed: false,
             });
         }
+        let stranded = reload_guard::stranded(&self.services, &self.operator, &prepared.config);
+        if !stranded.is_empty() && !force {
+            return Err(ApplyError::NoBackendLeft(stranded.join("\n")));
+        }
+        warnings.extend(stranded.into_iter().map(|s| format!("forced: {s}")));
         let (_, judged) = self.commit(prepared);
         let (kept, reset) = judged.into_iter().partition(|j| j.why.is_none());
         self.save_state().await;
@@ -513,9 +540,35 @@ impl ReloadTask {
         match self.prepare(config, Applying::Discovery).await {
             Ok((prepared, _)) => {
                 self.commit(prepared);
+                self.restore_discovered_health(&service, &before);
                 log_joins_and_leaves(&service, &before, &self.service_backends(&service));
             }
             Err(e) => tracing::error!(service, "applying the discovered backends failed: {e}"),
+        }
+    }
+
+    /// Backends DNS just gave `service` (not in `before`) take the state file's
+    /// last known health, by name and address, while it is recent (as static
+    /// backends do at start): after a restart the compilers of an SRV pool come back
+    /// up together, instead of one by one as their first checks pass (the first up
+    /// took 26 of the first 30 agents). One it last saw down waits for its checks.
+    fn restore_discovered_health(&self, service: &str, before: &[(String, String)]) {
+        let (Some(saved), Some(svc)) = (
+            &self.at_start,
+            self.services.iter().find(|s| s.name() == service),
+        ) else {
+            return;
+        };
+        let joined =
+            svc.pool.backends.iter().filter(|b| {
+                b.config.from_dns.is_some() && !before.iter().any(|(n, _)| *n == *b.name)
+            });
+        for b in joined {
+            let address = b.config.address.to_string();
+            if saved.known_health(service, &b.name, &address) == Some(true) && !b.is_healthy() {
+                b.set_healthy(true);
+                tracing::info!(service, backend = %b.name, "discovered backend up from the state file's last known health");
+            }
         }
     }
 

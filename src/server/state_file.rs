@@ -6,12 +6,20 @@
 //! across a restart or a package upgrade, and a restarted crossbar sends nothing to
 //! a backend it last saw down. JSON, written atomically (a fresh temp file renamed
 //! over it, as the stick tables' state files are).
+//!
+//! Never fatal: a file that can't be read back (garbage, empty, truncated, another
+//! version, an unknown word, a directory, a link) is logged, counted
+//! (`crossbar_state_file_set_aside_total`), renamed aside to `<file>.bad.<unix
+//! time>` (kept for a post-mortem, never deleted) and crossbar starts from the
+//! configuration's states and weights, its first checks deciding each backend's
+//! health. A health saved "in the future" or long ago is not trusted either.
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prometheus::{IntCounter, Registry};
 use serde::{Deserialize, Serialize};
 
 use super::operator::OperatorState;
@@ -27,6 +35,12 @@ const HEALTH_TRUSTED: Duration = Duration::from_secs(60);
 const VERSION: u32 = 1;
 /// Largest file read back: a few hundred bytes per backend.
 const MAX_BYTES: u64 = 8 << 20;
+/// How far ahead of this host's clock a `saved_at` may be and still be read as
+/// "just now": two hosts' clocks kept by NTP differ by milliseconds, a file copied
+/// from a host whose clock ran ahead by more is not trusted to say what is up.
+const CLOCK_SKEW: Duration = Duration::from_secs(5);
+/// The suffix of a file set aside: `<file>.bad.<unix seconds>`.
+const ASIDE_SUFFIX: &str = "bad";
 
 /// A backend's health when last saved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,13 +111,29 @@ impl Saved {
 
     /// The health to trust for `backend` of `service` at `address` at start: the
     /// saved one if recent enough ([`HEALTH_TRUSTED`]) and of the same address.
+    /// A `saved_at` in the future (beyond [`CLOCK_SKEW`]) is as stale as an old one:
+    /// the first checks decide.
     pub(super) fn known_health(&self, service: &str, backend: &str, address: &str) -> Option<bool> {
-        let age = unix_now().saturating_sub(self.saved_at);
-        if age > HEALTH_TRUSTED.as_secs() {
+        if !self.health_fresh(unix_now()) {
             return None;
         }
         let h = self.health.get(service)?.get(backend)?;
         (h.address == address).then_some(h.up)
+    }
+
+    /// The saved health may be trusted at `now` (Unix seconds): written at most
+    /// [`HEALTH_TRUSTED`] ago and not after `now` + [`CLOCK_SKEW`].
+    fn health_fresh(&self, now: u64) -> bool {
+        let future = self.saved_at > now.saturating_add(CLOCK_SKEW.as_secs());
+        !future && now.saturating_sub(self.saved_at) <= HEALTH_TRUSTED.as_secs()
+    }
+
+    /// How far in the future the file says it was written, when beyond
+    /// [`CLOCK_SKEW`] (its health is then not used: the log says why).
+    pub(super) fn in_the_future(&self) -> Option<Duration> {
+        let now = unix_now();
+        (self.saved_at > now.saturating_add(CLOCK_SKEW.as_secs()))
+            .then(|| Duration::from_secs(self.saved_at - now))
     }
 
     /// The same content but for the time written (nothing new to save).
@@ -137,6 +167,67 @@ pub(super) fn load(path: &Path) -> Result<Option<Saved>, StateError> {
         });
     }
     Ok(Some(saved))
+}
+
+/// Read the state file at start, never failing: a file that can't be read back is
+/// logged, counted in `set_aside` and renamed aside ([`set_aside`]); crossbar then
+/// starts from the configuration (blocking I/O).
+pub(super) fn load_at_start(path: &Path, set_aside_count: &IntCounter) -> Option<Saved> {
+    let error = match load(path) {
+        Ok(saved) => return saved,
+        Err(e) => e,
+    };
+    set_aside_count.inc();
+    let kept = match set_aside(path) {
+        Ok(to) => format!("set aside as {}", to.display()),
+        Err(e) => format!("could not be set aside ({e}): the next save replaces it"),
+    };
+    tracing::warn!(
+        file = %path.display(),
+        reason = %error,
+        "the server-state file is unusable: {kept}; starting from the configuration's \
+         backend states and weights (the operator's drains and weights set at run time are \
+         not restored), the first checks decide each backend's health"
+    );
+    None
+}
+
+/// Why the state file at `path` would be set aside at start, in the words of
+/// `crossbar check` and `crossbar doctor` (a warning: `run` starts anyway);
+/// `None` when it reads back or is absent.
+pub fn problem(path: &Path) -> Option<String> {
+    let e = load(path).err()?;
+    Some(format!(
+        "{e}: `crossbar run` will set it aside (renamed to {}.{ASIDE_SUFFIX}.<unix time>) and \
+         start from the configuration's backend states and weights, the first checks deciding \
+         each backend's health",
+        path.display()
+    ))
+}
+
+/// Rename the unusable file at `path` to `<path>.bad.<unix seconds>` (a directory
+/// or a link is renamed too, never followed); the new name.
+fn set_aside(path: &Path) -> io::Result<std::path::PathBuf> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{ASIDE_SUFFIX}.{}", unix_now()));
+    let to = path.with_file_name(name);
+    std::fs::rename(path, &to)?;
+    Ok(to)
+}
+
+/// The counter of files set aside, registered in `registry` at 0 (so that
+/// `increase()` sees the first one); an unregistered one if the registry has it.
+pub(super) fn set_aside_counter(registry: &Registry) -> IntCounter {
+    let c = IntCounter::new(
+        "crossbar_state_file_set_aside_total",
+        "Server-state files (state_file) found unusable at start and renamed aside \
+         (<file>.bad.<unix time>); crossbar started from the configuration.",
+    )
+    .expect("static metric definition"); // ok: static
+    if let Err(e) = registry.register(Box::new(c.clone())) {
+        tracing::debug!("crossbar_state_file_set_aside_total not registered: {e}");
+    }
+    c
 }
 
 /// Write `saved` to `path` atomically (blocking I/O).

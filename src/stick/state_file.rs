@@ -182,11 +182,26 @@ impl StickTable {
     /// [`StateFileError`]) and leaves the table unchanged; so is a path that is not a
     /// regular file, which is never read (the open never waits: `open_regular`).
     pub fn load(&self, path: &Path, backends: &[&str]) -> io::Result<usize> {
+        self.load_discovering(path, backends, 0)
+    }
+
+    /// [`StickTable::load`] for a service that finds backends in DNS: the entries
+    /// of up to `discovered` names the file lists beyond `backends` are kept too
+    /// (its discovered backends are not known before the first DNS answer; an entry
+    /// whose backend never appears is a miss, then expires), so a restart keeps the
+    /// entries of a pool from SRV records. `discovered` is the service's
+    /// `max_backends`: the name list stays bounded.
+    pub fn load_discovering(
+        &self,
+        path: &Path,
+        backends: &[&str],
+        discovered: usize,
+    ) -> io::Result<usize> {
         remove_stale_temps(path);
         let bytes = read_bounded(path, self.max_file_bytes())?;
         let file =
             decode_state(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        Ok(self.install(file, backends))
+        Ok(self.install(file, backends, discovered))
     }
 
     /// The largest state file this table accepts.
@@ -199,8 +214,8 @@ impl StickTable {
     }
 
     /// Replaces the contents with a decoded file's (see `load`).
-    pub(super) fn install(&self, file: StateFile, configured: &[&str]) -> usize {
-        let live = self.usable_entries(&file, configured);
+    pub(super) fn install(&self, file: StateFile, configured: &[&str], discovered: usize) -> usize {
+        let live = self.usable_entries(&file, configured, discovered);
         let mut queues = self.lock_queues();
         self.remove_where(|_| true);
         for queue in &mut queues {
@@ -233,21 +248,24 @@ impl StickTable {
 
     /// The entries of a file worth loading, each with its backend's index in this
     /// table: unexpired, of a configured backend (or a shared prefix), the `size` most
-    /// recently used. Only configured names are interned; entries of other names are
-    /// skipped with one log line.
+    /// recently used. Only configured names, and up to `discovered` others (a
+    /// service's backends from DNS, not known yet), are interned; entries of other
+    /// names are skipped with one log line.
     fn usable_entries<'f>(
         &self,
         file: &'f StateFile,
         configured: &[&str],
+        discovered: usize,
     ) -> Vec<(&'f SavedEntry, u16)> {
+        let mut others = discovered;
         let backends: Vec<Option<u16>> = file
             .names
             .iter()
             .map(|n| {
-                configured
-                    .contains(&n.as_str())
-                    .then(|| self.backends.intern(n))
-                    .flatten()
+                if !configured.contains(&n.as_str()) {
+                    others = others.checked_sub(1)?;
+                }
+                self.backends.intern(n)
             })
             .collect();
         let mut unknown = 0usize;

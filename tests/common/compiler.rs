@@ -63,6 +63,8 @@ pub struct Compiler {
     /// Where it listens.
     pub addr: SocketAddr,
     answer: Arc<Mutex<Answer>>,
+    /// Answered once, to the next poll, before `answer` resumes.
+    once: Arc<Mutex<Option<Answer>>>,
     polls: Arc<AtomicU64>,
     stop: CancellationToken,
 }
@@ -113,10 +115,15 @@ impl Compiler {
             name: name.to_string(),
             addr,
             answer: Arc::new(Mutex::new(Answer::pool(1, 1, 0))),
+            once: Arc::new(Mutex::new(None)),
             polls: Arc::new(AtomicU64::new(0)),
             stop: CancellationToken::new(),
         };
-        let (answer, polls, stop) = (c.answer.clone(), c.polls.clone(), c.stop.clone());
+        let (answer, polls, stop) = (
+            (c.answer.clone(), c.once.clone()),
+            c.polls.clone(),
+            c.stop.clone(),
+        );
         let (acceptor, name) = (TlsAcceptor::from(cfg), name.to_string());
         tokio::spawn(async move {
             loop {
@@ -154,6 +161,12 @@ impl Compiler {
         *self.answer.lock().unwrap() = a;
     }
 
+    /// What jruby-metrics answers to the next poll only (one sample), before the
+    /// answer set with [`Compiler::answer`] resumes.
+    pub fn answer_once(&self, a: Answer) {
+        *self.once.lock().unwrap() = Some(a);
+    }
+
     /// jruby-metrics requests answered so far.
     pub fn polls(&self) -> u64 {
         self.polls.load(Ordering::Relaxed)
@@ -163,7 +176,7 @@ impl Compiler {
 fn respond(
     path: &str,
     name: &str,
-    answer: &Mutex<Answer>,
+    (answer, once): &(Arc<Mutex<Answer>>, Arc<Mutex<Option<Answer>>>),
     polls: &AtomicU64,
 ) -> hyper::Response<Body> {
     let full = |status: u16, body: Vec<u8>| {
@@ -177,7 +190,8 @@ fn respond(
         return full(200, format!("{name}\n").into_bytes());
     }
     polls.fetch_add(1, Ordering::Relaxed);
-    match answer.lock().unwrap().clone() {
+    let next = once.lock().unwrap().take();
+    match next.unwrap_or_else(|| answer.lock().unwrap().clone()) {
         Answer::Pool {
             jrubies,
             free,

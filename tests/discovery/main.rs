@@ -13,13 +13,15 @@
 //! - [`off_the_path`]: start and reload never wait for DNS, and the tools say
 //!   when a service would have no backend;
 //! - [`operator`]: the operator's state wins over DNS changes;
-//! - [`swap`]: make before break, with the `discover.backend` template.
+//! - [`swap`]: make before break, with the `discover.backend` template;
+//! - [`restart`]: a restart keeps the stick entries and the health of an SRV pool.
 #[path = "../common/mod.rs"]
 mod common;
 
 mod itself;
 mod off_the_path;
 mod operator;
+mod restart;
 mod swap;
 
 use std::collections::{BTreeSet, HashMap};

@@ -9,6 +9,8 @@
 //! - [`command`]: `crossbar reload` and the unit's notifications.
 //! - [`carry_over`]: what a reload keeps (connections counted on their backends,
 //!   stick entries with their new lifetimes) and that it refuses no connection.
+//! - [`last_backend`]: a reload that leaves a service with no backend for new
+//!   connections is refused unless forced.
 //! - [`warnings`]: settings a reload accepts but names (retired, or applied only by
 //!   a restart).
 //!
@@ -20,6 +22,7 @@ mod common;
 mod carry_over;
 mod command;
 mod gate;
+mod last_backend;
 mod transaction;
 mod warnings;
 
