@@ -5,7 +5,8 @@
 //! in the answer, the log and `crossbar status`.
 use std::sync::Arc;
 
-use super::operator::{Against, Held, OperatorState, Override};
+use super::operator::{Against, OperatorState, Override};
+use crate::balance::AdminState;
 use crate::config::{BackendConfig, Config};
 use crate::service::Service;
 
@@ -61,9 +62,8 @@ fn out_of_rotation(svc: &Service, held: Option<&Override>, bc: &BackendConfig) -
     let state = kept.and_then(|o| o.state);
     let weight = kept.and_then(|o| o.weight).unwrap_or(bc.weight);
     match state {
-        Some(Held::Drain) => return Some(format!("{} drain (operator)", bc.name)),
-        Some(Held::Disabled) => return Some(format!("{} disabled (operator)", bc.name)),
-        Some(Held::Enabled) => {}
+        Some(AdminState::Enabled) => {}
+        Some(s) => return Some(format!("{} {} (operator)", bc.name, s.as_str())),
         None if bc.disabled => return Some(format!("{} disabled in the file", bc.name)),
         None => {}
     }
