@@ -149,6 +149,6 @@ fn main() -> ExitCode {
         Command::Sources { limit, admin } => {
             cli::client(admin, url_from_env, ClientCommand::Sources { limit })
         }
-        Command::Reload { admin } => cli::reload(admin, url_from_env),
+        Command::Reload { admin, strict } => cli::reload(admin, url_from_env, strict),
     }
 }

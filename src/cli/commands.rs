@@ -72,9 +72,17 @@ pub fn client(args: AdminArgs, url_from_env: bool, cmd: ClientCommand) -> ExitCo
     }
 }
 
-/// `crossbar reload [-c FILE]`: check FILE first, then reload through the admin API
-/// (which answers once the new config is live, or with the reason it was refused).
-pub fn reload(admin: AdminArgs, url_from_env: bool) -> ExitCode {
+/// `crossbar reload [-c FILE] [--strict]`: check FILE first (with `--strict`, its
+/// `discover` names resolved too), then reload through the admin API (which answers
+/// once the new config is live, or with the reason it was refused).
+pub fn reload(admin: AdminArgs, url_from_env: bool, strict: bool) -> ExitCode {
+    if strict {
+        if let Some(path) = &admin.config {
+            if let Err(code) = super::check::resolves(path) {
+                return code;
+            }
+        }
+    }
     match options(admin, url_from_env, true) {
         Ok(opts) => send(&opts, &ClientCommand::Reload),
         Err(code) => code,
