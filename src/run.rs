@@ -136,7 +136,10 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     signals.serve(&server, &mut handed_over, &admin_stop).await;
     crate::system::sd_notify("STOPPING=1");
     let grace = shutdown_grace(&server.config());
-    tracing::info!(grace = ?grace, open = server.open_tasks(), "shutting down: no new connections, draining");
+    // Relayed connections (listed from their backend connect to their end); the
+    // server's task count would also count each listener's accept loop.
+    let open: usize = server.services().iter().map(|s| s.connections.len()).sum();
+    tracing::info!(grace = ?grace, connections = open, "shutting down: no new connections, draining");
     tokio::select! {
         cut = server.shutdown(grace) => {
             tracing::info!(cut, "shutdown complete");

@@ -453,3 +453,67 @@ fn admin_commands_say_where_the_address_came_from_when_nothing_answers() {
         "{stderr}"
     );
 }
+
+/// The commands of `--help`: the first word of each line under `Commands:`.
+fn commands_in(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// README's command table has a row for every command the binary has, every
+/// `backend` action and every `connections` subcommand.
+#[test]
+fn the_readme_command_table_lists_every_command() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let rows: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| *l != "## Command line")
+        .take_while(|l| !l.starts_with("## Documentation"))
+        .filter(|l| l.starts_with("| `crossbar "))
+        .collect();
+    let cmds = commands_in(&text(&crossbar(&["--help"]).stdout));
+    assert!(cmds.len() >= 10, "{cmds:?}");
+    let mut missing = Vec::new();
+    for c in &cmds {
+        if !rows
+            .iter()
+            .any(|r| r.starts_with(&format!("| `crossbar {c}")))
+        {
+            missing.push(c.clone());
+        }
+    }
+    for c in commands_in(&text(&crossbar(&["connections", "--help"]).stdout)) {
+        if !rows
+            .iter()
+            .any(|r| r.starts_with(&format!("| `crossbar connections {c}")))
+        {
+            missing.push(format!("connections {c}"));
+        }
+    }
+    let backend = text(&crossbar(&["backend", "--help"]).stdout);
+    let actions = backend
+        .split("[possible values: ")
+        .nth(1)
+        .and_then(|s| s.split(']').next())
+        .expect("the backend actions");
+    for a in actions.split(", ") {
+        let listed = rows
+            .iter()
+            .filter(|r| r.starts_with("| `crossbar backend "))
+            .any(|r| r.split(" | ").next().is_some_and(|cell| cell.contains(a)));
+        if !listed {
+            missing.push(format!("backend {a}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md's command table lacks {missing:?}"
+    );
+}

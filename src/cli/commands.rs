@@ -27,7 +27,17 @@ pub fn run(config: &Path, upgrade_socket: Option<PathBuf>) -> ExitCode {
         }
     };
     let opts = crate::run::RunOptions { upgrade_socket };
-    report(runtime(cfg.workers).and_then(|rt| rt.block_on(crate::run::run_with(cfg, opts))))
+    let rt = match runtime(cfg.workers) {
+        Ok(rt) => rt,
+        Err(e) => return report(Err(e)),
+    };
+    let ran = rt.block_on(crate::run::run_with(cfg, opts));
+    // Everything that matters ended inside (connections drained, tables saved, the
+    // admin endpoint stopped); a blocking task still running (a health check's name
+    // lookup waiting on a slow resolver) must not hold the exit: dropping the runtime
+    // would wait for it.
+    rt.shutdown_background();
+    report(ran)
 }
 
 /// `crossbar demo`: local TLS backends, crossbar in front, clients; the story, and
