@@ -36,7 +36,7 @@ async fn take_over(path: Option<&PathBuf>) -> Result<Option<upgrade::Handover>> 
     tokio::task::spawn_blocking(move || upgrade::take_over(&path))
         .await
         .context("upgrade task")?
-        .with_context(|| format!("taking over from the crossbar at {shown}"))
+        .with_context(|| format!("--upgrade-socket {shown}"))
 }
 
 /// After start: confirm a handover (or bind the upgrade socket fresh) and serve

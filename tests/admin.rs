@@ -818,6 +818,8 @@ async fn healthz_and_services() {
     assert_eq!(b1["active_connections"], 0);
     assert_eq!(b1["weight"], 1);
     assert_eq!(b1["backup"], false);
+    // Nothing set by the operator: `null`, as docs/admin-api.md says (not absent).
+    assert_eq!(b1.get("operator"), Some(&Value::Null), "{b1}");
     assert_eq!(puppet["backends"].as_array().unwrap().len(), 2);
 }
 
@@ -2285,6 +2287,21 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
     assert!(
         out.starts_with("3 open connection(s), the oldest first\n"),
         "{out}"
+    );
+    // docs/admin-api.md shows the same columns.
+    let header: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/admin-api.md"))
+            .unwrap();
+    assert!(
+        doc.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == header),
+        "docs/admin-api.md's `crossbar connections` example lacks the header {header:?}"
     );
     let ids: Vec<u64> = out
         .lines()

@@ -517,3 +517,38 @@ fn the_readme_command_table_lists_every_command() {
         "README.md's command table lacks {missing:?}"
     );
 }
+
+/// `check --help` says what `--resolve` does with a name that gives no backend: it
+/// exits 1 (tests/discovery/off_the_path.rs runs it), not "never an error".
+#[test]
+fn check_help_says_resolve_fails_on_a_service_without_backend() {
+    let help = text(&crossbar(&["check", "--help"]).stdout);
+    let one_line = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(!one_line.contains("never an error"), "{help}");
+    assert!(
+        one_line.contains("exit 1 when a service would start with no backend"),
+        "{help}"
+    );
+}
+
+/// README's `crossbar check` example, run as written (the binary aside) on a
+/// machine without the package's files, passes.
+#[test]
+fn the_readme_check_example_passes_as_written() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("target/release/crossbar check"))
+        .expect("README's check example");
+    let command = line.split('#').next().unwrap_or(line);
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let out = crossbar_without_package(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{line}\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

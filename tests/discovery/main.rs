@@ -660,10 +660,22 @@ async fn dns_failures_keep_the_last_good_set() {
         .filter(|w| w.starts_with("crossbar_discovery_"))
         .collect();
     assert!(documented.len() >= 6, "{documented:?}");
-    for f in documented {
+    for f in &documented {
         assert!(
             text.contains(&format!("# TYPE {f} ")),
             "{f} is documented but not exported"
+        );
+    }
+    // ...and every one exported is documented.
+    for f in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|f| f.starts_with("crossbar_discovery_"))
+    {
+        assert!(
+            documented.contains(f),
+            "{f} is exported but not in docs/metrics.md"
         );
     }
     drop(dns);
