@@ -149,6 +149,10 @@ fn main() -> ExitCode {
         Command::Sources { limit, admin } => {
             cli::client(admin, url_from_env, ClientCommand::Sources { limit })
         }
-        Command::Reload { admin, force } => cli::reload(admin, url_from_env, force),
+        Command::Reload {
+            admin,
+            force,
+            strict,
+        } => cli::reload(admin, url_from_env, force, strict),
     }
 }

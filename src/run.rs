@@ -36,7 +36,7 @@ async fn take_over(path: Option<&PathBuf>) -> Result<Option<upgrade::Handover>> 
     tokio::task::spawn_blocking(move || upgrade::take_over(&path))
         .await
         .context("upgrade task")?
-        .with_context(|| format!("taking over from the crossbar at {shown}"))
+        .with_context(|| format!("--upgrade-socket {shown}"))
 }
 
 /// After start: confirm a handover (or bind the upgrade socket fresh) and serve
@@ -136,7 +136,10 @@ pub async fn run_with(config: Config, opts: RunOptions) -> Result<()> {
     signals.serve(&server, &mut handed_over, &admin_stop).await;
     crate::system::sd_notify("STOPPING=1");
     let grace = shutdown_grace(&server.config());
-    tracing::info!(grace = ?grace, open = server.open_tasks(), "shutting down: no new connections, draining");
+    // Relayed connections (listed from their backend connect to their end); the
+    // server's task count would also count each listener's accept loop.
+    let open: usize = server.services().iter().map(|s| s.connections.len()).sum();
+    tracing::info!(grace = ?grace, connections = open, "shutting down: no new connections, draining");
     tokio::select! {
         cut = server.shutdown(grace) => {
             tracing::info!(cut, "shutdown complete");

@@ -85,7 +85,7 @@ impl Handover {
 /// listens there (a fresh start).
 pub fn take_over(path: &Path) -> io::Result<Option<Handover>> {
     check_dir(path)?;
-    let mut stream = match UnixStream::connect(path) {
+    let stream = match UnixStream::connect(path) {
         Ok(s) => s,
         Err(e)
             if matches!(
@@ -97,6 +97,18 @@ pub fn take_over(path: &Path) -> io::Result<Option<Handover>> {
         }
         Err(e) => return Err(e),
     };
+    // A crossbar answers there: what fails now fails the takeover.
+    let from = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!("taking over from the crossbar at {}: {e}", path.display()),
+        )
+    };
+    receive_handover(stream, path).map(Some).map_err(from)
+}
+
+/// The exchange with a predecessor that answered on the upgrade socket.
+fn receive_handover(mut stream: UnixStream, path: &Path) -> io::Result<Handover> {
     check_peer(&stream)?;
     stream.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
     stream.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
@@ -120,11 +132,11 @@ pub fn take_over(path: &Path) -> io::Result<Option<Handover>> {
         sock.set_nonblocking(true)?;
         listeners.insert(addr, sock);
     }
-    Ok(Some(Handover {
+    Ok(Handover {
         stream,
         path: path.to_path_buf(),
         listeners,
-    }))
+    })
 }
 
 fn receive(stream: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {

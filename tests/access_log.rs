@@ -149,6 +149,16 @@ async fn rust_log_still_silences_the_access_log() {
     let (text, ()) = logged_run("info,crossbar::access=warn", traffic).await;
     // Other info lines are there (the filter works, the log is written)...
     assert!(text.contains("shutdown complete"), "{text}");
+    // ...and the drain line counts connections, not the listener's accept loop:
+    // every round trip had ended.
+    let draining = text
+        .lines()
+        .find(|l| l.contains("shutting down: no new connections"))
+        .unwrap_or_else(|| panic!("no drain line: {text}"));
+    assert!(
+        draining.contains(" connections=0") && !draining.contains("open="),
+        "{draining}"
+    );
     // ...but no access line.
     assert!(!text.contains("crossbar::access"), "{text}");
 }

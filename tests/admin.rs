@@ -842,6 +842,8 @@ async fn healthz_and_services() {
     assert_eq!(b1["active_connections"], 0);
     assert_eq!(b1["weight"], 1);
     assert_eq!(b1["backup"], false);
+    // Nothing set by the operator: `null`, as docs/admin-api.md says (not absent).
+    assert_eq!(b1.get("operator"), Some(&Value::Null), "{b1}");
     assert_eq!(puppet["backends"].as_array().unwrap().len(), 2);
 }
 
@@ -2275,7 +2277,10 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
         "{err}"
     );
 
-    // Open connections.
+    // Open connections: none, then one.
+    let (ok, out, err) = cli(args(&["connections", "plain", "-c", &c])).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "no open connection\n", "not 'showing the 0 oldest'");
     let mut held = Held::open(&bed, "plain").await;
     let backend = held.who().await;
     let (ok, out, err) = cli(args(&["connections", "plain", "-c", &c])).await;
@@ -2283,7 +2288,7 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
     let mut lines = out.lines();
     assert_eq!(
         lines.next(),
-        Some("1 open connection(s); showing the 1 oldest"),
+        Some("1 open connection(s), the oldest first"),
         "{out}"
     );
     assert_eq!(
@@ -2301,6 +2306,48 @@ async fn cli_with_a_config_file_force_lookups_and_connections() {
     assert!(ok);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["total"], 1, "{v}");
+    // Two more, each opened after the one before: listed the oldest first.
+    let mut more = Vec::new();
+    for _ in 0..2 {
+        let mut h = Held::open(&bed, "plain").await;
+        h.who().await;
+        more.push(h);
+    }
+    let (ok, out, _) = cli(args(&["connections", "plain", "-c", &c])).await;
+    assert!(ok);
+    assert!(
+        out.starts_with("3 open connection(s), the oldest first\n"),
+        "{out}"
+    );
+    // docs/admin-api.md shows the same columns.
+    let header: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/admin-api.md"))
+            .unwrap();
+    assert!(
+        doc.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == header),
+        "docs/admin-api.md's `crossbar connections` example lacks the header {header:?}"
+    );
+    let ids: Vec<u64> = out
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(ids.len(), 3, "{out}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{out}");
+    let (ok, out, _) = cli(args(&["connections", "plain", "--limit", "2", "-c", &c])).await;
+    assert!(ok);
+    assert!(
+        out.starts_with("3 open connection(s); showing the 2 oldest (--limit for more)\n"),
+        "{out}"
+    );
+    drop(more);
     drop(held);
 }
 

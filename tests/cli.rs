@@ -453,3 +453,102 @@ fn admin_commands_say_where_the_address_came_from_when_nothing_answers() {
         "{stderr}"
     );
 }
+
+/// The commands of `--help`: the first word of each line under `Commands:`.
+fn commands_in(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// README's command table has a row for every command the binary has, every
+/// `backend` action and every `connections` subcommand.
+#[test]
+fn the_readme_command_table_lists_every_command() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let rows: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| *l != "## Command line")
+        .take_while(|l| !l.starts_with("## Documentation"))
+        .filter(|l| l.starts_with("| `crossbar "))
+        .collect();
+    let cmds = commands_in(&text(&crossbar(&["--help"]).stdout));
+    assert!(cmds.len() >= 10, "{cmds:?}");
+    let mut missing = Vec::new();
+    for c in &cmds {
+        if !rows
+            .iter()
+            .any(|r| r.starts_with(&format!("| `crossbar {c}")))
+        {
+            missing.push(c.clone());
+        }
+    }
+    for c in commands_in(&text(&crossbar(&["connections", "--help"]).stdout)) {
+        if !rows
+            .iter()
+            .any(|r| r.starts_with(&format!("| `crossbar connections {c}")))
+        {
+            missing.push(format!("connections {c}"));
+        }
+    }
+    let backend = text(&crossbar(&["backend", "--help"]).stdout);
+    let actions = backend
+        .split("[possible values: ")
+        .nth(1)
+        .and_then(|s| s.split(']').next())
+        .expect("the backend actions");
+    for a in actions.split(", ") {
+        let listed = rows
+            .iter()
+            .filter(|r| r.starts_with("| `crossbar backend "))
+            .any(|r| r.split(" | ").next().is_some_and(|cell| cell.contains(a)));
+        if !listed {
+            missing.push(format!("backend {a}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md's command table lacks {missing:?}"
+    );
+}
+
+/// `check --help` says what `--resolve` does with a name that gives no backend: it
+/// exits 1 (tests/discovery/off_the_path.rs runs it), not "never an error".
+#[test]
+fn check_help_says_resolve_fails_on_a_service_without_backend() {
+    let help = text(&crossbar(&["check", "--help"]).stdout);
+    let one_line = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(!one_line.contains("never an error"), "{help}");
+    assert!(
+        one_line.contains("exit 1 when a service would start with no backend"),
+        "{help}"
+    );
+}
+
+/// README's `crossbar check` example, run as written (the binary aside) on a
+/// machine without the package's files, passes.
+#[test]
+fn the_readme_check_example_passes_as_written() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("target/release/crossbar check"))
+        .expect("README's check example");
+    let command = line.split('#').next().unwrap_or(line);
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let out = crossbar_without_package(&args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{line}\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

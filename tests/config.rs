@@ -390,15 +390,15 @@ services:
     "7:5: services.puppet.balance: `balance` is written twice; the first is at line 4",
 ])]
 #[case::every_type_and_key_problem("many_type_errors", &[
-    "1:10: workers: must be a whole number (0 or more), not the text \"lots\"",
+    "1:10: workers: must be a whole number, not the text \"lots\"",
     "4:3: admin.enabeld: unknown key `enabeld`: did you mean `enabled`?",
-    "8:21: services.puppet.max_hello_size: must be a whole number (0 or more), not the number -1",
-    "9:38: services.puppet.stick.size: must be a whole number (0 or more), not the text \"big\"",
+    "8:21: services.puppet.max_hello_size: must be a whole number, not the number -1",
+    "9:38: services.puppet.stick.size: must be a whole number, not the text \"big\"",
     "9:45: services.puppet.stick.color: unknown key `color`; allowed here: on, size, expire, \
      source_expire, source_prefix_v4, source_prefix_v6, ticket_prefix, state_file, \
      save_interval, probe_interval, confirm, confirm_tries",
     "11:54: services.puppet.backends[0].backup: must be true or false, not the text \"maybe\"",
-    "14:9: services.puppet.backends[1].weight: must be a whole number (0 or more), not a list",
+    "14:9: services.puppet.backends[1].weight: must be a whole number, not a list",
     "15:9: services.puppet.backends[2]: `address` is missing",
 ])]
 #[case::unknown_variant("bad_enum_value", &[

@@ -436,6 +436,27 @@ async fn status_unreachable_and_proxy_protocol_backends() {
     );
     assert!(p.status.as_ref().is_some_and(|s| s.ok));
     assert!(matches!(p.ticket_key, TicketKey::Found { .. }));
+
+    // The only backend of a service: there is no other to send agents to; the
+    // service's finding says every client is refused.
+    let r = doctor_run(&config("puppet", names, &[("gone", refused, "")]), false).await;
+    let errors = messages(&r, Severity::Error);
+    assert!(
+        errors.len() == 1 && errors[0].contains("refuse every client"),
+        "{errors:?}"
+    );
+    let warnings = messages(&r, Severity::Warning);
+    assert_eq!(
+        warnings,
+        ["gone: unreachable (Connection refused (os error 111)): nothing else was checked"]
+    );
+    assert!(
+        r.findings
+            .iter()
+            .all(|f| !f.message.contains("other backends")),
+        "{:?}",
+        r.findings
+    );
 }
 
 /// The binary: exit codes, the table and `--format json`, and a bad config.
@@ -723,6 +744,9 @@ async fn the_default_table_fits_120_columns() {
     let table = r.table();
     eprintln!("{table}");
     assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");
+    // A DNS name is never cut short: the certificate's CN and the address whole.
+    assert!(table.contains(long) && !table.contains('…'), "{table}");
+    assert!(table.contains(&a.addr.to_string()), "{table}");
     assert!(table.contains("tcp: ok"), "{table}");
     assert!(
         table.contains("puppet: splice-auto (the default)"),

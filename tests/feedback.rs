@@ -231,6 +231,63 @@ async fn a_refusing_endpoint_falls_back_to_the_configured_weight_and_says_why() 
     );
 }
 
+/// `crossbar doctor` on a compiler whose certificate lacks the service's name: the
+/// feedback poll fails for the same cause as the health check, and the one fix
+/// (re-issue with `dns_alt_names`) is said once, never a setting that would hide
+/// the certificate (`feedback.server_name`). The text report lists each poll's
+/// result, not only `--format json`.
+#[tokio::test]
+async fn doctor_gives_one_fix_for_a_certificate_without_the_name_and_prints_each_poll() {
+    let ca = test_ca();
+    let any = common::any_port();
+    let good = Compiler::start(&ca, "c1", &[SNI], any).await;
+    let bad = Compiler::start(&ca, "c2", &["c2.example.com"], any).await;
+    good.answer(Answer::pool(4, 3, 0));
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let yaml = format!(
+        "admin: {{ enabled: false }}\nservices:\n  svc:\n    listen: [\"127.0.0.1:0\"]\n    \
+         server_names: [\"{SNI}\"]\n    health: {{ check: https, ca_file: \"{}\" }}\n    \
+         feedback: {{ kind: puppet }}\n    backends:\n      - {{ name: c1, address: \"{}\" }}\n      \
+         - {{ name: c2, address: \"{}\" }}\n",
+        ca_file.display(),
+        good.addr,
+        bad.addr
+    );
+    let cfg = crossbar::config::Config::from_str_at(&yaml, std::path::Path::new("doctor.yaml"))
+        .unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let report = crossbar::doctor::run(&cfg, Default::default(), &Default::default()).await;
+    let table = report.table();
+    let c2: Vec<&str> = report
+        .findings
+        .iter()
+        .filter(|f| f.backend.as_deref() == Some("c2"))
+        .map(|f| f.message.as_str())
+        .collect();
+    assert!(
+        c2.iter().all(|m| !m.contains("feedback.server_name")),
+        "a second fix that hides the certificate: {c2:#?}"
+    );
+    assert_eq!(
+        c2.iter().filter(|m| m.contains("dns_alt_names")).count(),
+        1,
+        "one fix, said once: {c2:#?}"
+    );
+    assert!(
+        c2.iter().any(
+            |m| m.contains("load feedback (puppet) fails for the same cause")
+                && m.contains(&format!("`{SNI}` missing"))
+        ),
+        "{c2:#?}"
+    );
+    assert!(
+        table.contains("svc/c1: puppet: 3/4 JRubies free, 0 queued"),
+        "{table}"
+    );
+    assert!(table.contains("svc/c2: puppet: FAILS: "), "{table}");
+}
+
 #[tokio::test]
 async fn the_services_view_shows_the_effective_weight_its_origin_and_the_sample() {
     let ca = test_ca();

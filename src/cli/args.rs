@@ -76,8 +76,9 @@ pub enum Command {
         /// certificates, state-file directory): for a config meant for another host.
         #[arg(long)]
         config_only: bool,
-        /// Also look up every `discover` name now and print what it resolves to (a
-        /// failed lookup is reported, never an error: the file is what is checked).
+        /// Also look up every `discover` name now and print what it resolves to; exit 1
+        /// when a service would start with no backend (a name that does not resolve
+        /// and no backend in the file) or a record names crossbar itself.
         #[arg(long)]
         resolve: bool,
     },
@@ -203,6 +204,13 @@ pub enum Command {
         /// connections (the answer, the log and `crossbar status` warn of it).
         #[arg(long)]
         force: bool,
+        /// Before sending, look up every `discover` name of FILE (needs -c FILE) as
+        /// `crossbar check --resolve` does, and send nothing (exit 1) when a service
+        /// would have no backend or a record names crossbar itself: a typo'd SRV name
+        /// fails the reload (and the Puppet run that pushed it). Without it such a
+        /// reload is applied with a warning (exit 0): the last good set serves on.
+        #[arg(long, requires = "config")]
+        strict: bool,
     },
     /// Print a shell completion script, or write the man pages, for packaging.
     #[command(hide = true)]

@@ -42,6 +42,24 @@ pub fn check(config: &Path, config_only: bool, resolve: bool) -> ExitCode {
     }
 }
 
+/// `crossbar reload --strict`: FILE's `discover` names resolve today (what each
+/// resolves to printed); else each reason and "reload refused" on stderr, and what
+/// to exit with. A file with errors passes here: the reload's own check says why.
+pub fn resolves(config: &Path) -> Result<(), ExitCode> {
+    let Ok(cfg) = Config::load(config) else {
+        return Ok(());
+    };
+    if cfg.services.iter().all(|s| s.discover.is_none()) || resolved(cfg) {
+        return Ok(());
+    }
+    eprintln!(
+        "reload refused (--strict): a `discover` name of {} gives a service no backend; \
+         the running configuration stays",
+        config.display()
+    );
+    Err(ExitCode::FAILURE)
+}
+
 /// `--resolve`: what each `discover` name resolves to today; false (each reason
 /// on stderr) when a service would start with no backend, or a record names
 /// crossbar itself.

@@ -28,7 +28,17 @@ pub fn run(config: &Path, upgrade_socket: Option<PathBuf>) -> ExitCode {
         }
     };
     let opts = crate::run::RunOptions { upgrade_socket };
-    report(runtime(cfg.workers).and_then(|rt| rt.block_on(crate::run::run_with(cfg, opts))))
+    let rt = match runtime(cfg.workers) {
+        Ok(rt) => rt,
+        Err(e) => return report(Err(e)),
+    };
+    let ran = rt.block_on(crate::run::run_with(cfg, opts));
+    // Everything that matters ended inside (connections drained, tables saved, the
+    // admin endpoint stopped); a blocking task still running (a health check's name
+    // lookup waiting on a slow resolver) must not hold the exit: dropping the runtime
+    // would wait for it.
+    rt.shutdown_background();
+    report(ran)
 }
 
 /// `crossbar demo`: local TLS backends, crossbar in front, clients; the story, and
@@ -73,11 +83,19 @@ pub fn client(args: AdminArgs, url_from_env: bool, cmd: ClientCommand) -> ExitCo
     }
 }
 
-/// `crossbar reload [-c FILE]`: check FILE first, then reload through the admin API
+/// `crossbar reload [-c FILE] [--strict] [--force]`: check FILE first (with
+/// `--strict`, its `discover` names resolved too), then reload through the admin API
 /// (which answers once the new config is live, or with the reason it was refused).
 /// With `force`, a reload that leaves a service with no backend for new connections
 /// is applied (with a warning) rather than refused.
-pub fn reload(admin: AdminArgs, url_from_env: bool, force: bool) -> ExitCode {
+pub fn reload(admin: AdminArgs, url_from_env: bool, force: bool, strict: bool) -> ExitCode {
+    if strict {
+        if let Some(path) = &admin.config {
+            if let Err(code) = super::check::resolves(path) {
+                return code;
+            }
+        }
+    }
     match options(admin, url_from_env, true) {
         Ok(opts) => send(&opts, &ClientCommand::Reload { force }),
         Err(code) => code,

@@ -4,13 +4,19 @@ use crate::admin::human::{columns, human_secs, row};
 use crate::admin::page::tokens;
 use crate::admin::view::{ConnectionsView, KilledView, ListenerSourcesView, SourcesView};
 
-/// `crossbar connections`: a count line, then one row per connection.
+/// `crossbar connections`: a count line, then one row per connection, the oldest
+/// first (as the API lists them); no table when there is none.
 pub fn connections(v: &ConnectionsView) -> String {
-    let mut out = format!(
-        "{} open connection(s); showing the {} oldest\n",
-        v.total,
-        v.connections.len()
-    );
+    let shown = v.connections.len();
+    let mut out = match (v.total, shown) {
+        (0, _) => return "no open connection\n".to_string(),
+        (total, shown) if shown >= total => {
+            format!("{total} open connection(s), the oldest first\n")
+        }
+        (total, shown) => {
+            format!("{total} open connection(s); showing the {shown} oldest (--limit for more)\n")
+        }
+    };
     let mut rows = vec![row(&[
         "ID",
         "SERVICE",

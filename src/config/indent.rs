@@ -94,10 +94,16 @@ fn fix_syntax(text: &str, file: &Path, a: &Analysis) -> Option<(Diagnostic, Stri
 }
 
 /// Replace each "unknown key" that is known one block deeper or shallower with
-/// an indentation message.
+/// an indentation message. The move must leave every other problem reported as
+/// it is: one whose fix only turns another problem into a different (or raw
+/// parser) error is no fix.
 fn explain_unknown_keys(text: &str, file: &Path, diagnostics: &mut [Diagnostic]) {
     let places = scan(text);
     let before = diagnostics.len();
+    let reported: Vec<(Option<(usize, usize)>, String)> = diagnostics
+        .iter()
+        .map(|d| (d.position, d.message.clone()))
+        .collect();
     let mut tries = 0;
     for d in diagnostics.iter_mut() {
         let Some((line, _)) = d.position else {
@@ -113,7 +119,12 @@ fn explain_unknown_keys(text: &str, file: &Path, diagnostics: &mut [Diagnostic])
         for cand in place.candidates.iter().take(MAX_CANDIDATES) {
             let b = analyse_syntax_ok(&reindent(text, place, cand.indent), file);
             let fewer = b.diagnostics.len() < before;
-            if !b.syntax_error && fewer && !any_at(&b.diagnostics, line) {
+            let others_as_they_were = b.diagnostics.iter().all(|x| {
+                reported
+                    .iter()
+                    .any(|(p, m)| *p == x.position && *m == x.message)
+            });
+            if !b.syntax_error && fewer && others_as_they_were && !any_at(&b.diagnostics, line) {
                 d.message = message(place, cand);
                 break;
             }

@@ -345,7 +345,9 @@ fn reword(message: &str) -> String {
 fn expected_words(expected: &str) -> String {
     let e = expected.trim();
     match e {
-        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number (0 or more)".into(),
+        // Not "0 or more": the key's own range (`workers`: 1..=1024) is checked and
+        // said once the value is a number.
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number".into(),
         "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
         "f32" | "f64" => "a number".into(),
         "a boolean" => "true or false".into(),
@@ -472,7 +474,7 @@ mod tests {
     fn serde_words_become_ours() {
         assert_eq!(
             reword("invalid type: string \"x\", expected u64"),
-            "must be a whole number (0 or more), not the text \"x\""
+            "must be a whole number, not the text \"x\""
         );
         assert_eq!(
             reword("invalid type: string \"x\", expected struct RawService"),

@@ -132,7 +132,62 @@ fn service(f: &mut fmt::Formatter<'_>, s: &ServiceConfig) -> fmt::Result {
         dur(t.queue),
         dur(t.shutdown)
     )?;
-    backends(f, &s.backends)
+    backends(f, &s.backends)?;
+    if let Some(d) = &s.discover {
+        discover(f, d)?;
+    }
+    Ok(())
+}
+
+/// The `from DNS` lines of a `discover` service: the name looked up, how, and what
+/// every backend it gives is configured with (the answer itself: `--resolve`).
+fn discover(f: &mut fmt::Formatter<'_>, d: &DiscoverConfig) -> fmt::Result {
+    let what = match &d.query {
+        DiscoverQuery::Srv(name) => format!("SRV {name}"),
+        DiscoverQuery::Host { name, port } => format!("A/AAAA {name}, port {port}"),
+    };
+    let resolvers = if d.resolvers.is_empty() {
+        "/etc/resolv.conf".to_string()
+    } else {
+        d.resolvers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    writeln!(
+        f,
+        "    from DNS  {what} (not resolved: `crossbar check --resolve` looks it up)"
+    )?;
+    writeln!(
+        f,
+        "              asking {resolvers}, every {}..{} by the TTL, timeout {}, at most {} backends",
+        dur(d.min_ttl),
+        dur(d.max_ttl),
+        dur(d.timeout),
+        d.max_backends
+    )?;
+    let b = &d.backend;
+    let mut each = vec!["weight from the record".to_string()];
+    if let Some(m) = b.max_connections {
+        each.push(format!("max {m}"));
+    }
+    if let Some(p) = b.proxy_protocol {
+        each.push(if p == ProxyProtocol::V1 {
+            "proxy v1".into()
+        } else {
+            "proxy v2".into()
+        });
+    }
+    if let Some(s) = b.source {
+        each.push(format!("source {s}"));
+    }
+    writeln!(
+        f,
+        "              each backend: {}; {}",
+        each.join(", "),
+        check(&d.health)
+    )
 }
 
 /// The `balance` line: the algorithm (and failback for `first`).

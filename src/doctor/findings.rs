@@ -154,6 +154,17 @@ fn feedback_findings(b: &BackendReport) -> Vec<(Severity, String)> {
     let Some(f) = b.inspection.feedback.as_ref().filter(|f| !f.ok) else {
         return Vec::new();
     };
+    if let Some(name) = &f.missing_name {
+        // The certificate finding names the one fix (re-issue with dns_alt_names);
+        // a setting to change here would hide the broken certificate.
+        let msg = format!(
+            "load feedback ({}) fails for the same cause, `{name}` missing from its \
+             certificate: `crossbar run` balances it by its configured weight until the \
+             certificate is re-issued",
+            f.kind
+        );
+        return vec![(Severity::Warning, msg)];
+    }
     let msg = format!(
         "load feedback ({}) fails: {}; `crossbar run` balances it by its configured weight \
          meanwhile. Fix: {}",
@@ -168,6 +179,11 @@ fn backend_findings(svc: &ServiceConfig, b: &BackendReport) -> Vec<(Severity, St
     let seen = &b.inspection;
     let mut out = Vec::new();
     if let Some(e) = &seen.unreachable {
+        if svc.backends.len() == 1 && svc.discover.is_none() {
+            // There is no other backend: the service's own finding says what follows.
+            let msg = format!("unreachable ({e}): nothing else was checked");
+            return vec![(Severity::Warning, msg)];
+        }
         let msg = format!(
             "unreachable ({e}): agents are sent to the other backends; nothing else was checked"
         );

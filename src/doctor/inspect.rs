@@ -76,6 +76,11 @@ pub struct FeedbackProbe {
     pub reason: Option<String>,
     /// The one change that makes it answer.
     pub fix: Option<String>,
+    /// The name the poll verifies, when the TLS handshake failed and the backend's
+    /// certificate does not cover it: the same cause as a failing health check, with
+    /// one fix (re-issue the certificate), not a second setting to change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_name: Option<String>,
 }
 
 /// What the ticket-key probe learned.
@@ -188,21 +193,30 @@ pub async fn inspect(svc: &ServiceConfig, b: &BackendConfig, want_status: bool) 
         out.ca_certificate = ca_certificate(&target).await;
     }
     if let Some(cfg) = &svc.feedback {
-        out.feedback = Some(feedback(svc, b, cfg).await);
+        out.feedback = Some(feedback(svc, b, cfg, out.chain.first()).await);
     }
     out
 }
 
 /// One poll by the poller `crossbar run` uses, with the same target and files.
+/// `leaf` is the certificate the backend presented to the doctor's handshakes.
 async fn feedback(
     svc: &ServiceConfig,
     b: &BackendConfig,
     cfg: &crate::config::FeedbackConfig,
+    leaf: Option<&CertInfo>,
 ) -> FeedbackProbe {
     let mut poller = crate::feedback::Poller::new(svc, b, cfg);
-    let (ok, answer, reason, fix) = match poller.poll().await {
-        Ok(r) => (true, Some(r.describe()), None, None),
-        Err(e) => (false, None, Some(e.to_string()), Some(e.fix(cfg))),
+    let (ok, answer, reason, fix, missing_name) = match poller.poll().await {
+        Ok(r) => (true, Some(r.describe()), None, None, None),
+        Err(e) => {
+            let missing = match &e {
+                crate::feedback::FeedbackError::Tls(_) => feedback_name(svc, b, cfg)
+                    .filter(|name| leaf.is_some_and(|leaf| !leaf.covers(name))),
+                _ => None,
+            };
+            (false, None, Some(e.to_string()), Some(e.fix(cfg)), missing)
+        }
     };
     FeedbackProbe {
         kind: cfg.kind().to_string(),
@@ -210,6 +224,26 @@ async fn feedback(
         answer,
         reason,
         fix,
+        missing_name,
+    }
+}
+
+/// The name a `kind: puppet` poll verifies (as `feedback::Poller` picks it), or
+/// `None` for an agent (no TLS).
+fn feedback_name(
+    svc: &ServiceConfig,
+    b: &BackendConfig,
+    cfg: &crate::config::FeedbackConfig,
+) -> Option<String> {
+    let crate::config::FeedbackSource::Puppet(p) = &cfg.source else {
+        return None;
+    };
+    if let Some(name) = &p.server_name {
+        return Some(name.clone());
+    }
+    match server_name_for(svc, b).0 {
+        rustls::pki_types::ServerName::DnsName(n) => Some(n.as_ref().to_string()),
+        _ => None,
     }
 }
 

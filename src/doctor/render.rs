@@ -1,8 +1,11 @@
 //! The doctor's report as an aligned table with its findings, or as JSON.
 //!
 //! The default table fits a 120-column terminal: one short cell per fact and the
-//! findings wrapped; `--wide` adds the subject, names, issuer, stickiness and
-//! status columns in full.
+//! findings wrapped; a name is never cut (an operator copies it into `crossbar
+//! backend`): when a row would not fit, each backend is listed as `key value`
+//! lines instead (psql's `\x auto`). `--wide` adds the subject, names, issuer,
+//! stickiness and status columns in full. Each load feedback poll's result is
+//! listed under `feedback:`.
 use std::fmt::Write as _;
 
 use super::inspect::TicketKey;
@@ -10,8 +13,6 @@ use super::{BackendReport, Report, Severity};
 
 /// Width the default table and the findings are laid out for.
 const WIDTH: usize = 120;
-/// Longest cell of the default table; longer text is cut with `…` (`--wide` shows it).
-const MAX_CELL: usize = 28;
 
 const NARROW: [&str; 7] = [
     "SERVICE", "BACKEND", "ADDRESS", "TLS", "CERT", "EXPIRES", "CHECK",
@@ -39,10 +40,28 @@ pub fn table(r: &Report) -> String {
         rows.push(if r.wide { wide_row(b) } else { narrow_row(b) });
     }
     let mut out = crate::admin::human::columns(&rows);
+    if !r.wide && out.lines().any(|l| l.chars().count() > WIDTH) {
+        out = expanded(header, &rows[1..]);
+    }
     out.push_str("\nrelay:\n");
     for s in &r.relays {
         // ok: writing to a String cannot fail
         let _ = writeln!(out, "  {}: {}", s.service, s.plan.describe());
+    }
+    let polled: Vec<&BackendReport> = r
+        .backends
+        .iter()
+        .filter(|b| b.inspection.feedback.is_some())
+        .collect();
+    if !polled.is_empty() {
+        out.push_str("\nfeedback:\n");
+    }
+    for b in polled {
+        out.push_str(&wrap(
+            &format!("{}/{}: {}", b.service, b.backend, feedback(b)),
+            "  ",
+            "    ",
+        ));
     }
     if !r.findings.is_empty() {
         out.push_str("\nfindings:\n");
@@ -105,13 +124,33 @@ fn wrap(text: &str, first: &str, rest: &str) -> String {
     out
 }
 
-/// `s`, cut to [`MAX_CELL`] characters.
-fn cut(s: &str) -> String {
-    if s.chars().count() <= MAX_CELL {
-        return s.to_string();
+/// Each row as a block of `key value` lines under its `SERVICE/BACKEND`: the
+/// default table's layout when a row is wider than [`WIDTH`].
+fn expanded(header: &[&str], rows: &[Vec<String>]) -> String {
+    let key_width = header.iter().map(|h| h.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for row in rows {
+        let (service, backend) = (&row[0], &row[1]);
+        // ok: writing to a String cannot fail
+        let _ = writeln!(out, "{service}/{backend}");
+        for (h, cell) in header.iter().zip(row).skip(2) {
+            let key = h.to_lowercase();
+            let _ = writeln!(out, "  {key:<key_width$}  {cell}"); // ok: as above
+        }
     }
-    let head: String = s.chars().take(MAX_CELL - 1).collect();
-    format!("{head}…")
+    out
+}
+
+/// One load feedback poll's result: the sample in words, or why it failed.
+fn feedback(b: &BackendReport) -> String {
+    let Some(f) = &b.inspection.feedback else {
+        return "-".into();
+    };
+    match (&f.answer, &f.reason) {
+        (Some(answer), _) if f.ok => format!("{}: {answer}", f.kind),
+        (_, Some(reason)) => format!("{}: FAILS: {reason}", f.kind),
+        _ => format!("{}: FAILS", f.kind),
+    }
 }
 
 fn backend_name(b: &BackendReport) -> String {
@@ -153,15 +192,15 @@ fn narrow_row(b: &BackendReport) -> Vec<String> {
     let seen = &b.inspection;
     let (cert, expires) = match seen.chain.first() {
         Some(c) => (
-            cut(common_name(&c.subject)),
+            common_name(&c.subject).to_string(),
             format!("{} ({}d)", c.not_after, c.days_left),
         ),
         None => ("-".into(), "-".into()),
     };
     vec![
-        cut(&b.service),
-        cut(&backend_name(b)),
-        cut(&seen.address),
+        b.service.clone(),
+        backend_name(b),
+        seen.address.clone(),
         tls(b),
         cert,
         expires,
@@ -245,11 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn long_cells_are_cut_and_common_names_taken() {
-        assert_eq!(cut("short"), "short");
-        let c = cut(&"x".repeat(40));
-        assert_eq!(c.chars().count(), MAX_CELL);
-        assert!(c.ends_with('…'));
+    fn common_names_are_taken() {
         assert_eq!(common_name("CN=c1, O=Example"), "c1");
         assert_eq!(common_name("O=Example"), "O=Example");
     }

@@ -662,10 +662,22 @@ async fn dns_failures_keep_the_last_good_set() {
         .filter(|w| w.starts_with("crossbar_discovery_"))
         .collect();
     assert!(documented.len() >= 6, "{documented:?}");
-    for f in documented {
+    for f in &documented {
         assert!(
             text.contains(&format!("# TYPE {f} ")),
             "{f} is documented but not exported"
+        );
+    }
+    // ...and every one exported is documented.
+    for f in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|f| f.starts_with("crossbar_discovery_"))
+    {
+        assert!(
+            documented.contains(f),
+            "{f} is exported but not in docs/metrics.md"
         );
     }
     drop(dns);
@@ -794,6 +806,66 @@ async fn check_resolve_says_what_names_resolve_to() {
         format!("{out}{err}").contains("service svc: DNS srv _x-puppet._tcp.test: no backend"),
         "{out}{err}"
     );
+}
+
+/// `crossbar check` without `--resolve` names what a `discover` service looks up
+/// and what its backends get; `crossbar reload --strict` with a name that does not
+/// resolve sends nothing and exits 1 (without `--strict`, such a reload is applied
+/// with a warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_the_discovery_and_a_strict_reload_refuses_a_typo() {
+    let dns =
+        Dns::start(&(a("c1", "127.0.0.41".parse().expect("ip")) + &srv("c1", 8140, 10, 3))).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("crossbar.yaml");
+    let yaml = service_yaml(&dns, &format!("srv: {SRV}"), "").replace(
+        "max_ttl: 2s }",
+        "max_ttl: 2s, backend: { max_connections: 24, proxy_protocol: v2 } }",
+    );
+    std::fs::write(&path, &yaml).expect("write");
+    let file = path.display().to_string();
+    let (ok, out, err) =
+        common::crossbar_cli(["check", "-c", &file].map(String::from).to_vec()).await;
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(&format!("from DNS  SRV {SRV} (not resolved"))
+            && out.contains(&format!("asking {}, every 300ms..2s by the TTL", dns.addr()))
+            && out.contains(
+                "each backend: weight from the record, max 24, proxy v2; tls-hello every 100ms (rise 2, fall 2)"
+            ),
+        "{out}"
+    );
+
+    // A typo'd name, and an admin endpoint that must see no request.
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    admin.set_nonblocking(true).expect("nonblocking");
+    let typo = yaml.replace(SRV, "_x-pupet._tcp.test").replace(
+        "admin: { enabled: false }",
+        &format!(
+            "admin: {{ listen: \"{}\" }}",
+            admin.local_addr().expect("addr")
+        ),
+    );
+    std::fs::write(&path, &typo).expect("write");
+    let reload = ["reload", "--strict", "-c", &file]
+        .map(String::from)
+        .to_vec();
+    let (ok, out, err) = common::crossbar_cli(reload).await;
+    assert!(!ok, "{out}{err}");
+    assert!(
+        err.contains("service svc: DNS srv _x-pupet._tcp.test: no backend")
+            && err.contains("reload refused (--strict)"),
+        "{out}{err}"
+    );
+    assert_eq!(
+        admin.accept().map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "nothing was sent"
+    );
+    // --strict needs the file it resolves.
+    let bare = ["reload", "--strict"].map(String::from).to_vec();
+    let (ok, _, err) = common::crossbar_cli(bare).await;
+    assert!(!ok && err.contains("--config"), "{err}");
 }
 
 /// A weight the operator set at run time on a discovered backend survives a DNS

@@ -118,7 +118,7 @@ pub struct BackendView {
     #[serde(default)]
     pub state_origin: super::Origin,
     /// What the operator set on it (`null`: nothing; the file's and DNS's values hold).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub operator: Option<super::OperatorView>,
     /// It left DNS: it drains (or, while no listed backend can take new
     /// connections, still serves) and is listed until its last connection ends.

@@ -1,7 +1,8 @@
 # What the module writes for this release's features, checked by the real
 # `crossbar check` with the files it names: compilers from SRV records (`discover`),
 # a listener behind a PROXY tier with per-source limits, backends named after their
-# certnames (one in the place of a discovered backend), keys through `extra`, and the
+# certnames (one in the place of a discovered backend), load feedback of both kinds
+# (an agent's `send` with its newline), keys through `extra`, and the
 # Puppet CA copied into place by the class (`ca_source`). run.sh compares the result
 # with features.yaml.
 class { 'crossbar':
@@ -34,14 +35,20 @@ crossbar::service { 'puppet':
     'timeout' => '2s',
     'backend' => { 'max_connections' => 24, 'proxy_protocol' => 'v2', 'source' => '127.0.0.1', 'health' => { 'interval' => '5s' } },
   },
+  feedback => {
+    'kind' => 'puppet', 'interval' => '1s', 'queue_limit' => 10, 'floor' => '5%', 'jrubies' => 4,
+    'ca_file' => '@W@/etc/puppet-ca.pem', 'server_name' => 'puppet.example.com', 'saturated_sticky' => true,
+  },
   extra    => { 'discover' => { 'max_backends' => 16 } },
 }
 # In the place of the backend the SRV record for compile2.example.com:8140 gives.
 crossbar::backend { 'puppet/compile2.example.com-8140': address => '127.0.0.1:28140', max_connections => 100 }
 crossbar::service { 'puppetdb':
-  preset => 'puppetdb',
-  listen => ['127.0.0.1:18081'],
-  health => { 'server_name' => 'puppetdb.example.com' },
+  preset   => 'puppetdb',
+  listen   => ['127.0.0.1:18081'],
+  health   => { 'server_name' => 'puppetdb.example.com' },
+  # HAProxy's agent-check: an agent on each PuppetDB host
+  feedback => { 'kind' => 'agent', 'port' => 5555, 'send' => "puppetdb\n", 'interval' => '2s' },
 }
 crossbar::backend { 'puppetdb/pdb1.dc1.example.com': address => 'pdb1.dc1.example.com:8081' }
 crossbar::service { 'puppetca':

@@ -1,8 +1,9 @@
 # @summary Renders a value as a YAML flow scalar, sequence or mapping, for crossbar.yaml.
 #
 # Strings are single-quoted (YAML's only escape there is `''`), so no value can
-# change the file's structure; a control character is refused, since a YAML
-# single-quoted scalar would fold it. Mapping keys come out in the order of
+# change the file's structure; one with a newline or a tab (an agent's `send`) is
+# double-quoted with YAML's escapes (`\n`, `\t`, `\\`, `\"`), and any other control
+# character is refused. Mapping keys come out in the order of
 # `crossbar::key_order()` (docs/configuration.md's tables), then alphabetically, so
 # the same data always renders the same bytes (no change on the next run).
 #
@@ -29,10 +30,18 @@ function crossbar::flow(
       "[${value.map |$v| { crossbar::flow($v) }.join(', ')}]"
     }
     String: {
-      if $value =~ /[\x00-\x1f\x7f]/ {
-        fail("crossbar: a control character (newline, tab, ...) in '${value}' cannot be written to crossbar.yaml")
+      if $value =~ /[\x00-\x08\x0b-\x1f\x7f]/ {
+        fail("crossbar: a control character (carriage return, escape, ...) in '${value}' cannot be written to crossbar.yaml")
       }
-      "'${regsubst($value, "'", "''", 'G')}'"
+      if $value =~ /[\t\n]/ {
+        # double-quoted, YAML's escapes: an agent's `send` ends with a newline
+        $escaped = $value.split('').map |$c| {
+          $c ? { "\n" => '\n', "\t" => '\t', '\\' => '\\\\', '"' => '\"', default => $c }
+        }.join
+        "\"${escaped}\""
+      } else {
+        "'${regsubst($value, "'", "''", 'G')}'"
+      }
     }
     default: {
       String($value)

@@ -11,12 +11,18 @@
 # `max_connections`, `weight N` (or the `weight` parameter) -> `weight` (0, "no new
 # connections", is written as `disabled`), `disabled`, `send-proxy` and
 # `send-proxy-v2` -> `proxy_protocol`, `source ADDRESS` (an IP address alone: crossbar
-# picks the port) -> `source`. `check` and its `inter`, `rise`, `fall`, `port` are
-# the service's `health` in crossbar, which checks every backend, and
-# `on-marked-down shutdown-sessions` is the service's `on_marked_down`: both are
-# left out, the latter with a warning naming the service's parameter; any other word
-# is left out with a warning. `define_cookies` (HTTP cookies) has no layer-4
-# equivalent: the service's `stick` keeps agents on their backend.
+# picks the port) -> `source`. What crossbar sets per service, not per backend, is
+# left out with a warning that writes the service's parameter for it: `inter`,
+# `rise`, `fall` -> `health => { interval, rise, fall }` (crossbar checks every
+# backend alike; HAProxy's bare number of milliseconds becomes `2000ms`),
+# `agent-check` with `agent-port`, `agent-send`, `agent-inter` -> `feedback => {
+# kind => 'agent', port, send, interval }`, `slowstart` -> `slow_start`,
+# `on-marked-down shutdown-sessions` -> `on_marked_down`. `check` alone needs
+# nothing (every backend gets the service's `health`); `fastinter`, `downinter`,
+# `port`, `addr` and `agent-addr` (crossbar checks and asks each backend at its own
+# address, at one interval) and any other word are left out with a warning.
+# `define_cookies` (HTTP cookies) has no layer-4 equivalent: the service's `stick`
+# keeps agents on their backend.
 #
 # @param members
 #   The resources as PuppetDB returns them: `certname`, `title` and `parameters`.
@@ -35,29 +41,41 @@ function crossbar::haproxy_backends(Array[Hash] $members, Crossbar::Name $servic
     }
     $ips = [$p['ipaddresses'].lest || { $m['certname'] }].flatten
     $names = [$p['server_names'].lest || { $m['certname'] }].flatten
-    $words = [$p['options'].lest || { [] }].flatten.map |$o| { String($o).split(/\s+/) }.flatten.filter |$w| { !$w.empty }
+    $text = [$p['options'].lest || { [] }].flatten.map |$o| { String($o) }.join(' ')
+    # agent-send's string may be quoted and hold spaces: taken out whole first
+    $send_re = /(\A|\s)agent-send\s+("(?:[^"\\]|\\.)*"|[^\s"]+)/
+    # HAProxy's escapes in it (\n, \t) become the characters
+    $send = $text.match($send_re).then |$m| {
+      $m[2].regsubst(/\A"(.*)"\z/, '\1').regsubst(/\\n/, "\n", 'G').regsubst(/\\t/, "\t", 'G')
+    }
+    $words = $text.regsubst($send_re, '\1agent-send SEND').split(/\s+/).filter |$w| { !$w.empty }
     # words followed by a value, and the words crossbar maps or covers otherwise
-    $valued = ['maxconn', 'weight', 'inter', 'fastinter', 'downinter', 'rise', 'fall', 'port', 'addr', 'source', 'on-marked-down']
-    $known = $valued + ['check', 'backup', 'disabled', 'send-proxy', 'send-proxy-v2']
+    $valued = ['maxconn', 'weight', 'inter', 'rise', 'fall', 'source', 'on-marked-down', 'slowstart',
+      'agent-port', 'agent-inter', 'agent-send']
+    $dropped = ['fastinter', 'downinter', 'port', 'addr', 'agent-addr']
+    $known = $valued + ['check', 'backup', 'disabled', 'send-proxy', 'send-proxy-v2', 'agent-check']
     $skipped = $words.filter |$i, $w| {
-      !($w in $known) and !($i > 0 and $words[$i - 1] in $valued)
+      !($w in $known) and !($w in $dropped) and !($i > 0 and ($words[$i - 1] in $valued or $words[$i - 1] in $dropped))
     }
     unless $skipped.empty {
       warning("crossbar::balancermembers: ${what}: HAProxy options left out: ${skipped.join(' ')}")
     }
+    # each word with the one after it (the first of a repeated word wins)
+    $opt = Hash($words.map |$i, $w| { [$w, $words[$i + 1]] }.reverse)
+    $check_dropped = $dropped.filter |$w| { $w in $words }.map |$w| { "${w} ${opt[$w]}".strip }
+    unless $check_dropped.empty {
+      warning(@("MSG"/L))
+        crossbar::balancermembers: ${what}: HAProxy options left out: ${check_dropped.join(' ')} \
+        (crossbar checks and asks each backend at its own address and port, at one interval)
+        |- MSG
+    }
+    crossbar::haproxy_service_options($opt + { 'agent-send' => $send }, $words, $service, $what)
     $at_weight = $words.index |$w| { $w == 'weight' }
     $at_maxconn = $words.index |$w| { $w == 'maxconn' }
     $at_source = $words.index |$w| { $w == 'source' }
-    $at_down = $words.index |$w| { $w == 'on-marked-down' }
     $source = $at_source.then |$at| { $words[$at + 1] }
     if $at_source =~ NotUndef and $source !~ Crossbar::IpAddress {
       warning("crossbar::balancermembers: ${what}: HAProxy option left out: source ${source} (crossbar's source is an IP address alone)")
-    }
-    $at_down.then |$at| {
-      warning(@("MSG"/L))
-        crossbar::balancermembers: ${what}: HAProxy option left out: on-marked-down ${words[$at + 1]} \
-        (crossbar sets it per service: crossbar::service { '${service}': on_marked_down => 'shutdown-sessions' })
-        |- MSG
     }
     $weight = $p['weight'].lest || { $at_weight.then |$at| { $words[$at + 1] } }
     $maxconn = $at_maxconn.then |$at| { $words[$at + 1] }

@@ -4,7 +4,8 @@
 # given here, followed by every `crossbar::backend` whose `service` is this
 # one (declared anywhere, or collected from PuppetDB). A `preset` fills in the
 # settings of conf/puppet.yaml's service of that name; what is given here wins,
-# maps (`stick`, `health`, `timeouts`, `keepalive`) key by key.
+# maps (`stick`, `health`, `timeouts`, `keepalive`, a `feedback` of the same `kind`)
+# key by key.
 #
 # A service must end up with at least one backend, or `discover`: `crossbar check`
 # refuses an empty pool, so the file is then not written and the run reports why.
@@ -89,6 +90,12 @@
 # @param discover
 #   Backends from DNS: `{ srv => NAME }` or `{ host => NAME, port => N }`, plus
 #   `resolvers`, `min_ttl`, `max_ttl`, `max_backends`, `timeout`.
+# @param feedback
+#   Load feedback: each backend's weight scaled by what it says of its load.
+#   `{ kind => 'puppet' }` polls the compilers' JRuby metrics over TLS (add
+#   `queue_limit`, the compilers' `max-queued-requests`, and the https check's
+#   `ca_file` is used); `{ kind => 'agent', port => N }` speaks HAProxy's
+#   agent-check (`agent-check agent-port N`). Off by default.
 # @param extra
 #   Keys for the service that the module's types don't know yet: added to what the
 #   parameters and the preset give (mappings key by key; a key they already set is
@@ -117,6 +124,7 @@ define crossbar::service (
   Optional[Crossbar::Duration] $slow_start = undef,
   Optional[Enum['splice-auto', 'auto']] $relay = undef,
   Optional[Crossbar::Discover] $discover = undef,
+  Optional[Crossbar::Feedback] $feedback = undef,
   Crossbar::Extra $extra = {},
   Array[Crossbar::BackendOptions] $backends = [],
 ) {
@@ -171,6 +179,7 @@ define crossbar::service (
     'slow_start'     => $slow_start,
     'relay'          => $relay,
     'discover'       => $discover,
+    'feedback'       => $feedback,
     'extra'          => $extra,
   }
   $from_preset = $preset ? {
@@ -189,6 +198,21 @@ define crossbar::service (
     }
     if 'host' in $d and !('port' in $d) {
       fail("Crossbar::Service[${title}]: discover: host needs port, the port every address is dialled on")
+    }
+  }
+
+  if $settings['feedback'] =~ Hash {
+    $f = $settings['feedback']
+    $other = $f['kind'] ? {
+      'puppet' => ['port', 'send'],
+      default  => ['saturated_sticky', 'path', 'ca_file', 'server_name', 'client_cert', 'client_key', 'jrubies',
+      'queue_limit', 'by_pool_size'],
+    }.filter |$k| { $k in $f }
+    unless $other.empty {
+      fail("Crossbar::Service[${title}]: feedback: ${other.join(', ')}: not with kind => '${f['kind']}'")
+    }
+    if $f['kind'] == 'agent' and !('port' in $f) {
+      fail("Crossbar::Service[${title}]: feedback: kind => 'agent' needs port, the agent's TCP port on each backend's host")
     }
   }
 

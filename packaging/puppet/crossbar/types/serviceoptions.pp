@@ -18,5 +18,6 @@ type Crossbar::ServiceOptions = Struct[{
   Optional[slow_start]     => Crossbar::Duration,
   Optional[relay]          => Enum['splice-auto', 'auto'],
   Optional[discover]       => Crossbar::Discover,
+  Optional[feedback]       => Crossbar::Feedback,
   Optional[extra]          => Crossbar::Extra,
 }]

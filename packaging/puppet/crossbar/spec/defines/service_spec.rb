@@ -225,6 +225,55 @@ describe 'crossbar::service' do
     end
   end
 
+  context 'with load feedback from the compilers\' JRuby metrics' do
+    let(:params) do
+      {
+        'listen' => ['10.0.0.11:8140'],
+        'feedback' => {
+          'kind' => 'puppet', 'queue_limit' => 10, 'floor' => '10%', 'interval' => '2s', 'jrubies' => 4, 'by_pool_size' => false,
+          'client_cert' => '/etc/crossbar/lb.pem', 'client_key' => '/etc/crossbar/lb.key', 'saturated_sticky' => true,
+        },
+      }
+    end
+
+    it 'writes it after discover, kind first' do
+      expect(fragment('crossbar service puppetca')).to include(
+        "    feedback: {kind: 'puppet', interval: '2s', client_cert: '/etc/crossbar/lb.pem', client_key: '/etc/crossbar/lb.key', " \
+        "floor: '10%', saturated_sticky: true, jrubies: 4, queue_limit: 10, by_pool_size: false}\n",
+      )
+    end
+  end
+
+  context 'with an agent-check that sends a line' do
+    let(:params) { { 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'agent', 'port' => 5555, 'send' => "gitlab\tlb1\n" } } }
+
+    it 'writes the line double-quoted, its newline and tab escaped' do
+      expect(fragment('crossbar service puppetca')).to include("    feedback: {kind: 'agent', port: 5555, send: \"gitlab\\tlb1\\n\"}\n")
+    end
+  end
+
+  context 'with a preset whose feedback is of the other kind' do
+    let(:pre_condition) do
+      "class { 'crossbar': presets => { 'polled' => { 'feedback' => { 'kind' => 'puppet', 'queue_limit' => 10 } } } }"
+    end
+    let(:params) { { 'listen' => ['10.0.0.11:8140'], 'preset' => 'polled', 'feedback' => { 'kind' => 'agent', 'port' => 5555 } } }
+
+    it 'replaces it whole (the puppet keys are refused with an agent)' do
+      expect(fragment('crossbar service puppetca')).to include("    feedback: {kind: 'agent', port: 5555}\n")
+    end
+  end
+
+  context 'with a preset whose feedback is of the same kind' do
+    let(:pre_condition) do
+      "class { 'crossbar': presets => { 'polled' => { 'feedback' => { 'kind' => 'puppet', 'queue_limit' => 10 } } } }"
+    end
+    let(:params) { { 'listen' => ['10.0.0.11:8140'], 'preset' => 'polled', 'feedback' => { 'kind' => 'puppet', 'interval' => '2s' } } }
+
+    it 'merges it key by key' do
+      expect(fragment('crossbar service puppetca')).to include("    feedback: {kind: 'puppet', interval: '2s', queue_limit: 10}\n")
+    end
+  end
+
   context 'with a key the backend template does not take' do
     let(:params) { { 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_compilers._tcp.example.com', 'backend' => { 'weight' => 2 } } } }
 
@@ -245,6 +294,26 @@ describe 'crossbar::service' do
     it { expect(catalogue.resource('Concat::Fragment', 'crossbar service puppetca')[:order]).to eq('20 puppetca 0') }
   end
 
+  describe 'covers every key of a service in docs/configuration.md' do
+    # The rows of the first table under "## Services".
+    doc = File.read(File.expand_path('../../../../../docs/configuration.md', __dir__))
+    table = doc[%r{^## Services\n(.*?\n)\n(?!\|)}m, 1]
+    table = table[table.index("\n|")..]
+    keys = table.lines.grep(%r{\A\| `}).flat_map { |row| row.split('|')[1].scan(%r{`([a-z_]+)`}).flatten }
+    # Written otherwise: `default` is the parameter is_default (a Puppet keyword),
+    # `backends` also comes from crossbar::backend.
+    params = keys.map { |k| k == 'default' ? 'is_default' : k }
+
+    it { expect(keys).to include('listen', 'discover', 'feedback') }
+
+    params.each do |k|
+      it "has a typed parameter #{k}" do
+        source = File.read(File.expand_path('../../manifests/service.pp', __dir__))
+        expect(source).to match(%r{^  [A-Z]\S.* \$#{k}( = .*)?,$})
+      end
+    end
+  end
+
   describe 'refuses wrong values when the catalog is compiled' do
     {
       'no listen address' => [{ 'listen' => [] }, %r{parameter 'listen' expects size to be at least 1}],
@@ -256,7 +325,7 @@ describe 'crossbar::service' do
       'a backend weight of 0' => [{ 'listen' => ['10.0.0.11:8140'], 'backends' => [{ 'name' => 'a', 'address' => 'a:8140', 'weight' => 0 }] }, %r{parameter 'backends' index 0 entry 'weight' expects an Integer\[1, 256\] value, got Integer\[0, 0\]}],
       'a backend without address' => [{ 'listen' => ['10.0.0.11:8140'], 'backends' => [{ 'name' => 'a' }] }, %r{parameter 'backends' index 0 expects a value for key 'address'}],
       'an unknown preset' => [{ 'listen' => ['10.0.0.11:8140'], 'preset' => 'haproxy' }, %r{Crossbar::Service\[puppetca\]: unknown preset 'haproxy'; crossbar::presets has: puppet, puppetca, puppetdb, puppetfiles}],
-      'a newline in a value' => [{ 'listen' => ['10.0.0.11:8140'], 'health' => { 'check' => 'https', 'expect_body' => "a\nb" } }, %r{a control character}],
+      'a carriage return in a value' => [{ 'listen' => ['10.0.0.11:8140'], 'health' => { 'check' => 'https', 'expect_body' => "a\rb" } }, %r{a control character}],
       'discover with srv and host' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'host' => 'h.example.com' } }, %r{Crossbar::Service\[puppetca\]: discover: give either srv \(an SRV name\) or host with port}],
       'discover with neither' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'min_ttl' => '5s' } }, %r{discover: give either srv}],
       'discover with srv and a port' => [{ 'listen' => ['10.0.0.11:8140'], 'discover' => { 'srv' => '_x._tcp.example.com', 'port' => 8140 } }, %r{discover: an SRV record carries its own port: remove port}],
@@ -275,6 +344,16 @@ describe 'crossbar::service' do
       'a backend source with brackets' => [{ 'listen' => ['10.0.0.11:8140'], 'backends' => [{ 'name' => 'a', 'address' => 'a:8140', 'source' => '[2001:db8::1]' }] }, %r{parameter 'backends' index 0 entry 'source' expects a match for Crossbar::IpAddress = Pattern}],
       'an extra key a parameter sets' => [{ 'listen' => ['10.0.0.11:8140'], 'balance' => 'first', 'extra' => { 'balance' => 'leastconn' } }, %r{Crossbar::Service\[puppetca\]: extra.balance: also set by a parameter \(or the preset\); set it there}],
       'an extra key the preset sets' => [{ 'listen' => ['10.0.0.11:8140'], 'preset' => 'puppet', 'extra' => { 'stick' => { 'on' => ['source'] } } }, %r{Crossbar::Service\[puppetca\]: extra.stick.on: also set by a parameter \(or the preset\)}],
+      'feedback without kind' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'interval' => '1s' } }, %r{parameter 'feedback' expects a value for key 'kind'}],
+      'an agent without port' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'agent' } }, %r{Crossbar::Service\[puppetca\]: feedback: kind => 'agent' needs port, the agent's TCP port on each backend's host}],
+      'a puppet key with an agent' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'agent', 'port' => 5555, 'queue_limit' => 10 } }, %r{Crossbar::Service\[puppetca\]: feedback: queue_limit: not with kind => 'agent'}],
+      'an agent key with puppet' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'puppet', 'port' => 5555 } }, %r{Crossbar::Service\[puppetca\]: feedback: port: not with kind => 'puppet'}],
+      'a floor without its %' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'puppet', 'floor' => '5' } }, %r{parameter 'feedback' entry 'floor' expects a match for Crossbar::Percent}],
+      'a floor of 0%' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'puppet', 'floor' => '0%' } }, %r{entry 'floor' expects a match for Crossbar::Percent}],
+      'an unknown feedback key' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'puppet', 'queue' => 10 } }, %r{parameter 'feedback' unrecognized key 'queue'}],
+      'an unknown feedback kind' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'haproxy' } }, %r{parameter 'feedback' entry 'kind' expects a match for Enum\['agent', 'puppet'\], got 'haproxy'}],
+      'an interval without unit' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'puppet', 'interval' => '1' } }, %r{entry 'interval' expects a match for Crossbar::Duration}],
+      'a control character in send' => [{ 'listen' => ['10.0.0.11:8140'], 'feedback' => { 'kind' => 'agent', 'port' => 1, 'send' => "a\rb" } }, %r{entry 'send' expects a match for Pattern}],
       'an extra key that is no YAML word' => [{ 'listen' => ['10.0.0.11:8140'], 'extra' => { 'Bad Key' => 1 } }, %r{parameter 'extra' key of entry 'Bad Key' expects a match for Pattern}],
     }.each do |what, (params, message)|
       context "with #{what}" do

@@ -64,6 +64,52 @@ describe 'crossbar::haproxy_backends' do
     )
   end
 
+  def warnings_of(certname, options)
+    logs = [] # earlier examples' warnings may arrive here too (Puppet queues them until a destination exists)
+    Puppet::Util::Log.with_destination(Puppet::Test::LogCollector.new(logs)) do
+      subject.execute([member(certname, { 'ports' => '8140', 'options' => options })], 'puppet')
+    end
+    logs.select { |l| l.level == :warning }.map(&:message).grep(%r{ of #{Regexp.escape(certname)}: })
+  end
+
+  it 'writes the service\'s health for inter, rise and fall (a bare inter in milliseconds), and names what it leaves out' do
+    expect(warnings_of('c8', ['check inter 5000 rise 3 fall 2', 'port 8141 fastinter 1s'])).to contain_exactly(
+      "crossbar::balancermembers: Haproxy::Balancermember[c8] of c8: HAProxy options inter 5000 rise 3 fall 2 are the service's health check " \
+      "in crossbar, which checks every backend alike: crossbar::service { 'puppet': health => {'interval' => '5000ms', 'rise' => 3, 'fall' => 2} }",
+      "crossbar::balancermembers: Haproxy::Balancermember[c8] of c8: HAProxy options left out: fastinter 1s port 8141 " \
+      '(crossbar checks and asks each backend at its own address and port, at one interval)',
+    )
+  end
+
+  it 'points agent-check at feedback of kind agent, with its port, quoted send and interval' do
+    expect(warnings_of('c9', ['check', 'agent-check agent-port 5555 agent-send "gitlab lb1\\n" agent-inter 2s'])).to contain_exactly(
+      "crossbar::balancermembers: Haproxy::Balancermember[c9] of c9: HAProxy option agent-check is the service's load feedback in crossbar, " \
+      "which asks every backend's agent: crossbar::service { 'puppet': feedback => {'kind' => 'agent', 'port' => 5555, " \
+      "'send' => \"gitlab lb1\\n\", 'interval' => '2s'} }",
+    )
+  end
+
+  it 'says an agent-check without agent-port needs the port' do
+    expect(warnings_of('c10', 'agent-check')).to contain_exactly(
+      "crossbar::balancermembers: Haproxy::Balancermember[c10] of c10: HAProxy option agent-check is the service's load feedback in crossbar, " \
+      "which asks every backend's agent: crossbar::service { 'puppet': feedback => {'kind' => 'agent'} } (add port: the agent's TCP port)",
+    )
+  end
+
+  it 'points slowstart at the service\'s slow_start' do
+    expect(warnings_of('c11', 'check slowstart 60s maxconn 10')).to contain_exactly(
+      "crossbar::balancermembers: Haproxy::Balancermember[c11] of c11: HAProxy option slowstart 60s is the service's slow_start in crossbar: " \
+      "crossbar::service { 'puppet': slow_start => '60s' }",
+    )
+  end
+
+  it 'keeps the backend itself as before: the service options only warn' do
+    is_expected.to run.with_params(
+      [member('c12', { 'ports' => '8140', 'ipaddresses' => '10.0.1.12', 'options' => 'check inter 2s agent-check agent-port 5555 slowstart 1m maxconn 50' })],
+      'puppet',
+    ).and_return('puppet/c12' => { 'address' => '10.0.1.12:8140', 'max_connections' => 50 })
+  end
+
   it 'makes one backend per address (lockstep with server_names) and port, as haproxy writes one server line each' do
     is_expected.to run.with_params(
       [member('pe1', { 'ports' => '8140,8142', 'server_names' => ['a', 'b'], 'ipaddresses' => ['10.0.1.1', '10.0.1.2'] })],
