@@ -289,6 +289,7 @@ mod tests {
                 "last_check",
                 "left_dns",
                 "name",
+                "operator",
                 "peak_connections",
                 "source",
                 "state",
