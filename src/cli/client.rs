@@ -52,6 +52,9 @@ pub enum Command {
         action: Action,
         /// Also when it is the service's last available backend.
         force: bool,
+        /// After a drain or disable, wait this long at most for its last
+        /// connection to end (`--wait`).
+        wait: Option<std::time::Duration>,
     },
     /// Set a backend's weight until the next reload or restart.
     Weight {
@@ -148,6 +151,7 @@ impl Command {
                 backend,
                 action,
                 force,
+                ..
             } => (
                 Method::POST,
                 format!(
@@ -202,7 +206,7 @@ impl Command {
 }
 
 /// The admin endpoint of one command run: its options and token.
-struct Endpoint<'a> {
+pub(super) struct Endpoint<'a> {
     opts: &'a ClientOptions,
     token: Option<Secret>,
 }
@@ -210,7 +214,7 @@ struct Endpoint<'a> {
 impl Endpoint<'_> {
     /// Send `method path`; the answer's body. A refused connect says where the
     /// address came from ([`CliError::NotRunning`]).
-    async fn send(&self, method: Method, path: &str) -> Result<String, CliError> {
+    pub(super) async fn send(&self, method: Method, path: &str) -> Result<String, CliError> {
         match request(&self.opts.admin, method, path, self.token.as_ref()).await {
             Err(CliError::Transport { url, reason }) if reason.starts_with(REFUSED) => {
                 Err(CliError::NotRunning {
@@ -232,7 +236,7 @@ impl Endpoint<'_> {
 
 /// `body`, the answer to `path`, read as the view `V`: a field the server no
 /// longer writes is an error naming it, never a blank.
-fn decode<V: DeserializeOwned>(path: &str, body: &str) -> Result<V, CliError> {
+pub(super) fn decode<V: DeserializeOwned>(path: &str, body: &str) -> Result<V, CliError> {
     serde_json::from_str(body).map_err(|e| CliError::BadAnswer {
         path: path.to_string(),
         reason: e.to_string(),
@@ -249,10 +253,38 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
     let endpoint = Endpoint { opts, token };
     let (method, path) = cmd.request();
     let body = endpoint.send(method, &path).await?;
+    let answer = answer(opts, cmd, &path, body)?;
+    let Command::Backend {
+        service,
+        backend,
+        wait: Some(timeout),
+        ..
+    } = cmd
+    else {
+        return Ok(answer);
+    };
+    // The write's answer first, then the wait (which may end in an error).
+    print!("{answer}");
+    let _ = std::io::Write::flush(&mut std::io::stdout()); // ok: best effort
+    let w = super::wait::Wait {
+        service,
+        backend,
+        timeout: *timeout,
+    };
+    super::wait::until_idle(&endpoint, &w).await
+}
+
+/// What to print of `cmd`'s answer `body` to `path`.
+fn answer(
+    opts: &ClientOptions,
+    cmd: &Command,
+    path: &str,
+    body: String,
+) -> Result<String, CliError> {
     if opts.json {
         return Ok(body);
     }
-    let p = path.as_str();
+    let p = path;
     Ok(match cmd {
         Command::Status => {
             let services: ServicesView = decode(p, &body)?;
