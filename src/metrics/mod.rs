@@ -657,10 +657,15 @@ impl TableCollector {
                 "crossbar_stick_expired_total",
                 "Stick entries removed because they expired.",
             ),
-            evicted: c(
-                "crossbar_stick_evicted_total",
-                "Stick entries evicted to make room.",
-            ),
+            evicted: IntCounterVec::new(
+                Opts::new(
+                    "crossbar_stick_evicted_total",
+                    "Stick entries evicted to make room, by segment (probation: unproven; \
+                     protected: proven by a resumption).",
+                ),
+                &["service", "segment"],
+            )
+            .expect("static"), // ok: static
         }
     }
 }
@@ -691,7 +696,13 @@ impl Collector for TableCollectorHandle {
             t.entries.with_label_values(&[name]).set(s.entries as i64);
             t.capacity.with_label_values(&[name]).set(s.capacity as i64);
             t.expired.with_label_values(&[name]).inc_by(s.expired);
-            t.evicted.with_label_values(&[name]).inc_by(s.evicted);
+            let protected = s.evicted_protected.min(s.evicted);
+            t.evicted
+                .with_label_values(&[name, "probation"])
+                .inc_by(s.evicted - protected);
+            t.evicted
+                .with_label_values(&[name, "protected"])
+                .inc_by(protected);
         }
         [
             t.entries.collect(),
