@@ -529,10 +529,16 @@ async fn srv_changes_are_hitless() {
 /// (issue #53 item 5).
 async fn told_as_left(cb: &Crossbar, admin: SocketAddr, log: &LogBuffer, backend: &str) {
     let applied = log.lines_with("DNS change applied");
+    // The value of `left=` (a quoted list), not just anywhere in the line: the
+    // line that told c3 joining names it too.
+    let left_of = |l: &str| {
+        let rest = l.split_once("left=\"").map_or("", |(_, r)| r);
+        rest.split_once('"').map_or("", |(v, _)| v).to_string()
+    };
     assert!(
         applied
             .iter()
-            .any(|l| l.contains("left=") && l.contains(&format!("{backend} ("))),
+            .any(|l| left_of(l).contains(&format!("{backend} ("))),
         "no log line names {backend} as left: {applied:?}"
     );
     let path = format!("/api/backends/svc/{backend}/enable");
