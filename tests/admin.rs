@@ -629,10 +629,13 @@ async fn dashboard_and_alerts_use_real_metrics() {
         let names = metric_names(text);
         assert!(!names.is_empty(), "{file} uses no metric");
         // Discovery families exist only with `discover:` (a DNS server), load feedback
-        // families only with `feedback:`: tests/discovery.rs and tests/feedback.rs check
-        // those against their own scrapes.
+        // families only with `feedback:`, a backend's limit only with `max_connections`:
+        // tests/discovery.rs, tests/feedback.rs and tests/balance.rs check those against
+        // their own scrapes.
         for n in names.into_iter().filter(|n| {
-            !n.starts_with("crossbar_discovery_") && !n.starts_with("crossbar_backend_feedback_")
+            !n.starts_with("crossbar_discovery_")
+                && !n.starts_with("crossbar_backend_feedback_")
+                && n != "crossbar_backend_max_connections"
         }) {
             assert!(
                 family_of(&n, &m.types).is_some(),
@@ -1177,8 +1180,17 @@ async fn cli_end_to_end() {
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
         [
-            "BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP", "FROM", "HEALTH", "FOR",
-            "LAST", "CHECK"
+            "BACKEND",
+            "ADDRESS",
+            "STATE",
+            "ACTIVE/LIMIT",
+            "WEIGHT",
+            "BACKUP",
+            "FROM",
+            "HEALTH",
+            "FOR",
+            "LAST",
+            "CHECK"
         ]
     );
     let p1 = out

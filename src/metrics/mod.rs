@@ -15,6 +15,9 @@ use prometheus::{
 
 mod families;
 mod feedback;
+mod limits;
+
+pub use limits::{BACKEND_MAX_CONNECTIONS, QUEUE_SIZE, QUEUE_WAITING};
 
 pub use feedback::{
     BackendFeedbackMetrics, FeedbackMetrics, FeedbackPublished, JrubyCounts, FEEDBACK_PHASES,
@@ -49,6 +52,8 @@ pub struct Metrics {
     services: ServiceFamilies,
     listeners: ListenerFamilies,
     tables: Arc<TableCollector>,
+    /// Queues and connection limits, read at scrape time.
+    limits: Arc<limits::LimitCollector>,
     /// Process facts for the status page (start, last reload).
     pub process: crate::live::ProcessLive,
     /// Backend facts by (service, backend): kept across reloads like the counters.
@@ -107,7 +112,11 @@ impl Metrics {
         let tables = Arc::new(TableCollector::new());
         r.register(Box::new(TableCollectorHandle(tables.clone())))
             .expect("unique metric name"); // ok: static
+        let limits = Arc::new(limits::LimitCollector::new());
+        r.register(Box::new(limits::LimitCollectorHandle(limits.clone())))
+            .expect("unique metric name"); // ok: static
         let metrics = Arc::new(Metrics {
+            limits,
             stick: StickFamilies::register(&r),
             backends: BackendFamilies::register(&r),
             services: ServiceFamilies::register(&r),
@@ -374,6 +383,12 @@ impl Metrics {
             .config_reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
+    }
+
+    /// Publish the running services whose queues and connection limits are read
+    /// at scrape time.
+    pub fn set_services(&self, services: &[Arc<crate::service::Service>]) {
+        self.limits.set(services);
     }
 
     /// Publish the set of stick tables read at scrape time.
