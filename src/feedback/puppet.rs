@@ -143,6 +143,19 @@ mod tests {
     }
 
     #[test]
+    fn puppetserver_8_7_sends_the_same_document() {
+        // Debian 13's puppetserver 8.7.0 (Jetty 9.4, JRuby 9.4, OpenJDK 21), idle, one
+        // JRuby, fetched without a client certificate: 7.9.5's fields, read the same way
+        let s = sample(&fixture("idle-1-jruby-puppetserver-8.7.0.json")).unwrap();
+        assert_eq!(
+            (s.jrubies, s.free, s.queued, s.borrowed, s.queue_limit_hits),
+            (1, 1, 0, 0, 0)
+        );
+        assert_eq!(s.lock, PoolLock::NotInUse);
+        assert_eq!(s.ready(), 1);
+    }
+
+    #[test]
     fn a_starting_compiler_has_its_size_but_not_its_jrubies() {
         let s = sample(&fixture("starting-3-jrubies-1-free.json")).unwrap();
         assert_eq!((s.jrubies, s.free, s.borrowed, s.ready()), (3, 1, 0, 1));

@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# End-to-end proof: real Debian puppetserver 7 + puppet agents, unmodified,
+# End-to-end proof: real Debian puppetservers + puppet agents, unmodified,
 # talking through crossbar on loopback. Results: docs/puppet.md "Verified with".
 #
 #   sudo tests/puppet/run.sh            # from the repository root, as root
 #
+# Two generations (PUPPET_GEN):
+#   8 (default): Debian 13's puppetserver 8.7, PuppetDB 8.4, puppet-agent 8.10 and
+#     OpenJDK 21, run from a trixie root tests/puppet/root8.sh builds with debootstrap
+#     and caches (chroot; the root sees this machine's /tmp, /dev and /etc/hosts, and
+#     shares its network). PostgreSQL 15, dnsmasq, openssl and curl are this machine's.
+#     Two phases only Puppet 8 has: Debian 12's Puppet 7.23 agents against the Puppet 8
+#     masters (a mixed fleet, as during an upgrade), and agents 8.10 in a network
+#     namespace behind a 1500-byte MTU veth, whose 1515-byte ClientHellos reach crossbar
+#     in two TCP segments (captured with tcpdump and counted).
+#   7: Debian 12's puppetserver 7.9.5, PuppetDB 7.12 and puppet-agent 7.23, installed
+#     on this machine.
+#
 # Environment:
+#   PUPPET_GEN     8 (default) or 7
 #   CROSSBAR_BIN   crossbar binary (default target/release/crossbar; built if missing)
 #   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
 #   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent/puppetdb
 #   INSTALL_ONLY=1 install them, then exit (.ci/run, before this runs beside other tests)
-#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|feedback|file|certs|jdk|serverlist|sni|exported|failover)
+#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|puppet7|feedback|file|certs|jdk|serverlist|sni|mtu|exported|failover)
 #
 # Topology (2 puppetserver JVMs and a PuppetDB JVM (-Xmx256m); docs/puppet.md "Verified with"):
 #   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
@@ -62,11 +75,20 @@ ADMIN_SNI_PORT=19141
 ADMIN_DOWN_PORT=19142
 ADMIN_PDB_PORT=19143
 ADMIN_LB_PORT=19144
+ADMIN_MTU_PORT=19145
 ADMIN=http://127.0.0.1:$ADMIN_PORT
 ADMIN_SNI=http://127.0.0.1:$ADMIN_SNI_PORT
 ADMIN_DOWN=http://127.0.0.1:$ADMIN_DOWN_PORT
 ADMIN_PDB=http://127.0.0.1:$ADMIN_PDB_PORT
 ADMIN_LB=http://127.0.0.1:$ADMIN_LB_PORT
+ADMIN_MTU=http://127.0.0.1:$ADMIN_MTU_PORT
+# the 1500-byte MTU phase (Puppet 8): a veth pair, crossbar on this side, agents in a
+# network namespace on the other (198.18.0.0/15: benchmarking addresses, never routed)
+MTU=1500
+MTU_VIP=198.18.81.1
+MTU_AGENT_IP=198.18.81.2
+MTU_VETH=xbmtu$$
+MTU_AGENTS=2
 PG_CLUSTER="15 main"
 PDB_DB=xb_e2e_pdb
 # An agent must give up on a balancer that holds a connection only after
@@ -85,6 +107,9 @@ JRUBIES_CA2=3
 HERD=8
 HERD_SLEEP=2
 HERD_QUEUE=4
+# Puppet 8: catalogs of 8 s (the bench's mid-sized site), so that a JRuby is held by
+# the sleep more than by the CPU: at load ~16 a catalog of 2 s took 5-16 s to compile
+[ "${PUPPET_GEN:-8}" = 8 ] && HERD_SLEEP=8
 # JDK clients in parallel, each 1 full handshake + JDK_RESUMES resumption attempts,
 # all from one source address (as a Puppet Server's pool of connections to PuppetDB)
 JDK_CLIENTS=16
@@ -110,6 +135,7 @@ PASSED=0
 FAILED=0
 declare -A PIDS=()        # name -> pid of what this script started
 CREATED_FACTER=0
+MTU_NS=""             # the 1500-byte MTU phase's network namespace, once made
 STARTED_PG=0
 W=""
 
@@ -128,6 +154,8 @@ cleanup() {
     local rc=$?
     for n in "${!PIDS[@]}"; do stop_pid "$n"; done
     hosts_remove
+    [ -n "$MTU_NS" ] && { ip link del "$MTU_VETH" 2>/dev/null; ip netns del "$MTU_NS" 2>/dev/null; }
+    root_umount
     [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
     if [ "$STARTED_PG" = 1 ]; then
         # shellcheck disable=SC2086
@@ -160,6 +188,8 @@ hosts_write() { # mode: vip | sni | lb (file content through the module-made bal
         echo "$IP_PDB1 pdb1.$DOMAIN"
         echo "$IP_CA1 ca1.$DOMAIN"
         echo "$IP_CA2 ca2.$DOMAIN"
+        echo "$MTU_VIP puppetmtu.$DOMAIN"
+        echo "$MTU_VIP puppetcamtu.$DOMAIN"
         echo "$HOSTS_END"
     } >> /etc/hosts
 }
@@ -250,7 +280,7 @@ EOF
 pdb_conf() { # pdb1: its own config dir, TLS only, a certificate from the Puppet CA
     local d=$W/pdb1
     mkdir -p "$d"/{conf.d,var,log}
-    cp /etc/puppetdb/conf.d/auth.conf "$d/conf.d/"
+    cp "$PROOT/etc/puppetdb/conf.d/auth.conf" "$d/conf.d/"
     cat > "$d/conf.d/config.ini" <<EOF
 [global]
 vardir = $d/var
@@ -309,11 +339,34 @@ pdb_count() { # PATH [curl args]: how many results (an object counts 1 if it nam
 
 # ================================================================== setup
 [ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
+PUPPET_GEN=${PUPPET_GEN:-8}
+PROOT=""   # Puppet 8: the trixie root its masters, PuppetDB and agents run from
+if [ "$PUPPET_GEN" = 8 ]; then
+    # this machine's part: Puppet 7 agents (the compatibility phase; their Ruby runs
+    # this script's JSON one-liners), PostgreSQL 15 for PuppetDB 8.4, the JDK that
+    # compiles JdkResume.java, tcpdump and ethtool for the 1500-byte MTU phase, debootstrap
+    PKGS="puppet-agent rsync postgresql dnsmasq-base openjdk-17-jdk-headless tcpdump ethtool debootstrap"
+    if ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || ! command -v pg_ctlcluster >/dev/null ||
+       [ ! -x /usr/sbin/dnsmasq ] || ! command -v javac >/dev/null || ! command -v tcpdump >/dev/null || ! command -v ethtool >/dev/null ||
+       ! command -v debootstrap >/dev/null; then
+        [ "${NO_INSTALL:-0}" = 1 ] && die "not installed: some of $PKGS"
+        log "installing $PKGS"
+        # shellcheck disable=SC2086
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1 ||
+            { apt-get -o DPkg::Lock::Timeout=900 update >/dev/null 2>&1 &&
+              DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1; } ||
+            die "apt-get install $PKGS failed"
+    fi
+    PROOT=$("$ROOT/tests/puppet/root8.sh") || die "the Puppet 8 root (tests/puppet/root8.sh)"
+    [ "${INSTALL_ONLY:-0}" = 1 ] && { log "installed: $PKGS; Puppet 8 root $PROOT"; exit 0; }
+elif [ "$PUPPET_GEN" != 7 ]; then
+    die "PUPPET_GEN=$PUPPET_GEN: 7 or 8"
+fi
 PKGS="puppetserver puppet-agent rsync puppetdb postgresql puppet-terminus-puppetdb puppet-module-puppetlabs-stdlib puppet-module-puppetlabs-concat puppet-module-puppetlabs-haproxy dnsmasq-base"
-if ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ] ||
+if [ "$PUPPET_GEN" = 7 ] && { ! command -v puppet >/dev/null || ! command -v rsync >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ] ||
    [ ! -f /usr/share/puppetdb/puppetdb.jar ] || ! command -v pg_ctlcluster >/dev/null ||
    [ ! -f /usr/lib/ruby/vendor_ruby/puppet/indirector/catalog/puppetdb.rb ] || [ ! -d /usr/share/puppet/modules/concat ] ||
-   [ ! -d /usr/share/puppet/modules/haproxy ] || [ ! -x /usr/sbin/dnsmasq ]; then
+   [ ! -d /usr/share/puppet/modules/haproxy ] || [ ! -x /usr/sbin/dnsmasq ]; }; then
     [ "${NO_INSTALL:-0}" = 1 ] && die "not installed: some of $PKGS"
     log "installing $PKGS"
     # shellcheck disable=SC2086
@@ -335,12 +388,21 @@ fi
 
 W=$(mktemp -d /tmp/crossbar-puppet.XXXXXX)
 chmod 755 "$W"
+if [ "$PUPPET_GEN" = 8 ]; then
+    # puppet, puppetserver, facter and java run from the root (same paths: it sees /tmp)
+    root_enter || die "entering the Puppet 8 root $PROOT"
+    # the module runs `crossbar check` from the lb agent's catalog, inside the root
+    cp "$CROSSBAR" "$W/crossbar" || die "copying $CROSSBAR"
+    CROSSBAR=$W/crossbar
+fi
 # PuppetDB asks every client for a certificate (client-auth need): crossbar's health
 # check and this script present the balancer node's (lb.$DOMAIN, from the Puppet CA)
 LB_CERT=$W/agents/lb/ssl/certs/lb.$DOMAIN.pem
 LB_KEY=$W/agents/lb/ssl/private_keys/lb.$DOMAIN.pem
 javac -d "$W/java" "$ROOT/tests/puppet/JdkResume.java" > "$W/javac.log" 2>&1 || { cat "$W/javac.log" >&2; die "javac JdkResume.java"; }
-log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server)"
+pkgver() { if [ -n "$PROOT" ]; then chroot "$PROOT" dpkg-query -W -f='${Version}' "$1"; else dpkg-query -W -f='${Version}' "$1"; fi; }
+V_SERVER=$(pkgver puppetserver); V_PDB=$(pkgver puppetdb); V_AGENT=$(puppet --version)
+log "work dir $W (Puppet $PUPPET_GEN: agent $V_AGENT, puppetserver $V_SERVER, puppetdb $V_PDB)"
 # under the lock no other run is under way: a block another run left is stale
 hosts_remove_stale crossbar-puppet-e2e
 hosts_write vip
@@ -376,6 +438,11 @@ cat > "$W/code/environments/production/manifests/site.pp" <<EOF
 node /^herd\\d+\\.$DOMAIN\$/ {
   \$slow = generate('/bin/sleep', '$HERD_SLEEP')
   notify { "compiled for \${trusted['certname']}": }
+}
+# the 1500-byte MTU phase's agents: no file (puppetfiles is not reachable from their
+# network namespace)
+node /^m\\d+\\.$DOMAIN\$/ {
+  notify { "compiled for \${trusted['certname']} behind an MTU of $MTU": }
 }
 node default {
   file { "$W/out/\${trusted['certname']}.txt":
@@ -458,12 +525,17 @@ node 'lb.$DOMAIN' {
 EOF
 # the module under test, with stdlib, concat and haproxy (whose define the masters
 # export) from Debian
-cp -r "$ROOT/packaging/puppet/crossbar" /usr/share/puppet/modules/stdlib /usr/share/puppet/modules/concat \
-    /usr/share/puppet/modules/haproxy "$W/code/environments/production/modules/"
+# (Debian's module dirs are links through /etc/alternatives: resolved in the root they
+# belong to)
+cp -r "$ROOT/packaging/puppet/crossbar" "$W/code/environments/production/modules/"
+for m in stdlib concat haproxy; do
+    if [ -n "$PROOT" ]; then src=$PROOT$(chroot "$PROOT" readlink -f "/usr/share/puppet/modules/$m"); else src=$(readlink -f "/usr/share/puppet/modules/$m"); fi
+    cp -r "$src" "$W/code/environments/production/modules/$m" || die "module $m ($src)"
+done
 mkdir -p "$W/lb"
 chmod -R a+rX "$W/code"
 
-ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN,puppetlb.$DOMAIN,puppetfb.$DOMAIN"
+ALT="puppetca.$DOMAIN,puppet.$DOMAIN,puppetfiles.$DOMAIN,puppetdb.$DOMAIN,puppetlb.$DOMAIN,puppetfb.$DOMAIN,puppetmtu.$DOMAIN,puppetcamtu.$DOMAIN"
 master_conf ca1 $IP_CA1 "ca1.$DOMAIN" "$ALT,ca1.$DOMAIN"
 master_conf ca2 $IP_CA2 "ca2.$DOMAIN" "$ALT,ca2.$DOMAIN"
 # primary CA, offline: root + intermediate, ca1's host cert with every service name
@@ -527,7 +599,12 @@ PDB_SECS=$(( $(date +%s) - T_JVM ))
 log "both masters running after ${JVM_SECS}s, PuppetDB after ${PDB_SECS}s"
 
 # ------------------------------------------------------- crossbar configs
-HEALTH="check: https, path: /status/v1/simple, expect_status: 200, expect_body: running, ca_file: $W/ca.pem, interval: 1s, timeout: 3s, rise: 2, fall: 2"
+# timeout 10s: a puppetserver compiling on every JRuby of a starved machine can leave
+# a ClientHello unanswered for over 3 s (2026-12-05, Puppet 8 run at load ~18: ca2, 3
+# JRubies in the herd, down for 2 s on every service at once, "no answer to the
+# ClientHello", and the herd's source entries re-learned on ca1); a stopped JVM
+# refuses at once, so failover is not slower
+HEALTH="check: https, path: /status/v1/simple, expect_status: 200, expect_body: running, ca_file: $W/ca.pem, interval: 1s, timeout: 10s, rise: 2, fall: 2"
 cat > "$W/crossbar.yaml" <<EOF
 # crossbar in front of two puppetservers, one VIP per service (docs/puppet.md)
 admin:
@@ -770,12 +847,49 @@ done
 p1=$(conns puppet compile1); p2=$(conns puppet compile2)
 shit=$(metric crossbar_stick_lookups_total 'service="puppet"' 'key="source"' 'result="hit"')
 med=$(printf '%s\n' "${DURS[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+# TLS resumption by agents (measured, not judged): handshakes crossbar saw in the
+# ServerHellos of the bootstraps (puppetca) and of these runs (puppet)
+rfull=$(metric crossbar_tls_handshakes_total 'service="puppet"' 'kind="full"'); rres=$(metric crossbar_tls_handshakes_total 'service="puppet"' 'kind="resumed"')
+bfull=$(metric crossbar_tls_handshakes_total 'service="puppetca"' 'kind="full"'); bres=$(metric crossbar_tls_handshakes_total 'service="puppetca"' 'kind="resumed"')
 if [ $okruns = $total ] && [ $sticky = 1 ] && [ $m1 -gt 0 ] && [ $m2 -gt 0 ] && [ $((p1 + p2)) -ge $total ]; then
-    pass agent-runs "$okruns/$total runs ok (median ${med}ms); catalogs per agent: ${spread% }; puppet connections compile1=$p1 compile2=$p2 (one per run), source stick hits=$shit"
+    pass agent-runs "$okruns/$total runs ok (median ${med}ms); catalogs per agent: ${spread% }; puppet connections compile1=$p1 compile2=$p2 (one per run), source stick hits=$shit; agent $V_AGENT TLS handshakes: runs full=$rfull resumed=$rres, bootstraps full=$bfull resumed=$bres"
 else
     fail agent-runs "$okruns/$total runs ok; sticky=$sticky agents-on-ca1=$m1 agents-on-ca2=$m2; catalogs: ${spread}; compile1=$p1 compile2=$p2 (logs: $W/agents/*/run-*.log)"
 fi
 [ "${STOP_AFTER:-}" = runs ] && exit
+
+# 2a. (Puppet 8) Debian 12's Puppet 7.23 agents against the Puppet 8 masters, through
+# the same VIPs: a mixed fleet, as during an upgrade. Bootstrap, 2 runs each (their
+# catalogs, sticky, and their file through puppetfiles)
+if [ "$PUPPET_GEN" = 8 ]; then
+    V7=$(/usr/bin/puppet --version 2>&1)
+    oldn=(o1 o2); opids=()
+    for n in "${oldn[@]}"; do
+        agent_conf "$n" $((10 + ${n#o}))
+        ( timeout 300 /usr/bin/puppet ssl bootstrap --confdir "$W/agents/$n" --color false \
+              > "$W/agents/$n/bootstrap.log" 2>&1 ) &
+        opids+=($!)
+    done
+    wait "${opids[@]}"
+    oboot=0; orun=0; ofile=0; osticky=1; ospread=""
+    for n in "${oldn[@]}"; do
+        [ -s "$W/agents/$n/ssl/certs/$n.$DOMAIN.pem" ] && oboot=$((oboot + 1))
+        for r in 1 2; do
+            timeout 300 /usr/bin/puppet agent -t --confdir "$W/agents/$n" --color false > "$W/agents/$n/run-$r.log" 2>&1
+            rc=$?; { [ $rc = 0 ] || [ $rc = 2 ]; } && orun=$((orun + 1))
+        done
+        grep -qx "hello from crossbar e2e $TOKEN" "$W/out/$n.$DOMAIN.txt" 2>/dev/null && ofile=$((ofile + 1))
+        k1=$(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca1/log/access.log"); k2=$(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca2/log/access.log")
+        ospread+="$n=ca1:$k1/ca2:$k2 "
+        { [ "$k1" = 0 ] || [ "$k2" = 0 ]; } && [ $((k1 + k2)) -ge 2 ] || osticky=0
+    done
+    if [[ $V7 == 7.* ]] && [ $oboot = 2 ] && [ $orun = 4 ] && [ $ofile = 2 ] && [ $osticky = 1 ]; then
+        pass puppet7-agents "agents $V7 (Debian 12) against puppetserver $V_SERVER: $oboot/2 bootstrapped via puppetca.$DOMAIN, $orun/4 runs ok, catalogs ${ospread% } (each on one master), $ofile/2 files through puppetfiles.$DOMAIN"
+    else
+        fail puppet7-agents "agents '$V7': bootstrapped $oboot/2, runs ok $orun/4, files $ofile/2, catalogs ${ospread% } (sticky: $osticky) (logs: $W/agents/o?/)"
+    fi
+fi
+[ "${STOP_AFTER:-}" = puppet7 ] && exit
 
 # 2b. load feedback with the real compilers: HERD agents at once through the puppetfb
 # VIP (feedback on), more catalogs than the compilers' JRubies (1 and 3) hold at once.
@@ -809,6 +923,8 @@ tail -n +"$((from2 + 1))" "$W/ca2/log/access.log" > "$W/herd-ca2.log"
 hc1=$(grep -c '"POST /puppet/v3/catalog/herd[^"]*" 200 ' "$W/herd-ca1.log")
 hc2=$(grep -c '"POST /puppet/v3/catalog/herd[^"]*" 200 ' "$W/herd-ca2.log")
 h503=$(cat "$W/herd-ca1.log" "$W/herd-ca2.log" | grep -c '" 503 ')
+# agents 8.10 sleep Retry-After and retry (7.23 fails the request)
+hretry=$(cat "$W"/agents/herd*/herd.log | grep -c 'Sleeping for')
 hmaxq=$(cat "$W/herd-maxq" 2>/dev/null || echo 0)
 fbj1=$(metric crossbar_backend_feedback_jrubies 'service="puppetfb"' 'backend="compile1"')
 fbj2=$(metric crossbar_backend_feedback_jrubies 'service="puppetfb"' 'backend="compile2"')
@@ -819,9 +935,9 @@ fbrep=$(metric crossbar_backend_feedback_sticky_replaced_total 'service="puppetf
 fbc1=$(conns puppetfb compile1); fbc2=$(conns puppetfb compile2)
 if [ $hok = $HERD ] && [ "$hc1" -gt 0 ] && [ "$hc2" -gt "$hc1" ] && [ $((hc1 + hc2)) -ge $HERD ] &&
    [ "$fbj1" = "$JRUBIES_CA1" ] && [ "$fbj2" = "$JRUBIES_CA2" ] && [ "$fbok" -gt 0 ] && [ "$hmaxq" -gt 0 ]; then
-    pass feedback-herd "$hok/$HERD runs ok through the feedback VIP (${hms}ms); catalogs compile1=$hc1 compile2=$hc2 (JRubies $JRUBIES_CA1 and $JRUBIES_CA2); 503s $h503 (pluginsync, report: not fatal); jruby-metrics read from both (num-jrubies $fbj1 and $fbj2, $fbok polls ok, $fbbad failed), largest queue seen $hmaxq; connections compile1=$fbc1 compile2=$fbc2, saturated resumptions placed anew $fbrep"
+    pass feedback-herd "$hok/$HERD runs ok through the feedback VIP (${hms}ms, catalogs +${HERD_SLEEP}s); catalogs compile1=$hc1 compile2=$hc2 (JRubies $JRUBIES_CA1 and $JRUBIES_CA2); 503s $h503, retries after one $hretry; jruby-metrics read from both (num-jrubies $fbj1 and $fbj2, $fbok polls ok, $fbbad failed), largest queue seen $hmaxq; connections compile1=$fbc1 compile2=$fbc2, saturated resumptions placed anew $fbrep"
 else
-    fail feedback-herd "$hok/$HERD runs ok; catalogs compile1=$hc1 compile2=$hc2 (the larger compile2 should compile more); 503s $h503; num-jrubies $fbj1 and $fbj2 (expected $JRUBIES_CA1 and $JRUBIES_CA2), polls ok $fbok failed $fbbad, largest queue $hmaxq (logs: $W/agents/herd*/herd.log, $W/herd-ca?.log)"
+    fail feedback-herd "$hok/$HERD runs ok; catalogs compile1=$hc1 compile2=$hc2 (the larger compile2 should compile more); 503s $h503, retries $hretry; num-jrubies $fbj1 and $fbj2 (expected $JRUBIES_CA1 and $JRUBIES_CA2), polls ok $fbok failed $fbbad, largest queue $hmaxq (logs: $W/agents/herd*/herd.log, $W/herd-ca?.log)"
 fi
 [ "${STOP_AFTER:-}" = feedback ] && exit
 
@@ -980,6 +1096,128 @@ fi
 stop_pid crossbar_sni
 [ "${STOP_AFTER:-}" = sni ] && exit
 
+# 6a. (Puppet 8) a real 1500-byte path: agents 8.10 in a network namespace behind a
+# veth pair with an MTU of 1500, crossbar listening on this side: their 1515-byte
+# ClientHellos (an ML-KEM hybrid key share) arrive in two TCP segments, as on a site's
+# Ethernet (loopback's 64 KiB MTU never splits them). One shared listener, routed by
+# the SNI in those split hellos: puppetcamtu.$DOMAIN to the CA, puppetmtu.$DOMAIN to
+# the compilers with source stickiness. tcpdump on the veth counts each connection's
+# ClientHello segments.
+if [ "$PUPPET_GEN" = 8 ]; then
+    MTU_NS=cbmtu$$
+    ip netns add "$MTU_NS" && ip link add "$MTU_VETH" type veth peer name "${MTU_VETH}n" &&
+        ip link set "${MTU_VETH}n" netns "$MTU_NS" && ip link set "$MTU_VETH" mtu $MTU up &&
+        ip addr add "$MTU_VIP/30" dev "$MTU_VETH" && ip -n "$MTU_NS" link set "${MTU_VETH}n" mtu $MTU up &&
+        ip -n "$MTU_NS" addr add "$MTU_AGENT_IP/30" dev "${MTU_VETH}n" && ip -n "$MTU_NS" link set lo up ||
+        die "the MTU phase's namespace and veth"
+    # no segmentation offload: a veth hands the sender's 16 KiB TSO/GSO packets over
+    # whole (measured: one 1523-byte "segment" per hello), where a NIC would cut them at
+    # the MSS; and no GRO on this side, which would glue them together again
+    ip netns exec "$MTU_NS" ethtool -K "${MTU_VETH}n" tso off gso off gro off > "$W/ethtool.log" 2>&1 &&
+        ethtool -K "$MTU_VETH" tso off gso off gro off >> "$W/ethtool.log" 2>&1 ||
+        die "ethtool -K on the MTU phase's veth: $(cat "$W/ethtool.log")"
+    cat > "$W/crossbar-mtu.yaml" <<EOC
+# the CA and the compilers on one listener behind a 1500-byte MTU, routed by SNI
+admin:
+  listen: 127.0.0.1:$ADMIN_MTU_PORT
+defaults:
+  timeouts: { client_hello: 5s, connect: 3s, idle: 30m, queue: 10s, shutdown: 5s }
+  health: { $HEALTH }
+services:
+  puppetca:
+    listen: ["$MTU_VIP:8140"]
+    server_names: ["puppetcamtu.$DOMAIN"]
+    balance: first
+    failback: manual
+    backends:
+      - { name: ca1, address: "ca1.$DOMAIN:8140" }
+      - { name: ca2, address: "ca2.$DOMAIN:8140", backup: true }
+  puppet:
+    listen: ["$MTU_VIP:8140"]
+    server_names: ["puppetmtu.$DOMAIN"]
+    balance: leastconn
+    stick: { on: [session_id, ticket, psk, source], expire: 30m }
+    backends:
+      - { name: compile1, address: "ca1.$DOMAIN:8140" }
+      - { name: compile2, address: "ca2.$DOMAIN:8140" }
+EOC
+    "$CROSSBAR" check -c "$W/crossbar-mtu.yaml" > "$W/crossbar-mtu.check" 2>&1 || { cat "$W/crossbar-mtu.check" >&2; die "crossbar check crossbar-mtu.yaml"; }
+    "$CROSSBAR" run -c "$W/crossbar-mtu.yaml" > "$W/crossbar-mtu.log" 2>&1 &
+    PIDS[crossbar_mtu]=$!
+    for _ in $(seq 1 50); do curl -sf --max-time 1 "$ADMIN_MTU/healthz" >/dev/null && break; sleep 0.2; done
+    MURL=$ADMIN_MTU wait_state puppet compile1 up 20; MURL=$ADMIN_MTU wait_state puppet compile2 up 20
+    MURL=$ADMIN_MTU wait_state puppetca ca1 up 20
+    tcpdump -i "$MTU_VETH" -nn -U -s 256 -w "$W/mtu.pcap" "tcp port 8140" > "$W/tcpdump.log" 2>&1 &
+    PIDS[tcpdump]=$!
+    for _ in $(seq 1 50); do grep -q 'listening on' "$W/tcpdump.log" && break; sleep 0.2; done
+    mtun=(); mpids=()
+    for i in $(seq 1 $MTU_AGENTS); do
+        mtun+=("m$i"); agent_conf "m$i" $((60 + i))
+        sed -i -e "s/^server = .*/server = puppetmtu.$DOMAIN/" -e "s/^ca_server = .*/ca_server = puppetcamtu.$DOMAIN/" \
+            -e "s/^sourceaddress = .*/sourceaddress = $MTU_AGENT_IP/" "$W/agents/m$i/puppet.conf"
+        ( ip netns exec "$MTU_NS" timeout 300 puppet ssl bootstrap --confdir "$W/agents/m$i" --color false \
+              > "$W/agents/m$i/bootstrap.log" 2>&1 ) &
+        mpids+=($!)
+    done
+    wait "${mpids[@]}"
+    mboot=0; mrun=0; msticky=1; mspread=""
+    for n in "${mtun[@]}"; do
+        [ -s "$W/agents/$n/ssl/certs/$n.$DOMAIN.pem" ] && mboot=$((mboot + 1))
+        for r in 1 2; do
+            ip netns exec "$MTU_NS" timeout 300 puppet agent -t --confdir "$W/agents/$n" --color false > "$W/agents/$n/run-$r.log" 2>&1
+            rc=$?; { [ $rc = 0 ] || [ $rc = 2 ]; } && mrun=$((mrun + 1))
+        done
+        k1=$(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca1/log/access.log"); k2=$(grep -c "/puppet/v3/catalog/$n.$DOMAIN" "$W/ca2/log/access.log")
+        mspread+="$n=ca1:$k1/ca2:$k2 "
+        { [ "$k1" = 0 ] || [ "$k2" = 0 ]; } && [ $((k1 + k2)) -ge 2 ] || msticky=0
+    done
+    stop_pid tcpdump
+    export MURL=$ADMIN_MTU
+    macc=$(metric crossbar_listener_accepts_total)
+    mca1=$(conns puppetca ca1); mca2=$(conns puppetca ca2)
+    mpu=$(( $(conns puppet compile1) + $(conns puppet compile2) ))
+    mref=$(metric crossbar_route_refused_total); mherr=$(metric crossbar_client_hello_errors_total)
+    mhit=$(metric crossbar_stick_lookups_total 'service="puppet"' 'key="source"' 'result="hit"')
+    mfull=$(metric crossbar_tls_handshakes_total 'kind="full"'); mres=$(metric crossbar_tls_handshakes_total 'kind="resumed"')
+    unset MURL
+    # per connection from the agents' side: its first payload a ClientHello? how long,
+    # in how many segments?
+    seg=$(ruby - "$W/mtu.pcap" "$MTU_AGENT_IP" <<'RB' 2>&1
+data = File.binread(ARGV[0]); me = ARGV[1].split('.').map(&:to_i).pack('C4')
+magic = data[0, 4].unpack1('V'); f = [0xa1b2c3d4, 0xa1b23c4d].include?(magic) ? 'V' : 'N'
+link = data[20, 4].unpack1(f); l2 = { 1 => 14, 113 => 16 }.fetch(link) { abort "link type #{link}" }
+off = 24; conns = Hash.new { |h, k| h[k] = { first: nil, segs: [] } }; maxseg = 0
+while off + 16 <= data.bytesize
+  incl = data[off + 8, 4].unpack1(f); pkt = data[off + 16, incl]; off += 16 + incl
+  ip = pkt.byteslice(l2, pkt.bytesize) || next
+  next unless ip.bytesize >= 40 && ip.getbyte(0) >> 4 == 4 && ip.getbyte(9) == 6 && ip.byteslice(12, 4) == me
+  ihl = (ip.getbyte(0) & 15) * 4; tcp = ip.byteslice(ihl, ip.bytesize); thl = (tcp.getbyte(12) >> 4) * 4
+  plen = ip.byteslice(2, 2).unpack1('n') - ihl - thl
+  next if plen <= 0
+  c = conns[tcp.byteslice(0, 2).unpack1('n')]
+  c[:first] ||= tcp.byteslice(thl, 6)
+  c[:segs] << plen; maxseg = plen if plen > maxseg
+end
+hellos = conns.values.select { |c| c[:first] && c[:first].getbyte(0) == 0x16 && c[:first].getbyte(5) == 1 }
+sizes = hellos.map { |c| c[:first].byteslice(3, 2).unpack1('n') + 5 }
+split = hellos.zip(sizes).count { |c, n| s = 0; k = c[:segs].index { |l| (s += l) >= n }; k && k >= 1 }
+puts "conns=#{conns.size} hellos=#{hellos.size} split=#{split} hello_bytes=#{sizes.minmax.join('-')} max_segment=#{maxseg}"
+RB
+)
+    mconns=$(sed -n 's/.*conns=\([0-9]*\).*/\1/p' <<< "$seg"); mhellos=$(sed -n 's/.*hellos=\([0-9]*\).*/\1/p' <<< "$seg")
+    msplit=$(sed -n 's/.*split=\([0-9]*\).*/\1/p' <<< "$seg"); mmaxseg=$(sed -n 's/.*max_segment=\([0-9]*\).*/\1/p' <<< "$seg")
+    if [ $mboot = $MTU_AGENTS ] && [ $mrun = $((2 * MTU_AGENTS)) ] && [ $msticky = 1 ] && [ "$mca1" -gt 0 ] && [ "$mca2" = 0 ] &&
+       [ "$mpu" -ge $((2 * MTU_AGENTS)) ] && [ "$mref" = 0 ] && [ "$mherr" = 0 ] && [ "$mhit" -gt 0 ] &&
+       [ -n "$mconns" ] && [ "$mconns" -ge "$macc" ] && [ "$mhellos" = "$mconns" ] && [ "$msplit" = "$mhellos" ] &&
+       [ "$mmaxseg" -le $((MTU - 40)) ]; then
+        pass mtu-1500 "$MTU_AGENTS agents $V_AGENT in a netns behind an MTU of $MTU: $mboot bootstrapped via puppetcamtu.$DOMAIN, $mrun runs ok via puppetmtu.$DOMAIN; on the veth: $seg (every ClientHello in 2+ segments); crossbar: $macc accepted, by SNI puppetca ca1=$mca1 ca2=$mca2, puppet=$mpu, refused=$mref, hello_errors=$mherr; catalogs ${mspread% } (each on one master, source hits $mhit); TLS full=$mfull resumed=$mres"
+    else
+        fail mtu-1500 "bootstrapped $mboot/$MTU_AGENTS, runs $mrun/$((2 * MTU_AGENTS)), catalogs ${mspread% } (sticky $msticky, source hits $mhit); veth: $seg; crossbar accepted $macc, puppetca ca1=$mca1 ca2=$mca2, puppet=$mpu, refused=$mref, hello_errors=$mherr (logs: $W/agents/m?/, $W/crossbar-mtu.log, $W/mtu.pcap)"
+    fi
+    stop_pid crossbar_mtu
+fi
+[ "${STOP_AFTER:-}" = mtu ] && exit
+
 # 6b. PuppetDB behind crossbar, and the Puppet module on a balancer node: pools from
 # exported resources
 # - the masters' terminus stored every node's facts, catalog and reports through
@@ -997,7 +1235,7 @@ pdbc=$(MURL=$ADMIN_PDB conns puppetdb pdb1)
 pdb_hs_full=$(MURL=$ADMIN_PDB metric crossbar_tls_handshakes_total 'kind="full"')
 pdb_hs_res=$(MURL=$ADMIN_PDB metric crossbar_tls_handshakes_total 'kind="resumed"')
 if [ $pq_ok = 1 ] && [ "$pdbc" -gt 0 ]; then
-    pass puppetdb-store "PuppetDB 7 (PostgreSQL 15) behind crossbar's puppetdb service holds ${pq_detail% } (nodes: ${pq_nodes% }); masters -> PuppetDB connections through crossbar: $pdbc (TLS full $pdb_hs_full, resumed $pdb_hs_res)"
+    pass puppetdb-store "PuppetDB $V_PDB (PostgreSQL 15) behind crossbar's puppetdb service holds ${pq_detail% } (nodes: ${pq_nodes% }); masters -> PuppetDB connections through crossbar: $pdbc (TLS full $pdb_hs_full, resumed $pdb_hs_res)"
 else
     fail puppetdb-store "${pq_detail% }; nodes: ${pq_nodes% }; connections through crossbar: $pdbc (pdb1 log: $W/pdb1/log)"
 fi

@@ -6,6 +6,8 @@
 #   DOMAIN            the site's domain; $W/ca.pem its CA
 #   HOSTS_BEGIN/END   the markers of the script's block in /etc/hosts
 #   JVM_START_TIMEOUT seconds a JVM may take to say `running`
+#   PROOT             Puppet 8: the trixie root (tests/puppet/root8.sh) the Puppet
+#                     commands run from, empty for Puppet 7 (this machine's packages)
 
 stop_pid() { # name: TERM, bounded wait, then KILL
     local name=$1 pid=${PIDS[$1]:-}
@@ -38,6 +40,36 @@ hosts_remove_stale() {
         sed "/^# BEGIN $1 $pid\$/,/^# END $1 $pid\$/d" /etc/hosts > "$tmp" && cat "$tmp" > /etc/hosts
         rm -f "$tmp"
     done
+}
+
+# root_mount / root_umount: what the Puppet 8 root needs from this machine, mounted
+# for the run and gone after it: /proc, /sys (read-only: facter reads it), /dev, /tmp
+# (the work directory at the same path inside and out) and /etc/hosts (the run's names)
+ROOT_MOUNTS=()
+root_mount() {
+    local m
+    mount -t proc proc "$PROOT/proc" && ROOT_MOUNTS+=("$PROOT/proc") || return 1
+    mount -t sysfs -o ro sysfs "$PROOT/sys" && ROOT_MOUNTS+=("$PROOT/sys") || return 1
+    for m in /dev /dev/pts /tmp /etc/hosts; do
+        mount --bind "$m" "$PROOT$m" && ROOT_MOUNTS+=("$PROOT$m") || return 1
+    done
+}
+# root_enter: the Puppet 8 root mounted, and puppet, puppetserver, facter and java
+# run from it (wrappers in $W/bin8, first in PATH; the same paths inside and out)
+root_enter() {
+    local c
+    root_mount || return 1
+    mkdir -p "$W/bin8" || return 1
+    for c in puppet puppetserver facter java; do
+        printf '#!/bin/sh\nexec env PATH=/usr/sbin:/usr/bin:/sbin:/bin chroot %s /usr/bin/%s "$@"\n' "$PROOT" "$c" > "$W/bin8/$c"
+        chmod 755 "$W/bin8/$c"
+    done
+    export PATH="$W/bin8:$PATH"
+}
+root_umount() { # the last mounted first
+    local i
+    for (( i = ${#ROOT_MOUNTS[@]} - 1; i >= 0; i-- )); do umount -l "${ROOT_MOUNTS[$i]}" 2>/dev/null; done
+    ROOT_MOUNTS=()
 }
 
 jvm_start() { # name [heap, default 1g]
@@ -138,8 +170,8 @@ EOC
     local trace=""
     [ "${AUTH_TRACE:-0}" = 1 ] && trace='  <logger name="puppetlabs.trapperkeeper.authorization.rules" level="TRACE"/>'
     jvm_logging "$d/conf.d" "$d/log" puppetserver "$trace"
-    cp /etc/puppet/puppetserver/conf.d/{auth.conf,web-routes.conf,metrics.conf} "$d/conf.d/"
-    cp /etc/puppet/puppetserver/services.d/{bootstrap.cfg,ca.cfg} "$d/services.d/"
+    cp "${PROOT:-}"/etc/puppet/puppetserver/conf.d/{auth.conf,web-routes.conf,metrics.conf} "$d/conf.d/"
+    cp "${PROOT:-}"/etc/puppet/puppetserver/services.d/{bootstrap.cfg,ca.cfg} "$d/services.d/"
 }
 
 # install_cert NAME CA_SSLDIR DST_SSLDIR: move NAME's certificate and key, signed
