@@ -2822,25 +2822,6 @@ async fn status_json_carries_every_field_the_page_shows() {
     panic!("no stable pair of reads in 10 tries: {last}");
 }
 
-/// `crossbar ARGS` run to its end: its exit code, stdout and stderr.
-async fn cli_exit(args: Vec<String>) -> (Option<i32>, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
-            .args(&args)
-            .env_remove("CROSSBAR_ADMIN")
-            .env_remove("CROSSBAR_TOKEN_FILE")
-            .output()
-            .expect("run crossbar");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .expect("the crossbar CLI's thread")
-}
-
 /// `crossbar backend drain --wait` returns when the backend's last connection has
 /// ended, not before; at its timeout it exits 1 naming the connection left, its
 /// client and age; an idle backend returns at once; an unknown name or a bad
@@ -2861,7 +2842,7 @@ async fn drain_wait_returns_at_the_last_connections_end_and_names_what_is_left_a
     let target = format!("plain/{victim}");
 
     // The timeout, with the held connection open: exit 1, naming it.
-    let (code, out, err) = cli_exit(drain(&target, &["--timeout", "1s"])).await;
+    let (code, out, err) = common::crossbar_cli_exit(drain(&target, &["--timeout", "1s"])).await;
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
         out.contains(&format!("{target}: drain (1 active connections)")),
@@ -2918,21 +2899,22 @@ async fn drain_wait_returns_at_the_last_connections_end_and_names_what_is_left_a
     );
 
     // An idle backend returns at once; an unknown one and a bad timeout are usage errors.
-    let (code, out, err) = cli_exit(drain(&format!("plain/{other}"), &["--force"])).await;
+    let (code, out, err) =
+        common::crossbar_cli_exit(drain(&format!("plain/{other}"), &["--force"])).await;
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(
         out.contains(&format!("plain/{other}: no connection left")),
         "{out}"
     );
-    let (code, _, err) = cli_exit(drain("plain/p3", &[])).await;
+    let (code, _, err) = common::crossbar_cli_exit(drain("plain/p3", &[])).await;
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("did you mean"), "{err}");
     for bad in ["0s", "soon"] {
-        let (code, _, err) = cli_exit(drain(&target, &["--timeout", bad])).await;
+        let (code, _, err) = common::crossbar_cli_exit(drain(&target, &["--timeout", bad])).await;
         assert_eq!(code, Some(2), "{bad}: {err}");
         assert!(err.contains("--timeout"), "{bad}: {err}");
     }
-    let (code, _, err) = cli_exit(args(&[
+    let (code, _, err) = common::crossbar_cli_exit(args(&[
         "backend", "enable", &target, "--admin", &url, "--wait",
     ]))
     .await;
