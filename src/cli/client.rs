@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use super::http::{request, CliError, REFUSED};
 use super::options::ClientOptions;
 use crate::admin::view::{
-    BackendStateView, DeleteView, FlushView, ReloadAnswer, ResetView, ServicesView, SourcesView,
-    TableView, WeightView,
+    BackendStateView, ConnectionsView, DeleteView, FlushView, ReloadAnswer, ResetView,
+    ServicesView, SourcesView, TableView, WeightView,
 };
 use crate::admin::{Action, Secret, WeightAsk};
 
@@ -206,7 +206,7 @@ impl Command {
 }
 
 /// The admin endpoint of one command run: its options and token.
-pub(super) struct Endpoint<'a> {
+struct Endpoint<'a> {
     opts: &'a ClientOptions,
     token: Option<Secret>,
 }
@@ -214,7 +214,7 @@ pub(super) struct Endpoint<'a> {
 impl Endpoint<'_> {
     /// Send `method path`; the answer's body. A refused connect says where the
     /// address came from ([`CliError::NotRunning`]).
-    pub(super) async fn send(&self, method: Method, path: &str) -> Result<String, CliError> {
+    async fn send(&self, method: Method, path: &str) -> Result<String, CliError> {
         match request(&self.opts.admin, method, path, self.token.as_ref()).await {
             Err(CliError::Transport { url, reason }) if reason.starts_with(REFUSED) => {
                 Err(CliError::NotRunning {
@@ -236,7 +236,7 @@ impl Endpoint<'_> {
 
 /// `body`, the answer to `path`, read as the view `V`: a field the server no
 /// longer writes is an error naming it, never a blank.
-pub(super) fn decode<V: DeserializeOwned>(path: &str, body: &str) -> Result<V, CliError> {
+fn decode<V: DeserializeOwned>(path: &str, body: &str) -> Result<V, CliError> {
     serde_json::from_str(body).map_err(|e| CliError::BadAnswer {
         path: path.to_string(),
         reason: e.to_string(),
@@ -271,7 +271,15 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
         backend,
         timeout: *timeout,
     };
-    super::wait::until_idle(&endpoint, &w).await
+    let path = format!(
+        "/api/connections?service={service}&limit={}",
+        super::wait::LIST_LIMIT
+    );
+    let list = || async {
+        let body = endpoint.send(Method::GET, &path).await?;
+        Ok(decode::<ConnectionsView>(&path, &body)?.connections)
+    };
+    super::wait::until_idle(&w, list).await
 }
 
 /// What to print of `cmd`'s answer `body` to `path`.

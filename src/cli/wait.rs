@@ -13,16 +13,15 @@ use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
 use std::time::{Duration, Instant};
 
-use super::client::Endpoint;
 use super::http::CliError;
 use crate::admin::human::human_secs;
-use crate::admin::view::{ConnectionView, ConnectionsView};
+use crate::admin::view::ConnectionView;
 
 /// How often the backend's connections are looked at: a drain's end is seen
 /// within this, and a poll costs the endpoint one listing of one service.
 const POLL: Duration = Duration::from_millis(250);
 /// The most connections one poll lists (the API's bound).
-const LIST_LIMIT: usize = 10_000;
+pub(super) const LIST_LIMIT: usize = 10_000;
 /// The longest timeout taken: a week (a drain that outlives it is not a drain).
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The connections named when the wait times out.
@@ -59,14 +58,25 @@ impl Wait<'_> {
 
 /// Wait until `w`'s backend has no connection left; what to print then. Progress
 /// (connections left, the oldest's age) goes to stderr when it is a terminal.
-pub(super) async fn until_idle(endpoint: &Endpoint<'_>, w: &Wait<'_>) -> Result<String, CliError> {
+///
+/// `list` lists the open connections of `w`'s service (`GET
+/// /api/connections?service=`), at most [`LIST_LIMIT`].
+pub(super) async fn until_idle<F, Fut>(w: &Wait<'_>, mut list: F) -> Result<String, CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<ConnectionView>, CliError>>,
+{
     let started = Instant::now();
     let deadline = started + w.timeout;
     let progress = std::io::stderr().is_terminal();
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     loop {
-        let left = left(endpoint, w).await?;
+        let left: Vec<ConnectionView> = list()
+            .await?
+            .into_iter()
+            .filter(|c| c.backend == w.backend)
+            .collect();
         if left.is_empty() {
             clear(progress);
             return Ok(format!(
@@ -104,17 +114,6 @@ pub(super) async fn until_idle(endpoint: &Endpoint<'_>, w: &Wait<'_>) -> Result<
             }
         }
     }
-}
-
-/// The connections of `w`'s backend open now.
-async fn left(endpoint: &Endpoint<'_>, w: &Wait<'_>) -> Result<Vec<ConnectionView>, CliError> {
-    let path = format!("/api/connections?service={}&limit={LIST_LIMIT}", w.service);
-    let body = endpoint.send(hyper::Method::GET, &path).await?;
-    let v: ConnectionsView = super::client::decode(&path, &body)?;
-    Ok(v.connections
-        .into_iter()
-        .filter(|c| c.backend == w.backend)
-        .collect())
 }
 
 /// The timeout's message: how many are left, and the oldest of them.

@@ -6,7 +6,19 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntGaugeVec, Opts};
 
-use crate::service::Service;
+/// What the limit gauges read of a running service at each scrape (implemented
+/// by `service::Service`, which sits above metrics: the collector knows it only
+/// by this).
+pub trait Limits: Send + Sync {
+    /// The service's name (the `service` label).
+    fn label(&self) -> &str;
+    /// Connections waiting in its queue now.
+    fn waiting(&self) -> usize;
+    /// The places of its queue.
+    fn queue_places(&self) -> usize;
+    /// Each backend with a connection limit now, and that limit.
+    fn backend_limits(&self) -> Vec<(std::sync::Arc<str>, u32)>;
+}
 
 /// `crossbar_queue_waiting`: connections waiting for a backend slot now.
 pub const QUEUE_WAITING: &str = "crossbar_queue_waiting";
@@ -19,7 +31,7 @@ pub const BACKEND_MAX_CONNECTIONS: &str = "crossbar_backend_max_connections";
 /// never touches them; the queue's count is the atomic the pool keeps anyway).
 pub(super) struct LimitCollector {
     /// Weak: the registry must not keep a retired config's services alive.
-    services: Mutex<Vec<Weak<Service>>>,
+    services: Mutex<Vec<Weak<dyn Limits>>>,
     waiting: IntGaugeVec,
     size: IntGaugeVec,
     max_connections: IntGaugeVec,
@@ -51,9 +63,8 @@ impl LimitCollector {
     }
 
     /// The services read at the next scrape.
-    pub(super) fn set(&self, services: &[Arc<Service>]) {
-        let weak = services.iter().map(Arc::downgrade).collect();
-        *self.services.lock().unwrap_or_else(|e| e.into_inner()) = weak;
+    pub(super) fn set(&self, services: Vec<Weak<dyn Limits>>) {
+        *self.services.lock().unwrap_or_else(|e| e.into_inner()) = services;
     }
 }
 
@@ -73,18 +84,15 @@ impl Collector for LimitCollectorHandle {
         t.size.reset();
         t.max_connections.reset();
         for s in services.iter().filter_map(Weak::upgrade) {
-            let name = s.name();
-            let waiting = i64::try_from(s.pool.queued()).unwrap_or(i64::MAX);
+            let name = s.label();
+            let waiting = i64::try_from(s.waiting()).unwrap_or(i64::MAX);
             t.waiting.with_label_values(&[name]).set(waiting);
-            let size = i64::try_from(s.config.queue_size).unwrap_or(i64::MAX);
+            let size = i64::try_from(s.queue_places()).unwrap_or(i64::MAX);
             t.size.with_label_values(&[name]).set(size);
-            for b in &s.pool.backends {
-                if let Some(max) = b.max_connections() {
-                    let labels = [name, &*b.name];
-                    t.max_connections
-                        .with_label_values(&labels)
-                        .set(i64::from(max));
-                }
+            for (backend, max) in s.backend_limits() {
+                t.max_connections
+                    .with_label_values(&[name, &*backend])
+                    .set(i64::from(max));
             }
         }
         [

@@ -17,7 +17,7 @@ mod families;
 mod feedback;
 mod limits;
 
-pub use limits::{BACKEND_MAX_CONNECTIONS, QUEUE_SIZE, QUEUE_WAITING};
+pub use limits::{Limits, BACKEND_MAX_CONNECTIONS, QUEUE_SIZE, QUEUE_WAITING};
 
 pub use feedback::{
     BackendFeedbackMetrics, FeedbackMetrics, FeedbackPublished, JrubyCounts, FEEDBACK_PHASES,
@@ -387,8 +387,15 @@ impl Metrics {
 
     /// Publish the running services whose queues and connection limits are read
     /// at scrape time.
-    pub fn set_services(&self, services: &[Arc<crate::service::Service>]) {
-        self.limits.set(services);
+    pub fn set_services<S: Limits + 'static>(&self, services: &[Arc<S>]) {
+        let weak = services
+            .iter()
+            .map(|s| {
+                let w: std::sync::Weak<S> = Arc::downgrade(s);
+                w as std::sync::Weak<dyn Limits>
+            })
+            .collect();
+        self.limits.set(weak);
     }
 
     /// Publish the set of stick tables read at scrape time.
