@@ -146,10 +146,8 @@ const HANDSHAKE_KINDS: [&str; 2] = ["full", "resumed"];
 impl HandshakeObserver for Learner<'_> {
     fn handshake(&self, hs: &ServerHandshake) {
         let (svc, backend) = (self.r.svc, self.r.backend);
-        let kind = handshake_kind(backend, hs)
-            .and_then(|k| HANDSHAKE_KINDS.iter().position(|&w| w == k))
-            .map_or(0, |i| i as u8 + 1);
-        self.kind.store(kind, Ordering::Release);
+        self.kind
+            .store(handshake_kind(backend, hs), Ordering::Release);
         self.r.open.handshake_seen();
         let Some(s) = svc.sticking() else {
             self.flight.store(DONE, Ordering::Release);
@@ -212,18 +210,19 @@ impl HandshakeObserver for Learner<'_> {
     }
 }
 
-/// Count a server handshake as full or resumed; its access-log word.
-fn handshake_kind(backend: &Backend, hs: &ServerHandshake) -> Option<&'static str> {
+/// Count a server handshake as full or resumed; its code for [`Learner::kind`]:
+/// its access-log word's place in [`HANDSHAKE_KINDS`] plus one, 0 when not shown.
+fn handshake_kind(backend: &Backend, hs: &ServerHandshake) -> u8 {
     match hs.resumed {
-        Some(true) => {
-            backend.metrics.resumed.inc();
-            Some("resumed")
-        }
         Some(false) => {
             backend.metrics.full.inc();
-            Some("full")
+            1
         }
-        None => None,
+        Some(true) => {
+            backend.metrics.resumed.inc();
+            2
+        }
+        None => 0,
     }
 }
 
