@@ -4,6 +4,7 @@
 #   crossbar  puppetfb (127.0.0.45)  leastconn + stick + feedback: { kind: puppet }
 #   crossbar  puppetlc (127.0.0.46)  leastconn + stick, no feedback (conf/puppet.yaml's preset)
 #   haproxy   puppetha (127.0.0.47)  leastconn, mode tcp, check (Puppet's documented setup)
+#   haproxy   puppeths (127.0.0.48)  balance source: the stickiness many Puppet sites use
 #
 # A herd: every agent's `puppet agent -t` started at once; its completion time is
 # from the herd's start. 503s and catalogs are counted in the compilers' access
@@ -56,12 +57,17 @@ listen puppetha
     balance leastconn
     server c1 $IP_C1:8140 check inter 1s
     server c2 $IP_C2:8140 check inter 1s
+listen puppeths
+    bind $VIP_HS:8140
+    balance source
+    server c1 $IP_C1:8140 check inter 1s
+    server c2 $IP_C2:8140 check inter 1s
 EOF
     haproxy -c -f "$W/haproxy.cfg" > "$W/haproxy-check.log" 2>&1 || { cat "$W/haproxy-check.log" >&2; die "haproxy -c"; }
     haproxy -db -f "$W/haproxy.cfg" > "$W/haproxy.log" 2>&1 &
     PIDS[haproxy]=$!
     local vip
-    for vip in $VIP_FB $VIP_LC $VIP_HA; do
+    for vip in $VIP_FB $VIP_LC $VIP_HA $VIP_HS; do
         for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/$vip/8140") 2>/dev/null && break; sleep 0.1; done
     done
     # every compiler sampled by the feedback service, out of its blackout
@@ -104,6 +110,7 @@ herd() {
     local mode=$1 round=$2 size=$3 tag="$1-$2-$3" i k=0 pids=()
     wait_idle
     local from1 from2; from1=$(lines c1); from2=$(lines c2)
+    REPLACED0=$(replaced)
     local t0; t0=$(now_ms)
     : > "$W/times-$tag"
     for i in $(seq -f '%02g' 1 "$size"); do
@@ -128,10 +135,17 @@ percentiles() {
         printf "%.1f %.1f %.1f\n", v[i50] / 1000, v[i95] / 1000, v[NR] / 1000 }'
 }
 
+# replaced: crossbar_backend_feedback_sticky_replaced_total of the feedback service
+replaced() {
+    curl -s "http://$ADMIN_FB/metrics" | grep '^crossbar_backend_feedback_sticky_replaced_total' |
+        awk '{s += $2} END {print s + 0}'
+}
+
 # result MODE TAG ROUND SIZE: | mode | agents | round | 503s | catalogs c1 / c2 | p50 | p95 |
-# max | p95 of the runs that got their catalog | failed | retries |
+# max | p95 of the runs that got their catalog | failed | retries | retries placed anew |
 result() {
-    local tag=$2
+    local tag=$2 anew=-
+    [ "$1" = fb ] && anew=$(( $(replaced) - REPLACED0 ))
     local s503 cat1 cat2 failed retries p50 p95 max okp95
     s503=$(cat "$W/access-c1-$tag" "$W/access-c2-$tag" | grep -c '" 503 ')
     cat1=$(grep -c '"POST /puppet/v3/catalog/[^"]*" 200 ' "$W/access-c1-$tag")
@@ -141,8 +155,8 @@ result() {
     read -r p50 p95 max < <(awk '{print $3}' "$W/times-$tag" | percentiles)
     # a failed run's end is when its agent gave up, not when it had a catalog
     read -r _ okp95 _ < <(awk '$2 == 0 || $2 == 2 {print $3}' "$W/times-$tag" | percentiles)
-    printf '| %s | %s | %s | %s | %s / %s | %s s | %s s | %s s | %s s | %s | %s |\n' \
-        "$(label "$1")" "$4" "$3" "$s503" "$cat1" "$cat2" "$p50" "$p95" "$max" "$okp95" "$failed" "$retries" |
+    printf '| %s | %s | %s | %s | %s / %s | %s s | %s s | %s s | %s s | %s | %s | %s |\n' \
+        "$(label "$1")" "$4" "$3" "$s503" "$cat1" "$cat2" "$p50" "$p95" "$max" "$okp95" "$failed" "$retries" "$anew" |
         tee -a "$W/results.md"
 }
 label() {
@@ -150,6 +164,7 @@ label() {
         fb) echo "crossbar leastconn + feedback" ;;
         lc) echo "crossbar leastconn" ;;
         ha) echo "HAProxy leastconn" ;;
+        hs) echo "HAProxy balance source" ;;
     esac
 }
 
@@ -159,8 +174,8 @@ herds() {
     warm
     echo "herds of ${SIZES//,/ and } agents at once; c1 $J1 JRuby, c2 $J2; max-queued-requests $QUEUE, max-retry-delay ${RETRY_DELAY}s; catalogs +${SLEEP}s (generate sleep)"
     echo
-    echo "| balancer | agents | round | 503s | catalogs c1 / c2 | p50 | p95 | max | p95, runs with a catalog | failed runs | retries after 503 |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| balancer | agents | round | 503s | catalogs c1 / c2 | p50 | p95 | max | p95, runs with a catalog | failed runs | retries after 503 | retries placed anew |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     local r m n
     for r in $(seq 1 "$ROUNDS"); do
         for n in ${SIZES//,/ }; do
@@ -170,9 +185,6 @@ herds() {
         done
     done
     echo
-    local replaced
-    replaced=$(curl -s "http://$ADMIN_FB/metrics" | grep '^crossbar_backend_feedback_sticky_replaced_total' |
-        awk '{s += $2} END {print s + 0}')
-    echo "crossbar feedback: resumptions placed like new sessions (saturated compiler): $replaced"
+    echo "crossbar feedback: retries and resumptions placed like new connections (saturated compiler): $(replaced)"
     echo "work dir: $W (results.md, access-*, times-*, agents/*/MODE-ROUND-SIZE.log)"
 }

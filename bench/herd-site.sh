@@ -16,6 +16,7 @@ hosts_write() {
         echo "$VIP_FB puppetfb.$DOMAIN"
         echo "$VIP_LC puppetlc.$DOMAIN"
         echo "$VIP_HA puppetha.$DOMAIN"
+        echo "$VIP_HS puppeths.$DOMAIN"
         echo "$HOSTS_END"
     } >> /etc/hosts
 }
@@ -52,7 +53,7 @@ EOF
 }
 
 site_build() {
-    local alt="puppetca.$DOMAIN,puppetfb.$DOMAIN,puppetlc.$DOMAIN,puppetha.$DOMAIN"
+    local alt="puppetca.$DOMAIN,puppetfb.$DOMAIN,puppetlc.$DOMAIN,puppetha.$DOMAIN,puppeths.$DOMAIN"
     mkdir -p "$W/code/environments/production/manifests" "$W/code/modules"
     # a catalog that takes a known time: generate() runs on the compiler while it compiles
     cat > "$W/code/environments/production/manifests/site.pp" <<EOF

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The herd: real puppet agents arriving at once at two real puppetservers of
-# different sizes, through crossbar with load feedback, crossbar `leastconn` and
-# HAProxy `leastconn`, in one run (docs/puppet.md "Load feedback in a herd").
+# different sizes, through crossbar with load feedback, crossbar `leastconn`,
+# HAProxy `leastconn` and HAProxy `balance source`, in one run (docs/puppet.md "Load
+# feedback in a herd").
 #
 #   sudo bench/herd.sh                       # 12 agents, compilers of 1 and 3 JRubies
+#   sudo bench/herd.sh --gen 7               # Debian 12's Puppet 7 instead of 8
 #   sudo bench/herd.sh --agents 6,8 --rounds 2 --sleep 8
 #   sudo bench/herd.sh --capture tests/fixtures/jruby-metrics   # the JSON fixtures
 #
@@ -12,6 +14,10 @@
 # machine (nothing else building or testing beside it).
 #
 # Options:
+#   --gen 8|7         Puppet 8 (default: Debian 13's puppetserver 8.7 and agents 8.10 from
+#                     the trixie root tests/puppet/root8.sh builds and caches; agents
+#                     8.10 retry a 503 after Retry-After) or Puppet 7 (Debian 12's
+#                     7.9.5 and 7.23 installed here; 7.23 fails a request it retries)
 #   --agents N[,N...] agents in a herd (default 12); a list runs a herd of each size
 #                     per round and mode (the site holds as many agents as the largest)
 #   --rounds R        herds per mode, the modes interleaved (default 1)
@@ -20,7 +26,7 @@
 #   --retry-delay D   max-retry-delay of both, seconds (default 10)
 #   --sleep S         seconds a catalog takes beyond its compile: generate('/bin/sleep', S) (default 2)
 #   --modes LIST      of fb (crossbar, feedback), lc (crossbar leastconn), ha (HAProxy
-#                     leastconn); default fb,lc,ha
+#                     leastconn), hs (HAProxy balance source); default fb,lc,ha,hs
 #   --strict-plugins  a failed pluginsync fails the agent's run (Puppet's default;
 #                     here off, ignore_plugin_errors: Puppet 7.23's agent fails
 #                     every request it retries after a 503, see herd-site.sh)
@@ -36,9 +42,10 @@ if [ -z "${HERD_LOCKED:-}" ]; then
     exec flock /tmp/puppet-e2e.lock env HERD_LOCKED=1 "$0" "$@"
 fi
 
-SIZES=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha CAPTURE= STRICT_PLUGINS=0
+SIZES=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha,hs CAPTURE= STRICT_PLUGINS=0 PUPPET_GEN=8
 while [ $# -gt 0 ]; do
     case "$1" in
+        --gen) PUPPET_GEN=$2; shift ;;
         --agents) SIZES=$2; shift ;;
         --rounds) ROUNDS=$2; shift ;;
         --jrubies) JRUBIES=$2; shift ;;
@@ -65,6 +72,7 @@ IP_C2=127.0.0.42
 VIP_FB=127.0.0.45
 VIP_LC=127.0.0.46
 VIP_HA=127.0.0.47
+VIP_HS=127.0.0.48
 ADMIN_FB=127.0.0.1:19150
 ADMIN_LC=127.0.0.1:19151
 # Every agent run is bounded: a herd that stalls is a result, not a hang.
@@ -81,6 +89,7 @@ T0=$(date +%s)
 declare -A PIDS=()
 CREATED_FACTER=0
 W=""
+PROOT=""   # Puppet 8: the trixie root (tests/puppet/root8.sh)
 
 log() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
 die() { log "SETUP ERROR: $*"; exit 2; }
@@ -94,6 +103,7 @@ cleanup() {
     local rc=$?
     for n in "${!PIDS[@]}"; do stop_pid "$n"; done
     hosts_remove
+    root_umount
     [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
     if [ -n "$W" ] && [ -d "$W" ]; then
         if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
@@ -109,8 +119,14 @@ source "$ROOT/bench/herd-site.sh"
 
 # ================================================================== setup
 [ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
-PKGS="puppetserver puppet-agent haproxy"
-if ! command -v puppet >/dev/null || [ ! -f /usr/share/puppetserver/puppetserver.jar ] ||
+case $PUPPET_GEN in
+    # Puppet 8: the servers and agents from the root; here HAProxy, and Ruby (the
+    # JSON one-liners) with Debian 12's agent
+    8) PKGS="puppet-agent haproxy" ;;
+    7) PKGS="puppetserver puppet-agent haproxy" ;;
+    *) die "--gen $PUPPET_GEN: 7 or 8" ;;
+esac
+if ! command -v puppet >/dev/null || { [ "$PUPPET_GEN" = 7 ] && [ ! -f /usr/share/puppetserver/puppetserver.jar ]; } ||
    ! command -v haproxy >/dev/null; then
     log "installing $PKGS"
     # shellcheck disable=SC2086
@@ -128,9 +144,18 @@ if [ ! -e "$FACTER_CONF" ]; then
     echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$FACTER_CONF"
     CREATED_FACTER=1
 fi
+if [ "$PUPPET_GEN" = 8 ]; then
+    PROOT=$("$ROOT/tests/puppet/root8.sh") || die "the Puppet 8 root (tests/puppet/root8.sh)"
+fi
 W=$(mktemp -d /tmp/crossbar-herd.XXXXXX)
 chmod 755 "$W"
-log "work dir $W ($(puppet --version) agent, $(dpkg-query -W -f='${Version}' puppetserver) server, $(haproxy -v | head -1))"
+if [ -n "$PROOT" ]; then
+    root_enter || die "entering the Puppet 8 root $PROOT"
+    V_SERVER=$(chroot "$PROOT" dpkg-query -W -f='${Version}' puppetserver)
+else
+    V_SERVER=$(dpkg-query -W -f='${Version}' puppetserver)
+fi
+log "work dir $W (Puppet $PUPPET_GEN: $(puppet --version) agent, $V_SERVER server, $(haproxy -v | head -1))"
 hosts_remove_stale crossbar-herd
 hosts_write
 site_build
