@@ -212,6 +212,7 @@ mod tests {
                 "mode",
                 "name",
                 "proxy_protocol",
+                "queue_peak",
                 "queue_size",
                 "queue_timeout_ms",
                 "queued",
