@@ -205,6 +205,26 @@ fn number(line: &HashMap<String, String>, key: &str) -> Option<u64> {
     })
 }
 
+/// `crossbar run` on `yaml` in `dir`, logging in `format` (`text`, `json`) with
+/// the access log on, its stderr in a file: the process and the file's path.
+fn run_in(dir: &Path, format: &str, yaml: &str) -> (ChildGuard, std::path::PathBuf) {
+    let cfg = dir.join("crossbar.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let log = dir.join("stderr.log");
+    let p = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_crossbar"))
+            .args(["--log-format", format, "run", "-c"])
+            .arg(&cfg)
+            .env("RUST_LOG", ACCESS_LOG_ON)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("spawn crossbar"),
+    );
+    (p, log)
+}
+
 /// `crossbar run` (log format `format`) in front of one echo backend that takes one
 /// connection at a time, with a queue of one place: a first client holds the slot,
 /// a second queues behind it, a third finds the queue full; the first leaves and
@@ -220,20 +240,7 @@ async fn queued_behind_a_limit(format: &str) -> [HashMap<String, String>; 3] {
          \x20   backends:\n      - {{ name: echo, address: \"{}\", max_connections: 1 }}\n",
         echo.addr
     );
-    let cfg = dir.path().join("crossbar.yaml");
-    std::fs::write(&cfg, yaml).unwrap();
-    let log = dir.path().join("stderr.log");
-    let mut p = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_crossbar"))
-            .args(["--log-format", format, "run", "-c"])
-            .arg(&cfg)
-            .env("RUST_LOG", ACCESS_LOG_ON)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .expect("spawn crossbar"),
-    );
+    let (mut p, log) = run_in(dir.path(), format, &yaml);
     wait_serving(listen).await;
     wait_listening(admin).await;
     let waiting = |n: f64| async move {
@@ -302,5 +309,54 @@ async fn the_log_times_the_queue_and_the_connect() {
             None,
             "{format}: no backend reached: {third:?}"
         );
+    }
+}
+
+/// A dial that fails is timed too (`connect_ms` counts every try, as HAProxy's
+/// `Tc` counts retries): the line of a connection whose only backend refuses ends
+/// `connect_failed` and says how long its dial took; `queue_ms` is 0 (a slot was
+/// free, it never queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_dial_is_timed() {
+    // Bound, never listening: refuses every connect, and no other test's listener
+    // can be given its port meanwhile.
+    let refusing =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    refusing
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    let dead = refusing
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .expect("an address");
+    for format in ["text", "json"] {
+        let dir = tempfile::tempdir().unwrap();
+        let listen = free_port();
+        let yaml = format!(
+            "admin: {{ enabled: false }}\n\
+             services:\n  svc:\n    listen: [\"{listen}\"]\n    mode: tcp\n    health: {{ check: none }}\n\
+             \x20   retries: 0\n    backends:\n      - {{ name: dead, address: \"{dead}\" }}\n"
+        );
+        let (mut p, log) = run_in(dir.path(), format, &yaml);
+        wait_listening(listen).await;
+        let mut client = TcpStream::connect(listen).await.unwrap();
+        let me = client.local_addr().unwrap();
+        let mut rest = Vec::new();
+        let _ = within(
+            "closed after the failed dial",
+            client.read_to_end(&mut rest),
+        )
+        .await; // ok: closed or reset
+        p.signal("TERM");
+        assert_eq!(p.exited(WAIT).await, Some(0), "exit status after SIGTERM");
+        let line = line_of(&std::fs::read_to_string(&log).unwrap(), me);
+        assert_eq!(
+            line.get("end").map(String::as_str),
+            Some("connect_failed"),
+            "{format}: {line:?}"
+        );
+        assert!(number(&line, "connect_ms").is_some(), "{format}: {line:?}");
+        assert_eq!(number(&line, "queue_ms"), Some(0), "{format}: {line:?}");
     }
 }
