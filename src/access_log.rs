@@ -25,8 +25,18 @@ pub struct AccessLog {
     pub stick_saturated: bool,
     /// The backend connected to (or last tried).
     pub backend: Option<Arc<str>>,
-    /// Backends the ClientHello was offered to (more than one while confirming).
-    pub tried: usize,
+    /// Backends the ClientHello was offered to (more than one while confirming);
+    /// a `u32` beside the two timers, so the three fit where a `usize` was (the
+    /// line lives in every connection's future: `conn::size_probe`).
+    pub tried: u32,
+    /// Milliseconds it waited in the service's queue for a backend slot, summed
+    /// over its picks and rounded up (0: it never queued); `None`: it never
+    /// reached a pick (refused or gone before one). HAProxy's `Tw`.
+    pub queue_ms: Option<u32>,
+    /// Milliseconds of its TCP dials to backends, every try counted (the failed
+    /// ones too, each cut down to whole milliseconds); `None`: none was tried.
+    /// HAProxy's `Tc`, which counts retries too.
+    pub connect_ms: Option<u32>,
     /// How placement confirmation ended, if it ran.
     pub confirm: Option<&'static str>,
     /// `full` or `resumed`, once the server's handshake showed it.
@@ -81,6 +91,8 @@ impl AccessLog {
             stick_result = line.stick_result(),
             backend = self.backend.as_deref().unwrap_or("-"),
             tried = self.tried,
+            queue_ms = self.queue_ms,
+            connect_ms = self.connect_ms,
             confirm = self.confirm.unwrap_or("-"),
             handshake = self.handshake.unwrap_or("-"),
             bytes_in = self.c2s,
@@ -137,13 +149,14 @@ impl Line<'_> {
 
 impl fmt::Display for Line<'_> {
     /// The fields in the order the event names them: `%` fields (addresses, `end`)
-    /// plain, strings as `Debug` (quoted, escaped), numbers plain.
+    /// plain, strings as `Debug` (quoted, escaped), numbers plain, a number that
+    /// is `None` left out (as tracing leaves out an `Option` field that is `None`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let l = self.log;
         write!(
             f,
             "client={} via={} listener={} sni={:?} service={:?} stick={:?} stick_result={:?} \
-             backend={:?} tried={} confirm={:?} handshake={:?} bytes_in={} bytes_out={} \
+             backend={:?} tried={}{}{} confirm={:?} handshake={:?} bytes_in={} bytes_out={} \
              duration_ms={} end={} error={:?}",
             self.client(),
             self.via(),
@@ -154,6 +167,8 @@ impl fmt::Display for Line<'_> {
             self.stick_result(),
             l.backend.as_deref().unwrap_or("-"),
             l.tried,
+            Opt(" queue_ms=", l.queue_ms),
+            Opt(" connect_ms=", l.connect_ms),
             l.confirm.unwrap_or("-"),
             l.handshake.unwrap_or("-"),
             l.c2s,
@@ -186,6 +201,18 @@ impl fmt::Display for End {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.prefix)?;
         f.write_str(self.word)
+    }
+}
+
+/// ` name=value` for a number that is there, nothing for one that is not.
+struct Opt(&'static str, Option<u32>);
+
+impl fmt::Display for Opt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.1 {
+            Some(v) => write!(f, "{}{v}", self.0),
+            None => Ok(()),
+        }
     }
 }
 
@@ -268,6 +295,8 @@ mod tests {
             stick_hit: true,
             backend: Some(Arc::from("master-1")),
             tried: 2,
+            queue_ms: Some(0),
+            connect_ms: Some(17),
             confirm: Some("confirmed"),
             handshake: Some("resumed"),
             c2s: 517,
@@ -309,6 +338,12 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("end=refused:no_backend error="), "{line}");
+        assert!(
+            line.contains(" tried=2 queue_ms=0 connect_ms=17 confirm="),
+            "{line}"
+        );
+        let bare = direct(&AccessLog::default(), None, now);
+        assert!(bare.contains(" tried=0 confirm=\"-\""), "{bare}");
         assert!(line.ends_with("\"\n"), "{line}");
     }
 }

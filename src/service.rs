@@ -279,6 +279,10 @@ impl crate::metrics::Limits for Service {
         self.pool.queued()
     }
 
+    fn waiting_peak(&self) -> usize {
+        self.pool.queue_peak()
+    }
+
     fn queue_places(&self) -> usize {
         self.config.queue_size
     }

@@ -264,6 +264,17 @@ async fn max_connections_queues_the_excess_until_a_slot_frees() {
     assert_eq!(read_name(&mut second).await, "one");
     assert_eq!(pool().pool.queued(), 0);
     assert_eq!(b.accepted(), 2);
+    // The queue is empty; its peak stays (HAProxy's `qmax`, issue #53 item 1).
+    let svc = [("service", "svc")];
+    assert_eq!(lb.metric("crossbar_queue_waiting", &svc), 0.0);
+    assert_eq!(lb.metric("crossbar_queue_waiting_peak", &svc), 1.0);
+    let admin = lb.serve_admin(None).await;
+    let v = common::api::admin_json(admin.addr, "/api/services").await;
+    assert_eq!(
+        (&v["services"][0]["queued"], &v["services"][0]["queue_peak"]),
+        (&0.into(), &1.into()),
+        "{v}"
+    );
 }
 
 /// With `one` at its limit (1) and one connection queued: the gauges, the API,
@@ -272,6 +283,7 @@ async fn max_connections_queues_the_excess_until_a_slot_frees() {
 async fn limit_and_queue_in_sight(lb: &Crossbar) {
     let svc = [("service", "svc")];
     assert_eq!(lb.metric("crossbar_queue_waiting", &svc), 1.0);
+    assert_eq!(lb.metric("crossbar_queue_waiting_peak", &svc), 1.0);
     assert!(lb.metric("crossbar_queue_size", &svc) >= 1.0);
     let one = [("service", "svc"), ("backend", "one")];
     assert_eq!(lb.metric("crossbar_backend_max_connections", &one), 1.0);
@@ -291,14 +303,19 @@ async fn limit_and_queue_in_sight(lb: &Crossbar) {
         ok && one_row.split_whitespace().any(|c| c == "1/1"),
         "{shown}{err}"
     );
-    assert!(shown.contains("queue 1/"), "{shown}");
+    assert!(
+        shown.contains("queue 1/") && shown.contains(" waiting, peak 1 ("),
+        "{shown}"
+    );
     let page = common::api::admin_get(admin.addr, "/").await;
     assert!(
         page.contains(">Cur/Limit<") && page.contains(">Peak<") && !page.contains(">Max<"),
         "{page}"
     );
     assert!(
-        page.contains("<td>1/1</td>") && page.contains("queue 1/"),
+        page.contains("<td>1/1</td>")
+            && page.contains("queue 1/")
+            && page.contains(" waiting, peak 1 ("),
         "{page}"
     );
 }

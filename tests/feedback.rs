@@ -693,9 +693,19 @@ async fn a_saturated_compiler_stays_at_the_floor_when_the_others_are_silent_or_l
     assert!(seen.get("c1").copied().unwrap_or(0) * 5 < 60, "{seen:?}");
     let admin = cb.serve_admin(None).await;
     let page = common::admin_get(admin.addr, "/").await;
+    // Each row says its feedback in the colour of its meaning, never fine's.
+    let row = |name: &str| {
+        page.lines()
+            .find(|l| l.contains(&format!("><td>{name}<")))
+            .unwrap_or_else(|| panic!("no row of {name} in {page}"))
+    };
     assert!(
-        page.contains("<span class=\"warn\">c1 ") && !page.contains("<span class=\"ok\">c1 "),
-        "SATURATED in the warning colour"
+        row("c1").contains("<span class=\"hl fbk saturated\"")
+            && row("c3").contains("<span class=\"hl fbk locked\"")
+            && ["c1", "c2", "c3"]
+                .iter()
+                .all(|b| !row(b).contains("fbk fine")),
+        "SATURATED and locked in their own colours: {page}"
     );
 
     c2.answer(locked);

@@ -6,10 +6,15 @@
 //! page at 1280x900 (nothing cut off, health under DRAIN/DISABLED, the no-backend
 //! banner, the active backend of `balance: first`, red counts only while failing,
 //! a weight set at run time)
-//! and saves the screenshot docs/status-page.png is taken from.
+//! and saves the screenshot docs/status-page.png is taken from. Its compilers
+//! poll stand-in jruby-metrics (one fine, one saturated, one locked, one failing):
+//! each row shows its load feedback's condition, never in the colour of fine
+//! unless fine, and every caption's text has a WCAG contrast of 4.5 or more.
 //!
 //! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (tests/run.sh installs
 //! them); without them the test fails.
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,6 +23,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use base64::Engine;
+use common::compiler::{Answer, Compiler};
 use crossbar::admin::page::human_bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -735,10 +741,30 @@ async fn status_page_in_chromium_matches_the_api() {
 }
 
 /// What the 1280 px test reads out of the page: per service, its caption, banner
-/// and rows; every box whose content overflows it (clipped text) with the tooltip
-/// of its cell; every column head word broken across lines; the page's width.
+/// and rows (with each row's load feedback: its text, colour and contrast); every
+/// box whose content overflows it (clipped text) with the tooltip of its cell;
+/// every column head word broken across lines; each caption text's contrast; the
+/// page's width.
 const EXTRACT_1280: &str = r#"
 const cell = c => c.innerText.trim();
+// WCAG 2's contrast ratio of an element's text colour against the first
+// background behind it that is not transparent (white at the top).
+const rgba = s => (s.match(/[\d.]+/g) || []).map(Number);
+const behind = e => {
+  for (; e; e = e.parentElement) {
+    const c = rgba(getComputedStyle(e).backgroundColor);
+    if (c.length < 4 || c[3] > 0) return c;
+  }
+  return [255, 255, 255];
+};
+const luminance = c => {
+  const lin = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  return 0.2126 * lin(c[0]) + 0.7152 * lin(c[1]) + 0.0722 * lin(c[2]);
+};
+const contrast = e => {
+  const [a, b] = [luminance(rgba(getComputedStyle(e).color)), luminance(behind(e))];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+};
 const tables = {};
 for (const t of document.querySelectorAll('table[data-service]')) {
   const banner = t.querySelector('caption .none');
@@ -750,8 +776,24 @@ for (const t of document.querySelectorAll('table[data-service]')) {
       cells: [...r.cells].map(cell),
       active: r.classList.contains('act'),
       count_colours: [r.cells[10], r.cells[11]].map(c => getComputedStyle(c).color),
+      state_background: getComputedStyle(r.cells[2]).backgroundColor,
+      feedback: [...r.querySelectorAll('.fbk')].map(f => ({
+        text: f.innerText,
+        background: getComputedStyle(f).backgroundColor,
+        contrast: contrast(f),
+      })),
     })),
   };
+}
+// Every piece of text in a caption: its contrast against what it is drawn on.
+const captions = [];
+for (const cap of document.querySelectorAll('caption')) {
+  const walk = document.createTreeWalker(cap, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    if (n.textContent.trim()) {
+      captions.push({text: n.textContent.trim(), contrast: contrast(n.parentElement)});
+    }
+  }
 }
 const clipped = [];
 for (const e of document.querySelectorAll('header, caption, th, td, td *, footer')) {
@@ -774,7 +816,7 @@ for (const th of document.querySelectorAll('th')) {
   }
 }
 return {
-  tables, clipped, broken,
+  tables, clipped, broken, captions,
   width: document.documentElement.scrollWidth,
   viewport: [window.innerWidth, window.innerHeight],
   red: (() => { const d = document.createElement('td'); d.className = 'err';
@@ -820,6 +862,11 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 const C1: &str = "compile-01-fra-dc2-rack14";
 const C2: &str = "compile-02-fra-dc2-rack14";
 const C3: &str = "compile-03-fra-dc2-rack15";
+const C4: &str = "compile-04-fra-dc2-rack15";
+/// The name the stand-in compilers' certificates carry.
+const COMPILER_NAME: &str = "compile.puppet.test";
+/// WCAG 2's least contrast ratio for normal text (success criterion 1.4.3, AA).
+const MIN_CONTRAST: f64 = 4.5;
 
 /// At 1280 px: nothing cut off, health under DRAIN and DISABLED, a banner on the
 /// service with no backend available, the active backend of a `balance: first`
@@ -828,9 +875,27 @@ const C3: &str = "compile-03-fra-dc2-rack15";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_page_at_1280_shows_what_matters() {
     browser_present();
-    let c1 = echo_backend().await;
+    let ca = crossbar::testbed::TestCa::new("status page CA").expect("a test CA");
+    let start = |name: &'static str, bind: SocketAddr| {
+        let ca = &ca;
+        async move { Compiler::start(ca, name, &[COMPILER_NAME], bind).await }
+    };
+    let loopback: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    // Load feedback: compile-01 fine, compile-02 unreachable (its polls fail),
+    // compile-03 saturated once back, compile-04 with its JRuby pool locked.
+    let compile1 = start(C1, loopback).await;
+    let c1 = compile1.addr;
     let c2 = dead_addr(); // drained by the operator, and failing its checks
     let c3 = closed_addr(); // fails, then comes back: past failures
+    let compile4 = start(C4, loopback).await;
+    compile4.answer(Answer::Pool {
+        jrubies: 1,
+        free: 1,
+        queued: 0,
+        hits: 0,
+        lock: ":acquired",
+    });
+    let c4 = compile4.addr;
     let ca1 = dead_addr();
     let ca2 = echo_backend().await;
     let db1 = echo_backend().await; // speaks no TLS: fails its tls-hello check
@@ -851,10 +916,13 @@ async fn status_page_at_1280_shows_what_matters() {
         "admin: {{ listen: \"127.0.0.1:0\", token_file: \"{}\" }}\n\
          services:\n\
          \x20 puppet:\n    mode: tcp\n    listen: [\"127.0.0.1:0\"]\n    balance: roundrobin\n\
-         \x20   retries: 0\n    health: {health}\n    backends:\n\
+         \x20   retries: 0\n    health: {health}\n\
+         \x20   feedback: {{ kind: puppet, interval: 100ms, blackout: 0s, smoothing: 0s, \
+         queue_limit: 2, server_name: {COMPILER_NAME} }}\n    backends:\n\
          \x20     - {{ name: {C1}, address: \"{c1}\" }}\n\
          \x20     - {{ name: {C2}, address: \"{c2}\" }}\n\
          \x20     - {{ name: {C3}, address: \"{c3}\" }}\n\
+         \x20     - {{ name: {C4}, address: \"{c4}\" }}\n\
          \x20 puppetca:\n    mode: tcp\n    listen: [\"127.0.0.1:0\"]\n    balance: first\n\
          \x20   retries: 0\n    health: {health}\n    backends:\n\
          \x20     - {{ name: ca1, address: \"{ca1}\" }}\n\
@@ -887,15 +955,26 @@ async fn status_page_at_1280_shows_what_matters() {
     let path = format!("/api/backends/puppet/{C1}/weight?weight=4");
     let (status, _, body) = http_with(admin, Method::POST, &path, None, Some(token)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    // compile03 comes back: its failures are history.
-    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
-    sock.set_reuseaddr(true).expect("reuseaddr");
-    sock.bind(c3).expect("rebind compile03's address");
-    tokio::spawn(echo_server(sock.listen(64).expect("listen")));
-    let v = wait_api(admin, "compile03 back up", |v| {
-        let b = svc_backend(v, "puppet", C3);
-        b["state"] == "up" && b["last_check"]["result"] == "ok"
-    })
+    // compile03 comes back, saturated: its failures are history.
+    let compile3 = start(C3, c3).await;
+    compile3.answer(Answer::pool(1, 0, 2));
+    let v = wait_api(
+        admin,
+        "compile03 back up, every compiler's feedback in",
+        |v| {
+            let b = svc_backend(v, "puppet", C3);
+            let fb = |name: &str| svc_backend(v, "puppet", name)["feedback"].clone();
+            b["state"] == "up"
+                && b["last_check"]["result"] == "ok"
+                && fb(C1)["phase"] == "active"
+                && fb(C1)["error"].is_null()
+                && !fb(C2)["error"].is_null()
+                && fb(C3)["saturated"] == true
+                && fb(C3)["error"].is_null()
+                && fb(C4)["phase"] == "locked"
+                && fb(C4)["error"].is_null()
+        },
+    )
     .await;
     // A connection to the CA goes to the backup, the active one.
     let ca_listen: SocketAddr = v["services"][1]["listeners"][0]
@@ -986,11 +1065,18 @@ async fn status_page_at_1280_shows_what_matters() {
         token_file.display()
     );
     assert_eq!(hint.split_whitespace().collect::<Vec<_>>().join(" "), want);
-    // A weight set at run time: highlighted with the file's, and how to go back.
+    // A weight set at run time and scaled by load feedback: the weight balanced
+    // by, the factor, the file's, and how to go back.
     let c1 = row("puppet", C1);
-    assert_eq!(
-        cell(&c1, 3).split_whitespace().collect::<Vec<_>>(),
-        ["4", "operator;", "file", "1"]
+    let words = cell(&c1, 3);
+    let words: Vec<&str> = words.split_whitespace().collect();
+    assert!(
+        words.len() == 7
+            && words[0].parse::<f64>().is_ok()
+            && words[1..3] == ["operator", "4"]
+            && words[3].starts_with('x')
+            && words[4..] == ["feedback", "file", "1"],
+        "{words:?}"
     );
     let want = format!(
         "crossbar backend reset puppet/{C1} --token-file {}",
@@ -1089,7 +1175,11 @@ async fn status_page_at_1280_shows_what_matters() {
     );
     assert!(status.contains("\n  active: ca2 "), "{status}");
     assert_eq!(status_row(&status, "ca2")[2], "up (active)");
-    assert_eq!(status_row(&status, C1)[4], "4 (operator; file 1)");
+    let weight = &status_row(&status, C1)[4];
+    assert!(
+        weight.contains(" (operator 4 x") && weight.ends_with(" feedback; file 1)"),
+        "{weight}"
+    );
     for next in [
         format!("reset puppet/{C1}"),
         format!("enable puppet/{C2}"),
@@ -1122,5 +1212,56 @@ async fn status_page_at_1280_shows_what_matters() {
         let r = row(svc, b);
         assert!(cell(&r, 11).parse::<u64>().is_ok_and(|n| n > 0), "{r}");
         assert_eq!(colours(&r)[1], red, "{svc}/{b} failing now: {r}");
+    }
+
+    // 7. Each compiler's load feedback in its row, in the colour of its meaning:
+    // only the fine one in the colour of fine, none of the others green (issue #53
+    // item 6: SATURATED and `locked` were drawn in green, in the caption only).
+    let feedback = |name: &str| -> Value {
+        let r = row("puppet", name);
+        let marks = r["feedback"].as_array().cloned().unwrap_or_default();
+        assert_eq!(marks.len(), 1, "one feedback mark in {name}'s row: {r}");
+        marks[0].clone()
+    };
+    for (name, word) in [
+        (C1, "ok"),
+        (C2, "FAILING"),
+        (C3, "SATURATED"),
+        (C4, "locked"),
+    ] {
+        let f = feedback(name);
+        assert_eq!(f["text"], format!("feedback {word}"), "{name}: {f}");
+        let ratio = f["contrast"].as_f64().unwrap_or(0.0);
+        assert!(ratio >= MIN_CONTRAST, "{name}'s feedback readable: {f}");
+    }
+    let fine = feedback(C1)["background"].clone();
+    let green = row("puppet", C1)["state_background"].clone(); // UP's
+    for name in [C2, C3, C4] {
+        let f = feedback(name);
+        assert!(
+            f["background"] != fine && f["background"] != green,
+            "{name}'s feedback drawn as fine ({fine}, UP {green}): {f}"
+        );
+    }
+    for svc in ["puppetca", "puppetdb"] {
+        for r in rows(svc) {
+            assert_eq!(r["feedback"], json!([]), "no feedback in {svc}: {r}");
+        }
+    }
+    let caption = t["puppet"]["caption"].as_str().unwrap_or("");
+    assert!(
+        caption.contains("load feedback (JRuby metrics every 100ms, floor 5%)"),
+        "{caption}"
+    );
+
+    // 8. Every caption's text readable on the caption (WCAG AA: 4.5:1).
+    let captions = page["captions"].as_array().expect("captions");
+    assert!(captions.len() > 3, "{page}");
+    for c in captions {
+        let ratio = c["contrast"].as_f64().unwrap_or(0.0);
+        assert!(
+            ratio >= MIN_CONTRAST,
+            "caption text of contrast {ratio:.2}: {c}"
+        );
     }
 }

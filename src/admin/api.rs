@@ -59,6 +59,7 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
         proxy_protocol: proxy_listeners(svc),
         stick_table: svc.table.as_ref().map(|t| stick_table(svc, &t.stats())),
         queued: svc.pool.queued(),
+        queue_peak: svc.pool.queue_peak(),
         queue_size: svc.config.queue_size,
         queue_timeout_ms: u64::try_from(svc.config.timeouts.queue.as_millis()).unwrap_or(u64::MAX),
         handshakes: view::Handshakes {

@@ -494,7 +494,8 @@ fn write_weight(o: &mut String, b: &BackendView) -> fmt::Result {
 }
 
 /// The state cell: state and age; under DRAIN or DISABLED also the health, since
-/// operator state and health are two things (DOWN and UP say it already).
+/// operator state and health are two things (DOWN and UP say it already); load
+/// feedback's condition, a third thing, under both.
 fn write_state(o: &mut String, b: &BackendView) -> fmt::Result {
     write!(
         o,
@@ -513,6 +514,7 @@ fn write_state(o: &mut String, b: &BackendView) -> fmt::Result {
             o.push_str("<span class=\"hl\">health up</span>");
         }
     }
+    super::page_feedback::write_condition(o, b)?;
     o.push_str("</td>");
     Ok(())
 }
@@ -658,7 +660,11 @@ fn write_footer(o: &mut String) -> fmt::Result {
          <span class=\"lg drain\">DRAIN</span>no new connections, open ones finish \
          <span class=\"lg disabled\">DISABLED</span>maintenance \
          <span class=\"lg standby\">STANDBY</span>recovered, waiting for manual failback; \
-         under DRAIN and DISABLED, the backend's health. <span class=\"tag\">active</span> where \
+         under DRAIN and DISABLED, the backend's health. Load feedback: \
+         <span class=\"lg fbk fine\">ok</span><span class=\"lg fbk saturated\">SATURATED</span>\
+         <span class=\"lg fbk locked\">locked</span><span class=\"lg fbk stopped\">stopped</span>\
+         <span class=\"lg fbk settling\">blackout</span><span class=\"lg fbk failing\">FAILING</span>\
+         (polls fail). <span class=\"tag\">active</span> where \
          <code>balance: first</code> sends new connections now. Red counts: failing now; grey: \
          in the past. \
          Read-only: changes go through <code>crossbar backend</code> and the token-protected API \

@@ -126,6 +126,12 @@ impl Pool {
         self.queue.queued()
     }
 
+    /// The most connections that waited for a slot at once since the process
+    /// started (reloads carry it over, as they carry the queue).
+    pub fn queue_peak(&self) -> usize {
+        self.queue.peak()
+    }
+
     /// The backend `balance: first` gives the next new connection to: the first
     /// candidate with a free slot, else the first candidate (where it would
     /// queue); `None` when no backend is available. Sticky hits aside.
@@ -322,6 +328,18 @@ impl Pool {
     /// backend (a retry) is never woken for it, and never swallows the wakeup
     /// another queued connection needed.
     pub async fn acquire(&self, client: IpAddr, tried: &[usize]) -> Result<Lease, PickError> {
+        self.acquire_timed(client, tried, &mut 0).await
+    }
+
+    /// [`Pool::acquire`], adding the milliseconds spent in the queue to
+    /// `waited_ms`, rounded up (nothing when a slot was free at once, at least 1
+    /// when it queued at all).
+    pub async fn acquire_timed(
+        &self,
+        client: IpAddr,
+        tried: &[usize],
+        waited_ms: &mut u32,
+    ) -> Result<Lease, PickError> {
         // A free slot is taken without listening for one first: no waiter to box
         // and register (a lock per candidate) on the common path (issue #32). Only
         // a full pool listens, then looks again, so no freed slot is missed.
@@ -336,7 +354,8 @@ impl Pool {
                 .map(|i| Box::pin(self.backends[i].shared.slot_freed.notified()))
                 .collect()
         };
-        self.queue.wait(listen, || self.look(client, tried)).await
+        let look = || self.look(client, tried);
+        self.queue.wait(listen, look, waited_ms).await
     }
 
     /// One look for a free slot among the candidates not in `tried`, reserved;

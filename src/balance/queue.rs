@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use tokio::sync::futures::Notified;
 
+/// Nanoseconds in a millisecond: a wait is rounded up to whole milliseconds, so
+/// that any wait at all shows (a 0 says the connection never queued).
+const NANOS_PER_MS: u128 = 1_000_000;
+
 /// Why no backend could be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PickError {
@@ -48,17 +52,28 @@ pub(super) enum Look<T> {
     Raced,
 }
 
-/// A service's queue: how many connections wait for a slot now, and its bounds.
+/// A service's queue: how many connections wait for a slot now, the most that
+/// ever waited at once, and its bounds.
 ///
-/// The count is shared (one `Arc`) by the pools of successive reloads, so that the
-/// bound holds across a reload; each connection waits on the backends it can use,
-/// whose slot notifications are shared the same way (a slot freed by a connection
-/// of the old config wakes a connection queued under the new one).
+/// The counts are shared (one `Arc`) by the pools of successive reloads, so that
+/// the bound holds across a reload and the peak is the process's; each connection
+/// waits on the backends it can use, whose slot notifications are shared the same
+/// way (a slot freed by a connection of the old config wakes a connection queued
+/// under the new one).
 #[derive(Debug)]
 pub(super) struct Queue {
-    queued: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
     size: usize,
     timeout: Duration,
+}
+
+/// A queue's counts, shared across reloads.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Connections waiting now.
+    queued: AtomicUsize,
+    /// The most that waited at once since the start (HAProxy's `qmax`).
+    peak: AtomicUsize,
 }
 
 impl Queue {
@@ -66,7 +81,7 @@ impl Queue {
     /// `previous`'s, the same service's queue under the running config.
     pub(super) fn new(size: usize, timeout: Duration, previous: Option<&Queue>) -> Queue {
         Queue {
-            queued: previous.map_or_else(Default::default, |q| q.queued.clone()),
+            counts: previous.map_or_else(Default::default, |q| q.counts.clone()),
             size,
             timeout,
         }
@@ -74,21 +89,33 @@ impl Queue {
 
     /// Connections waiting now.
     pub(super) fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        self.counts.queued.load(Ordering::Acquire)
+    }
+
+    /// The most connections that waited at once since the process started.
+    pub(super) fn peak(&self) -> usize {
+        self.counts.peak.load(Ordering::Acquire)
     }
 
     /// Look for a slot with `look` until it finds one or no candidate, waiting for
     /// one of the slots `listen` names to be freed while every candidate is full:
     /// in a place of the queue (refused when none is free), up to the timeout.
+    /// The milliseconds spent in a place, rounded up, are added to `waited_ms` when
+    /// the place is left (the slot found, the timeout, or this future dropped: the
+    /// client left).
     ///
     /// It listens before it looks, so a slot freed in between is not missed.
     pub(super) async fn wait<'n, T>(
         &self,
         listen: impl Fn() -> Vec<Pin<Box<Notified<'n>>>>,
         mut look: impl FnMut() -> Look<T>,
+        waited_ms: &mut u32,
     ) -> Result<T, PickError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut waiting: Option<Place<'_>> = None;
+        // Taken when a place is entered: a connection queues once per wait.
+        let mut unqueued = Some(waited_ms);
+        // Held, never read, until the wait ends: its drop gives the place back.
+        let mut _place: Option<Place<'_, '_>> = None;
         loop {
             let mut freed = listen();
             for n in &mut freed {
@@ -100,8 +127,9 @@ impl Queue {
                 Look::Raced => continue,
                 Look::Full => {}
             }
-            if waiting.is_none() {
-                waiting = Some(Place::enter(self).ok_or(PickError::QueueFull)?);
+            if let Some(waited_ms) = unqueued.take() {
+                let place = Place::enter(self, &deadline, waited_ms);
+                _place = Some(place.ok_or(PickError::QueueFull)?);
             }
             if tokio::time::timeout_at(deadline, any_of(&mut freed))
                 .await
@@ -113,34 +141,57 @@ impl Queue {
     }
 }
 
-/// A place in a queue, given back on drop.
-struct Place<'a> {
+/// A place in a queue, given back on drop, when the time it was held is added
+/// to the connection's wait.
+///
+/// It was entered in the poll that set the wait's deadline (nothing awaits
+/// before), so it was entered at the deadline less the timeout: it keeps a
+/// reference to the deadline, not an `Instant` of its own (this future lives in
+/// every connection's, `conn::size_probe`).
+struct Place<'a, 'w> {
     queue: &'a Queue,
+    deadline: &'w tokio::time::Instant,
+    waited_ms: &'w mut u32,
 }
 
-impl<'a> Place<'a> {
-    fn enter(queue: &'a Queue) -> Option<Place<'a>> {
-        let mut cur = queue.queued.load(Ordering::Acquire);
+impl<'a, 'w> Place<'a, 'w> {
+    fn enter(
+        queue: &'a Queue,
+        deadline: &'w tokio::time::Instant,
+        waited_ms: &'w mut u32,
+    ) -> Option<Place<'a, 'w>> {
+        let counts = &queue.counts;
+        let mut cur = counts.queued.load(Ordering::Acquire);
         loop {
             if cur >= queue.size {
                 return None;
             }
-            match queue.queued.compare_exchange_weak(
+            match counts.queued.compare_exchange_weak(
                 cur,
                 cur + 1,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some(Place { queue }),
+                Ok(_) => break,
                 Err(now) => cur = now,
             }
         }
+        counts.peak.fetch_max(cur + 1, Ordering::AcqRel);
+        Some(Place {
+            queue,
+            deadline,
+            waited_ms,
+        })
     }
 }
 
-impl Drop for Place<'_> {
+impl Drop for Place<'_, '_> {
     fn drop(&mut self) {
-        self.queue.queued.fetch_sub(1, Ordering::AcqRel);
+        self.queue.counts.queued.fetch_sub(1, Ordering::AcqRel);
+        let deadline = *self.deadline;
+        let entered = deadline.checked_sub(self.queue.timeout).unwrap_or(deadline);
+        let ms = entered.elapsed().as_nanos().div_ceil(NANOS_PER_MS);
+        *self.waited_ms = (*self.waited_ms).saturating_add(u32::try_from(ms).unwrap_or(u32::MAX));
     }
 }
 

@@ -110,7 +110,9 @@ fn service(svc: &ServiceView, flags: &str, now: SystemTime) -> String {
         ); // ok: writing to a String
         for b in &svc.backends {
             if let Some(fb) = &b.feedback {
-                let _ = writeln!(out, "    {} {}", b.name, fb.summary()); // ok: writing to a String
+                let word = fb.condition().word();
+                let _ = writeln!(out, "    {} {word}: {}", b.name, fb.summary());
+                // ok: writing to a String
             }
         }
     }
@@ -553,13 +555,8 @@ mod tests {
             want.push(format!("active: {a}"));
         }
         if let Some(f) = &svc.feedback {
+            // Each backend's feedback is in its row (backend_fields).
             want.push(format!("every {}", f.interval_text()));
-            want.extend(
-                svc.backends
-                    .iter()
-                    .filter_map(|b| b.feedback.as_ref())
-                    .map(|f| f.summary()),
-            );
         }
         if svc.none_available() {
             want.push("NO BACKEND AVAILABLE".into());
@@ -595,6 +592,10 @@ mod tests {
         if let (Origin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
             want.push(format!("{:.2}", b.effective_weight));
             want.push(format!("x{:.2} feedback", f.factor));
+        }
+        if let Some(f) = &b.feedback {
+            want.push(f.condition().word().into());
+            want.push(f.sample_text());
         }
         if b.state.hides_health() {
             want.push(b.health().into());

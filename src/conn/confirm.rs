@@ -218,9 +218,11 @@ impl Search<'_> {
         let b = lease.backend();
         let svc = self.offer.svc;
         let limit = svc.config.timeouts.server_hello;
+        // Its dial is not the connection's `connect_ms` (the connect loop's).
+        let mut dialed = None;
         let opened = self
             .offer
-            .open(lease, ClientWatch::Stirs, Some(limit))
+            .open(lease, ClientWatch::Stirs, Some(limit), &mut dialed)
             .await;
         let mut s = match opened {
             Ok(s) => s,

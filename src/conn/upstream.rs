@@ -93,31 +93,49 @@ pub(super) struct Offer<'a> {
 
 impl Offer<'_> {
     /// Open `backend`: dial it (a passive health result and the connect metrics
-    /// either way), send it the PROXY header and the hello, then, given `answer`,
-    /// wait that long for its first byte (it stays in the socket). Gives up
-    /// as soon as the client does what `watch` looks for.
+    /// either way; the dial's whole milliseconds, failed or not, added to
+    /// `dialed`), send it the
+    /// PROXY header and the hello, then, given `answer`, wait that long for its
+    /// first byte (it stays in the socket). Gives up as soon as the client does
+    /// what `watch` looks for.
     pub(super) async fn open(
         &self,
         lease: &Lease,
         watch: ClientWatch,
         answer: Option<Duration>,
+        dialed: &mut Option<u32>,
     ) -> Result<TcpStream, Unopened> {
         tokio::select! {
-            r = self.reach(lease, answer) => r,
+            r = self.reach(lease, answer, dialed) => r,
             () = watch.fired(self.client) => Err(Unopened::Client),
         }
     }
 
-    async fn reach(&self, lease: &Lease, answer: Option<Duration>) -> Result<TcpStream, Unopened> {
+    async fn reach(
+        &self,
+        lease: &Lease,
+        answer: Option<Duration>,
+        dialed: &mut Option<u32>,
+    ) -> Result<TcpStream, Unopened> {
         let (svc, b) = (self.svc, &**lease.backend());
-        let started = Instant::now();
-        let mut server = match dial::connect_to(
-            &b.config.address,
-            svc.config.timeouts.connect,
-            b.config.source.or(svc.config.source),
-        )
-        .await
-        {
+        let dial = {
+            // Scoped to the dial: no clock held across the awaits after it.
+            let started = Instant::now();
+            let dialing = dial::connect_to(
+                &b.config.address,
+                svc.config.timeouts.connect,
+                b.config.source.or(svc.config.source),
+            );
+            let r = dialing.await;
+            let took = started.elapsed();
+            let ms = u32::try_from(took.as_millis()).unwrap_or(u32::MAX);
+            *dialed = Some(dialed.unwrap_or(0).saturating_add(ms));
+            if r.is_ok() {
+                b.metrics.connect_duration.observe(took.as_secs_f64());
+            }
+            r
+        };
+        let mut server = match dial {
             Ok(s) => s,
             Err(e) => {
                 b.metrics.connect_errors.inc();
@@ -130,9 +148,6 @@ impl Offer<'_> {
             lease.hold(own);
         }
         health::passive_success(b);
-        b.metrics
-            .connect_duration
-            .observe(started.elapsed().as_secs_f64());
         let proxy = b.config.proxy_protocol;
         let (client, peer, sni) = (self.client, self.peer, self.sni);
         let Some(limit) = answer else {
@@ -196,6 +211,12 @@ async fn first_byte(server: &TcpStream) -> io::Result<()> {
 /// has seen nothing yet), and `held` (the client's bytes behind the hello) goes
 /// only to the backend that answered, once it has. Returns the backend, its slot
 /// and the backends that failed before it.
+///
+/// The log gets the time spent in the queue (`queue_ms`, 0 once a pick was
+/// reached without waiting) and the dials' time (`connect_ms`: every try's TCP
+/// connect, the failed ones included, as HAProxy's `Tc` counts retries; not the
+/// wait for the backend's answer). Both go straight into the log line, which the
+/// connection holds anyway: no more state in this future.
 pub(super) async fn connect(
     offer: &Offer<'_>,
     tls: bool,
@@ -211,22 +232,27 @@ pub(super) async fn connect(
     };
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
+    log.queue_ms = Some(0);
     while tried.len() <= svc.config.retries as usize {
         let lease = match sticky.take().and_then(|i| svc.pool.try_preferred(i)) {
             Some(l) => l,
-            None => tokio::select! {
-                r = svc.pool.acquire(ip, &tried) => match r {
-                    Ok(l) => l,
-                    Err(PickError::NoBackendAvailable) if !tried.is_empty() => break,
-                    Err(e) => return Err(refused(svc, e)),
-                },
-                () = watch.fired(offer.client) => return Err(ConnError::ClientGone),
-            },
+            None => {
+                let picked = tokio::select! {
+                    r = svc.pool.acquire_timed(ip, &tried, log.queue_ms.get_or_insert(0)) => Some(r),
+                    () = watch.fired(offer.client) => None,
+                };
+                match picked {
+                    Some(Ok(l)) => l,
+                    Some(Err(PickError::NoBackendAvailable)) if !tried.is_empty() => break,
+                    Some(Err(e)) => return Err(refused(svc, e)),
+                    None => return Err(ConnError::ClientGone),
+                }
+            }
         };
         let b = lease.backend().clone();
         // Every backend this connection went to counts, the failed ones included.
-        log.tried = tried.len() + 1;
-        let opened = offer.open(&lease, watch, answer).await;
+        log.tried = u32::try_from(tried.len() + 1).unwrap_or(u32::MAX);
+        let opened = offer.open(&lease, watch, answer, &mut log.connect_ms).await;
         let backend = b.name.clone();
         if !matches!(opened, Err(Unopened::Client)) {
             log.backend = Some(backend.clone());

@@ -1,5 +1,6 @@
-//! Limits and queues read at scrape time: each service's queue (waiting now, its
-//! size) and each backend's connection limit (HAProxy's `qcur`, `slim`).
+//! Limits and queues read at scrape time: each service's queue (waiting now, the
+//! most that ever waited, its size) and each backend's connection limit
+//! (HAProxy's `qcur`, `qmax`, `slim`).
 use std::sync::{Arc, Mutex, Weak};
 
 use prometheus::core::{Collector, Desc};
@@ -14,6 +15,8 @@ pub trait Limits: Send + Sync {
     fn label(&self) -> &str;
     /// Connections waiting in its queue now.
     fn waiting(&self) -> usize;
+    /// The most connections that waited in its queue at once since the start.
+    fn waiting_peak(&self) -> usize;
     /// The places of its queue.
     fn queue_places(&self) -> usize;
     /// Each backend with a connection limit now, and that limit.
@@ -22,6 +25,8 @@ pub trait Limits: Send + Sync {
 
 /// `crossbar_queue_waiting`: connections waiting for a backend slot now.
 pub const QUEUE_WAITING: &str = "crossbar_queue_waiting";
+/// `crossbar_queue_waiting_peak`: the most connections that waited at once.
+pub const QUEUE_WAITING_PEAK: &str = "crossbar_queue_waiting_peak";
 /// `crossbar_queue_size`: the places of the service's queue (`queue_size`).
 pub const QUEUE_SIZE: &str = "crossbar_queue_size";
 /// `crossbar_backend_max_connections`: a backend's connection limit now.
@@ -33,6 +38,7 @@ pub(super) struct LimitCollector {
     /// Weak: the registry must not keep a retired config's services alive.
     services: Mutex<Vec<Weak<dyn Limits>>>,
     waiting: IntGaugeVec,
+    peak: IntGaugeVec,
     size: IntGaugeVec,
     max_connections: IntGaugeVec,
 }
@@ -47,6 +53,11 @@ impl LimitCollector {
             waiting: g(
                 QUEUE_WAITING,
                 "Connections of the service waiting in its queue for a backend slot now (every candidate at max_connections).",
+                &["service"],
+            ),
+            peak: g(
+                QUEUE_WAITING_PEAK,
+                "The most connections of the service that waited in its queue at once since crossbar started (reloads keep it; HAProxy's qmax).",
                 &["service"],
             ),
             size: g(
@@ -74,19 +85,28 @@ pub(super) struct LimitCollectorHandle(pub(super) Arc<LimitCollector>);
 impl Collector for LimitCollectorHandle {
     fn desc(&self) -> Vec<&Desc> {
         let t = &self.0;
-        [t.waiting.desc(), t.size.desc(), t.max_connections.desc()].concat()
+        [
+            t.waiting.desc(),
+            t.peak.desc(),
+            t.size.desc(),
+            t.max_connections.desc(),
+        ]
+        .concat()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         let t = &self.0;
         let services = t.services.lock().unwrap_or_else(|e| e.into_inner());
         t.waiting.reset();
+        t.peak.reset();
         t.size.reset();
         t.max_connections.reset();
         for s in services.iter().filter_map(Weak::upgrade) {
             let name = s.label();
             let waiting = i64::try_from(s.waiting()).unwrap_or(i64::MAX);
             t.waiting.with_label_values(&[name]).set(waiting);
+            let peak = i64::try_from(s.waiting_peak()).unwrap_or(i64::MAX);
+            t.peak.with_label_values(&[name]).set(peak);
             let size = i64::try_from(s.queue_places()).unwrap_or(i64::MAX);
             t.size.with_label_values(&[name]).set(size);
             for (backend, max) in s.backend_limits() {
@@ -97,6 +117,7 @@ impl Collector for LimitCollectorHandle {
         }
         [
             t.waiting.collect(),
+            t.peak.collect(),
             t.size.collect(),
             t.max_connections.collect(),
         ]

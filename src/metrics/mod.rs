@@ -17,7 +17,7 @@ mod families;
 mod feedback;
 mod limits;
 
-pub use limits::{Limits, BACKEND_MAX_CONNECTIONS, QUEUE_SIZE, QUEUE_WAITING};
+pub use limits::{Limits, BACKEND_MAX_CONNECTIONS, QUEUE_SIZE, QUEUE_WAITING, QUEUE_WAITING_PEAK};
 
 pub use feedback::{
     BackendFeedbackMetrics, FeedbackMetrics, FeedbackPublished, JrubyCounts, FEEDBACK_PHASES,

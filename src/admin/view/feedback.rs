@@ -98,7 +98,66 @@ impl FeedbackSettings {
     }
 }
 
+/// What a backend's load feedback says in one word, by meaning: the word the
+/// status page draws in its row, in a colour of its own (only [`Self::Fine`] in
+/// the colour of health).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedbackCondition {
+    /// Its samples set its weight and it has room.
+    Fine,
+    /// Polls fail now (the last good sample holds until it expires).
+    Failing,
+    /// No free JRuby and a full queue, or 503s since the sample before.
+    Saturated,
+    /// Its JRuby pool is locked (a code deploy): the minimum factor.
+    Locked,
+    /// Its agent said drain, maint or down: the minimum factor.
+    Stopped,
+    /// Not used yet: no sample, or sampled for less than `blackout`.
+    Settling(FeedbackPhase),
+    /// Its pool is filling: the factor ramps with it.
+    Ramping,
+    /// No good sample for `expiry`: the configured weight again.
+    Expired,
+}
+
+impl FeedbackCondition {
+    /// The word: alarms in capitals, as `health DOWN` is.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Fine => "ok",
+            Self::Failing => "FAILING",
+            Self::Saturated => "SATURATED",
+            Self::Locked => "locked",
+            Self::Stopped => "stopped",
+            Self::Settling(p) => p.as_str(),
+            Self::Ramping => "ramping",
+            Self::Expired => "expired",
+        }
+    }
+}
+
 impl FeedbackView {
+    /// Its condition: a failing poll first, then saturation, then the phase.
+    pub fn condition(&self) -> FeedbackCondition {
+        if self.error.is_some() {
+            return FeedbackCondition::Failing;
+        }
+        if self.saturated {
+            return FeedbackCondition::Saturated;
+        }
+        match self.phase {
+            FeedbackPhase::Active => FeedbackCondition::Fine,
+            FeedbackPhase::Locked => FeedbackCondition::Locked,
+            FeedbackPhase::Stopped => FeedbackCondition::Stopped,
+            FeedbackPhase::Ramping => FeedbackCondition::Ramping,
+            FeedbackPhase::Expired => FeedbackCondition::Expired,
+            p @ (FeedbackPhase::Waiting | FeedbackPhase::Blackout) => {
+                FeedbackCondition::Settling(p)
+            }
+        }
+    }
+
     /// The sample in words: `0/1 JRubies free, 2 queued` or the agent's words, with
     /// its age; `no sample yet`.
     pub fn sample_text(&self) -> String {
@@ -134,6 +193,21 @@ impl FeedbackView {
                 format!("{free}/{jrubies} JRubies free{pool}, {queued} queued{lock}{refused}{age}")
             }
             Some(FeedbackSample::Agent { words }) => format!("agent: {words}{age}"),
+        }
+    }
+
+    /// The sample in a few words, for a table cell: `0/1 free, 2 queued`, the
+    /// agent's words, or `no sample yet`.
+    pub fn sample_short(&self) -> String {
+        match &self.sample {
+            None => "no sample yet".into(),
+            Some(FeedbackSample::Puppet {
+                jrubies,
+                free,
+                queued,
+                ..
+            }) => format!("{free}/{jrubies} free, {queued} queued"),
+            Some(FeedbackSample::Agent { words }) => words.clone(),
         }
     }
 

@@ -31,7 +31,9 @@ pub use answers::{BackendStateView, ErrorView, ReloadAnswer, WeightView};
 pub use backend::{
     BackendSource, BackendView, CheckKind, CheckResult, CheckView, NextStep, RampView,
 };
-pub use feedback::{FeedbackKind, FeedbackSample, FeedbackSettings, FeedbackView};
+pub use feedback::{
+    FeedbackCondition, FeedbackKind, FeedbackSample, FeedbackSettings, FeedbackView,
+};
 pub use origin::{HeldView, OperatorView, Origin, ResetView};
 pub use services::{
     Bytes, DiscoveryView, Handshakes, Lookups, ProcessView, ProxyListenerView, ReloadView,
@@ -212,6 +214,7 @@ mod tests {
                 "mode",
                 "name",
                 "proxy_protocol",
+                "queue_peak",
                 "queue_size",
                 "queue_timeout_ms",
                 "queued",

@@ -90,6 +90,10 @@ pub struct ServiceView {
     pub stick_table: Option<StickTableView>,
     /// Connections waiting for a backend slot now.
     pub queued: usize,
+    /// The most connections that waited at once since crossbar started
+    /// (`crossbar_queue_waiting_peak`).
+    #[serde(default)]
+    pub queue_peak: usize,
     /// Most connections that may wait.
     pub queue_size: usize,
     /// How long a connection may wait in the queue before it is refused
@@ -262,16 +266,17 @@ pub struct Totals {
 }
 
 impl ServiceView {
-    /// Its queue in words, as the CLI and the page say it: `queue 2/1024 waiting
-    /// (up to 10s each)`, or `no queue` with `queue_size: 0`.
+    /// Its queue in words, as the CLI and the page say it: `queue 2/1024 waiting,
+    /// peak 5 (up to 10s each)`, or `no queue` with `queue_size: 0`.
     pub fn queue_text(&self) -> String {
         if self.queue_size == 0 {
             return "no queue (queue_size 0: a connection finding every backend at its limit is refused)".into();
         }
         format!(
-            "queue {}/{} waiting (up to {} each)",
+            "queue {}/{} waiting, peak {} (up to {} each)",
             self.queued,
             self.queue_size,
+            self.queue_peak,
             crate::admin::human::human_secs(self.queue_timeout_ms.div_ceil(1000))
         )
     }
