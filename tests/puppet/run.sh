@@ -406,8 +406,8 @@ roll_stamp() {
     while IFS= read -r l; do printf '%7.1fs %s\n' "$(( $(now_ms) - $1 ))e-3" "$l"; done
 }
 # roll_failed LOG RC: did this agent run fail? Its exit code (0 or 2 with -t's detailed
-# exit codes), or an error it logged: a run that fell back to its cached catalog ends 1
-# anyway, but a failed file fetch or report is only an `Error:` line
+# exit codes), or an error it logged: a run whose pluginsync was cut (a compiler stopped
+# without a drain) ends 0 with only an `Error:` line
 roll_failed() {
     { [ "$2" = 0 ] || [ "$2" = 2 ]; } || return 0
     grep -qE '^Error:|Could not retrieve catalog|Using cached catalog' "$1"
@@ -495,9 +495,11 @@ EOF
     back=$(awk '/waiting up to .* to be back at full weight/ { w = $1 + 0 }
                 / back \(weight / { printf "%s%.1fs", sep, $1 - w; sep = "/" }' "$d/roll.log")
     cerr=$(( $(metric crossbar_connect_errors_total 'service="puppet"') - cerr0 ))
-    # ca1 is the primary CA as well: puppetca failed over to ca2 while ca1's JVM was down,
-    # and ca1 came back standby (failback: manual). Nothing signed on ca2 meanwhile: its
-    # inventory as before, so ca1 is enabled again without a copy of the CA back
+    # ca1 is the primary CA as well: a CA request while its JVM was down goes to ca2, and
+    # then ca1 comes back standby (failback: manual); agents holding certificates make
+    # none (their CRL refresh is daily), so it comes straight back up. If it is standby
+    # and ca2 signed nothing meanwhile (its inventory as before), ca1 is enabled again
+    # without copying the CA back
     local cast cast2="" inv2b ca_note
     cast=$(state puppetca ca1); inv2b=$(wc -l < "$W/ca2/ca/inventory.txt")
     ca_note="puppetca/ca1 after the roll: $cast, CA connections during the roll ca1 $((
