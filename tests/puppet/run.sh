@@ -447,8 +447,10 @@ EOF
     inv2=$(wc -l < "$W/ca2/ca/inventory.txt")
     log "rolling-restart: $ROLL_AGENTS agents running, $open1 connected to compile1; rolling compile1 and compile2"
     t0=$(now_ms)
+    # a drain waits at most for the longest agent run (agent(): 300 s); back at full
+    # weight within 2 minutes of the enable (the JVM is running by then: RESTART waited)
     ( PATH="$d/bin:$PATH" RESTART="$d/restart {}" CROSSBAR_ARGS="-c $W/crossbar.yaml" \
-          DRAIN_TIMEOUT=2m BACK_TIMEOUT=120 "$ROOT/packaging/rolling-restart" puppet 2>&1 |
+          DRAIN_TIMEOUT=5m BACK_TIMEOUT=120 "$ROOT/packaging/rolling-restart" puppet 2>&1 |
           roll_stamp "$t0" > "$d/roll.log" ) &
     PIDS[roll]=$!
     roll_serve "${PIDS[roll]}"
