@@ -22,7 +22,7 @@
 #   KEEP=1         keep the work directory (logs, configs, certificates) afterwards
 #   NO_INSTALL=1   fail instead of apt-get installing puppetserver/puppet-agent/puppetdb
 #   INSTALL_ONLY=1 install them, then exit (.ci/run, before this runs beside other tests)
-#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|puppet7|feedback|file|certs|jdk|serverlist|sni|mtu|exported|failover)
+#   STOP_AFTER=X   stop after phase X (setup|doctor|bootstrap|runs|puppet7|feedback|file|certs|jdk|serverlist|sni|mtu|exported|failover|roll)
 #
 # Topology (2 puppetserver JVMs and a PuppetDB JVM (-Xmx256m); docs/puppet.md "Verified with"):
 #   ca1 (127.0.0.21:8140) primary CA + compile master 1 + file server 1
@@ -36,6 +36,8 @@
 #   compile3 (127.0.0.23:8140): openssl s_server with a Puppet-signed certificate
 #     lacking the service names, for `crossbar doctor`'s error
 #   agents a1..aN: own confdir/ssldir/vardir, sourceaddress 127.0.0.10N
+#   roll agents roll1..roll3 (127.0.0.131..): `puppet agent -t` in a loop while
+#     packaging/rolling-restart drains, restarts and returns compile1, then compile2
 #   JDK clients (tests/puppet/JdkResume.java): all from 127.0.0.150
 #   pdb1 (127.0.0.31:8081): a real PuppetDB (Debian's puppetdb 7, PostgreSQL 15), its
 #     certificate from the Puppet CA; the masters' terminus (puppet-terminus-puppetdb:
@@ -110,6 +112,18 @@ HERD_QUEUE=4
 # Puppet 8: catalogs of 8 s (the bench's mid-sized site), so that a JRuby is held by
 # the sleep more than by the CPU: at load ~16 a catalog of 2 s took 5-16 s to compile
 [ "${PUPPET_GEN:-8}" = 8 ] && HERD_SLEEP=8
+# the rolling restart (check rolling-restart): ROLL_AGENTS agents run `puppet agent -t`
+# in a loop through the puppet VIP while packaging/rolling-restart drains, restarts and
+# returns compile1 and compile2 in turn. No more agents than the smaller compiler takes
+# alone: an agent has one request in flight at a time, and ca1's 1 JRuby with its queue
+# of HERD_QUEUE holds 1 + HERD_QUEUE, so a 503 while ca2 is out is not overload
+ROLL_AGENTS=3
+# each catalog ROLL_SLEEP seconds slower (generate): compiles are under way when a drain
+# begins, and its wait has something to wait for
+ROLL_SLEEP=2
+# the bound on each agent's loop; the roll's end stops it first (2 JVM restarts, 1-3
+# minutes each, and the drains: ~100 runs of ~6 s between 3 agents at most)
+ROLL_MAX_RUNS=120
 # JDK clients in parallel, each 1 full handshake + JDK_RESUMES resumption attempts,
 # all from one source address (as a Puppet Server's pool of connections to PuppetDB)
 JDK_CLIENTS=16
@@ -337,6 +351,175 @@ pdb_count() { # PATH [curl args]: how many results (an object counts 1 if it nam
         puts(d.is_a?(Array) ? d.size : (d.is_a?(Hash) && d["certname"] ? 1 : 0))'
 }
 
+# ------------------------------------------------------ the rolling restart
+# (check rolling-restart) packaging/rolling-restart rolls the puppet service's
+# compilers while the roll agents run; its RESTART asks this script, which owns the
+# JVMs (PIDS), to restart one: a file $W/roll/req-BACKEND, answered by
+# $W/roll/rc-BACKEND (roll_serve)
+declare -A ROLL_OPEN=() ROLL_FROM=() ROLL_SECS=() ROLL_OUT=()
+# roll_restart BACKEND: the compiler behind puppet/BACKEND stopped (TERM, as systemd
+# does) and started again as at setup, waited for as then; the connections crossbar had
+# open to it at the stop in ROLL_OPEN, its access log's length after the stop in
+# ROLL_FROM, the restart's seconds in ROLL_SECS, "STOP_MS RUNNING_MS" in ROLL_OUT
+roll_restart() {
+    local n ip heap t
+    case $1 in
+        compile1) n=ca1 ip=$IP_CA1 heap=1g ;;
+        compile2) n=ca2 ip=$IP_CA2 heap=1536m ;; # 3 JRubies, as at setup
+        *) log "rolling-restart: no compiler named $1"; return 1 ;;
+    esac
+    ROLL_OPEN[$1]=$(metric crossbar_active_connections 'service="puppet"' "backend=\"$1\"")
+    t=$(now_ms)
+    stop_pid "$n"
+    ROLL_FROM[$1]=$(wc -l < "$W/$n/log/access.log")
+    jvm_start "$n" "$heap"
+    jvm_wait "$n" "$ip" || return 1
+    ROLL_SECS[$1]=$(( ($(now_ms) - t) / 1000 ))
+    ROLL_OUT[$1]="$t $(now_ms)"
+}
+# roll_serve PID: answers the RESTART requests until the roll (PID) has ended
+roll_serve() {
+    local req b
+    while kill -0 "$1" 2>/dev/null; do
+        for req in "$W"/roll/req-*; do
+            [ -e "$req" ] || continue
+            b=${req##*/req-}; rm -f "$req"
+            log "rolling-restart: restarting $b's JVM"
+            roll_restart "$b"; echo $? > "$W/roll/rc-$b.new"; mv "$W/roll/rc-$b.new" "$W/roll/rc-$b"
+        done
+        sleep 0.5
+    done
+}
+# roll_agent NAME: `puppet agent -t` until $W/roll/over exists, at most ROLL_MAX_RUNS
+# times; a line per run in agents/NAME/roll.runs: START_MS END_MS RC K (log roll-K.log)
+roll_agent() {
+    local n=$1 k=0 t rc
+    while [ $k -lt $ROLL_MAX_RUNS ] && [ ! -e "$W/roll/over" ]; do
+        k=$((k + 1)); t=$(now_ms)
+        agent "$n" agent -t > "$W/agents/$n/roll-$k.log" 2>&1; rc=$?
+        echo "$t $(now_ms) $rc $k" >> "$W/agents/$n/roll.runs"
+    done
+}
+# roll_stamp T0_MS: each line of stdin with the seconds since T0_MS
+roll_stamp() {
+    local l
+    while IFS= read -r l; do printf '%7.1fs %s\n' "$(( $(now_ms) - $1 ))e-3" "$l"; done
+}
+# roll_failed LOG RC: did this agent run fail? Its exit code (0 or 2 with -t's detailed
+# exit codes), or an error it logged: a run whose pluginsync was cut (a compiler stopped
+# without a drain) ends 0 with only an `Error:` line
+roll_failed() {
+    { [ "$2" = 0 ] || [ "$2" = 2 ]; } || return 0
+    grep -qE '^Error:|Could not retrieve catalog|Using cached catalog' "$1"
+}
+
+check_rolling_restart() {
+    local d=$W/roll i n b t0 t1 rrc
+    mkdir -p "$d/bin"
+    ln -sf "$CROSSBAR" "$d/bin/crossbar"
+    cat > "$d/restart" <<EOF
+#!/bin/sh
+# packaging/rolling-restart's RESTART: asks tests/puppet/run.sh, which owns the JVMs,
+# to restart the compiler \$1 and exits with its answer (bounded)
+: > "$d/req-\$1"
+i=0
+while [ ! -e "$d/rc-\$1" ]; do
+    [ \$i -ge $((JVM_START_TIMEOUT + 60)) ] && exit 1
+    sleep 1; i=\$((i + 1))
+done
+rc=\$(cat "$d/rc-\$1"); rm -f "$d/rc-\$1"; exit "\$rc"
+EOF
+    chmod 755 "$d/restart"
+    # the agents first; the roll once one of them is connected to compile1 (bounded:
+    # with every agent placed on compile2 it starts anyway), so that the first drain
+    # has a run to wait for
+    local apids=() open1=0
+    for i in $(seq 1 $ROLL_AGENTS); do roll_agent "roll$i" & apids+=($!); done
+    for _ in $(seq 1 240); do
+        open1=$(metric crossbar_active_connections 'service="puppet"' 'backend="compile1"')
+        [ "$open1" -gt 0 ] && break
+        sleep 0.5
+    done
+    local from1 from2 cerr0 pca1 pca2 inv2
+    from1=$(wc -l < "$W/ca1/log/access.log"); from2=$(wc -l < "$W/ca2/log/access.log")
+    cerr0=$(metric crossbar_connect_errors_total 'service="puppet"')
+    pca1=$(conns puppetca ca1); pca2=$(conns puppetca ca2)
+    inv2=$(wc -l < "$W/ca2/ca/inventory.txt")
+    log "rolling-restart: $ROLL_AGENTS agents running, $open1 connected to compile1; rolling compile1 and compile2"
+    t0=$(now_ms)
+    # a drain waits at most for the longest agent run (agent(): 300 s); back at full
+    # weight within 2 minutes of the enable (the JVM is running by then: RESTART waited)
+    ( PATH="$d/bin:$PATH" RESTART="$d/restart {}" CROSSBAR_ARGS="-c $W/crossbar.yaml" \
+          DRAIN_TIMEOUT=5m BACK_TIMEOUT=120 "$ROOT/packaging/rolling-restart" puppet 2>&1 |
+          roll_stamp "$t0" > "$d/roll.log" ) &
+    PIDS[roll]=$!
+    roll_serve "${PIDS[roll]}"
+    wait "${PIDS[roll]}"; rrc=$?
+    unset 'PIDS[roll]'
+    t1=$(now_ms)
+    touch "$d/over"
+    wait "${apids[@]}"
+    sed 's/^/  roll| /' "$d/roll.log" >&2
+    # the agents that were not in the roll, once each: back to their own compilers
+    # (source entries), compile2 too, the last one restarted; the roll's agents all
+    # moved to compile1 while compile2 was out
+    local ppids=() prc=""
+    for n in "${names[@]}"; do ( agent_run "$n" > "$W/agents/$n/after-roll.rc" ) & ppids+=($!); done
+    wait "${ppids[@]}"
+    for n in "${names[@]}"; do prc+="$(cat "$W/agents/$n/after-roll.rc"),"; done
+    # the runs: all of them (warm-up included) must have succeeded
+    local runs=0 during=0 bad=0 badl="" ts te rc k out1=0 out2=0 o1s o1e o2s o2e
+    read -r o1s o1e <<< "${ROLL_OUT[compile1]:-0 0}"; read -r o2s o2e <<< "${ROLL_OUT[compile2]:-0 0}"
+    for i in $(seq 1 $ROLL_AGENTS); do
+        n=roll$i
+        while read -r ts te rc k; do
+            runs=$((runs + 1))
+            [ "$te" -ge "$t0" ] && [ "$ts" -le "$t1" ] && during=$((during + 1))
+            [ "$ts" -ge "$o1s" ] && [ "$te" -le "$o1e" ] && out1=$((out1 + 1))
+            [ "$ts" -ge "$o2s" ] && [ "$te" -le "$o2e" ] && out2=$((out2 + 1))
+            roll_failed "$W/agents/$n/roll-$k.log" "$rc" && { bad=$((bad + 1)); badl+="$n run $k rc $rc; "; }
+        done < "$W/agents/$n/roll.runs"
+    done
+    # what the compilers answered since the roll began: 503s to agents (health checks
+    # and jruby-metrics polls of a starting JVM are not agents), catalogs
+    tail -n +"$((from1 + 1))" "$W/ca1/log/access.log" > "$d/ca1.log"
+    tail -n +"$((from2 + 1))" "$W/ca2/log/access.log" > "$d/ca2.log"
+    local a503 retries cat1 cat2 after1 after2
+    a503=$(cat "$d/ca1.log" "$d/ca2.log" | grep -cE '"[A-Z]+ /puppet(-ca)?/v[0-9][^"]*" 503 ')
+    retries=$(cat "$W"/agents/roll*/roll-*.log | grep -c 'Sleeping for')
+    cat1=$(grep -cE '"POST /puppet/v3/catalog/[^"]*" 200 ' "$d/ca1.log")
+    cat2=$(grep -cE '"POST /puppet/v3/catalog/[^"]*" 200 ' "$d/ca2.log")
+    after1=$(tail -n +"$(( ${ROLL_FROM[compile1]:-999999999} + 1 ))" "$W/ca1/log/access.log" | grep -cE '"POST /puppet/v3/catalog/[^"]*" 200 ')
+    after2=$(tail -n +"$(( ${ROLL_FROM[compile2]:-999999999} + 1 ))" "$W/ca2/log/access.log" | grep -cE '"POST /puppet/v3/catalog/[^"]*" 200 ')
+    local waited back cerr
+    waited=$(grep -o 'no connection left (waited [0-9.]*s)' "$d/roll.log" | grep -o '[0-9.]*s' | paste -sd/)
+    # from "waiting up to ... back" (after `crossbar backend enable`) to "back (weight ..."
+    back=$(awk '/waiting up to .* to be back at full weight/ { w = $1 + 0 }
+                / back \(weight / { printf "%s%.1fs", sep, $1 - w; sep = "/" }' "$d/roll.log")
+    cerr=$(( $(metric crossbar_connect_errors_total 'service="puppet"') - cerr0 ))
+    # ca1 is the primary CA as well: a CA request while its JVM was down goes to ca2, and
+    # then ca1 comes back standby (failback: manual); agents holding certificates make
+    # none (their CRL refresh is daily), so it comes straight back up. If it is standby
+    # and ca2 signed nothing meanwhile (its inventory as before), ca1 is enabled again
+    # without copying the CA back
+    local cast cast2="" inv2b ca_note
+    cast=$(state puppetca ca1); inv2b=$(wc -l < "$W/ca2/ca/inventory.txt")
+    ca_note="puppetca/ca1 after the roll: $cast, CA connections during the roll ca1 $((
+        $(conns puppetca ca1) - pca1)) ca2 $(( $(conns puppetca ca2) - pca2 )), ca2's inventory $inv2 -> $inv2b"
+    if [ "$cast" != up ] && [ "$inv2b" = "$inv2" ]; then
+        CROSSBAR_ADMIN=$ADMIN "$CROSSBAR" backend enable puppetca/ca1 > "$d/enable-ca.log" 2>&1
+        wait_state puppetca ca1 up 10; cast2=$(state puppetca ca1)
+        ca_note+=", then 'crossbar backend enable puppetca/ca1' -> $cast2"
+    fi
+    local figures="packaging/rolling-restart puppet (exit $rrc) in $(( (t1 - t0) / 1000 ))s under $ROLL_AGENTS agents $V_AGENT: compile1 then compile2 drained (--wait returned after ${waited:-?}), connections open to each at its stop ${ROLL_OPEN[compile1]:-?}/${ROLL_OPEN[compile2]:-?}, JVM restarted in ${ROLL_SECS[compile1]:-?}s/${ROLL_SECS[compile2]:-?}s, up at full weight ${back:-?} after the enable; $runs runs ($during during the roll; $out1 completed while compile1 was out, $out2 while compile2 was), $bad failed; answers 503 to agents $a503 (access logs), retries after a 503 $retries; catalogs during the roll compile1 $cat1 compile2 $cat2; after its restart compile1 $after1, compile2 $after2 (the ${#names[@]} agents not in the roll, back to their compilers: rc ${prc%,}); connect errors $cerr; $ca_note"
+    if [ $rrc = 0 ] && [ $bad = 0 ] && [ "$a503" = 0 ] && [ "$retries" = 0 ] && [ $out1 -gt 0 ] && [ $out2 -gt 0 ] &&
+       [ "${ROLL_OPEN[compile1]:-}" = 0 ] && [ "${ROLL_OPEN[compile2]:-}" = 0 ] && [ "$after1" -gt 0 ] && [ "$after2" -gt 0 ]; then
+        pass rolling-restart "$figures"
+    else
+        fail rolling-restart "$figures; failed runs: ${badl:-none} (logs: $d/roll.log, $W/agents/roll*/roll-*.log, $d/ca?.log)"
+    fi
+}
+
 # ================================================================== setup
 [ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
 PUPPET_GEN=${PUPPET_GEN:-8}
@@ -438,6 +621,16 @@ cat > "$W/code/environments/production/manifests/site.pp" <<EOF
 node /^herd\\d+\\.$DOMAIN\$/ {
   \$slow = generate('/bin/sleep', '$HERD_SLEEP')
   notify { "compiled for \${trusted['certname']}": }
+}
+# the rolling restart's agents: a catalog that takes a known time, and a file from the
+# compilers themselves (puppet:///, the agent's own server: the puppet VIP), so that
+# their runs use only the service being rolled
+node /^roll\\d+\\.$DOMAIN\$/ {
+  \$slow = generate('/bin/sleep', '$ROLL_SLEEP')
+  file { "$W/out/\${trusted['certname']}.txt":
+    ensure => file,
+    source => 'puppet:///modules/demo/hello.txt',
+  }
 }
 # the 1500-byte MTU phase's agents: no file (puppetfiles is not reachable from their
 # network namespace)
@@ -561,10 +754,11 @@ puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certnam
     > "$W/ca1/log/ca-generate-lb.log" 2>&1 || { cat "$W/ca1/log/ca-generate-lb.log" >&2; die "ca generate lb"; }
 install_cert pdb1 "$W/ca1/ssl" "$W/pdb1/ssl" || die "pdb1 certificate not where expected"
 install_cert lb "$W/ca1/ssl" "$W/agents/lb/ssl" || die "lb certificate not where expected"
-# the feedback herd's agents, signed offline in one call (a bootstrap each would cost
-# the ~30 s Net::HTTP + TLS 1.3 stall, PUPPET-NOTES)
+# the feedback herd's and the rolling restart's agents, signed offline in one call (a
+# bootstrap each would cost the ~30 s Net::HTTP + TLS 1.3 stall, PUPPET-NOTES)
 HERD_NAMES=$(seq -f "herd%g.$DOMAIN" 1 $HERD | paste -sd,)
-puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "$HERD_NAMES" \
+ROLL_NAMES=$(seq -f "roll%g.$DOMAIN" 1 $ROLL_AGENTS | paste -sd,)
+puppetserver ca generate --ca-client --config "$W/ca1/etc/puppet.conf" --certname "$HERD_NAMES,$ROLL_NAMES" \
     > "$W/ca1/log/ca-generate-herd.log" 2>&1 || { cat "$W/ca1/log/ca-generate-herd.log" >&2; die "ca generate herd"; }
 for i in $(seq 1 $HERD); do
     agent_conf herd$i $((20 + i))
@@ -573,6 +767,10 @@ for i in $(seq 1 $HERD); do
     # agent's failed pluginsync does not end its run (its catalog needs no plugin)
     echo "ignore_plugin_errors = true" >> "$W/agents/herd$i/puppet.conf"
     install_cert herd$i "$W/ca1/ssl" "$W/agents/herd$i/ssl" || die "herd$i certificate not where expected"
+done
+for i in $(seq 1 $ROLL_AGENTS); do
+    agent_conf roll$i $((30 + i))
+    install_cert roll$i "$W/ca1/ssl" "$W/agents/roll$i/ssl" || die "roll$i certificate not where expected"
 done
 mkdir -p "$W/ca2/ssl/"{certs,private_keys,public_keys}
 mv "$W/ca1/ssl/certs/ca2.$DOMAIN.pem" "$W/ca2/ssl/certs/"
@@ -1419,6 +1617,14 @@ else
     fail ca-failback "ca1 did not restart within ${JVM_START_TIMEOUT}s (log $W/ca1/log)"
 fi
 [ "${STOP_AFTER:-}" = failover ] && exit
+
+# 7b. a rolling restart of the compilers under agent load (docs/puppet.md "Rolling
+# restart of the compilers"): packaging/rolling-restart drains compile1, restarts its
+# JVM, enables it, waits until crossbar has it up at full weight, then compile2, while
+# ROLL_AGENTS agents run in a loop; no run fails, no agent is answered 503, both
+# compilers compile again (check_rolling_restart above)
+check_rolling_restart
+[ "${STOP_AFTER:-}" = roll ] && exit
 
 # 8. metrics: every accepted connection relayed; no ClientHello errors
 acc=$(metric crossbar_listener_accepts_total)
