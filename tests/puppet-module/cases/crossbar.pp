@@ -27,16 +27,17 @@ crossbar::backend { 'puppetca/ca1': address => 'puppetca1.example.com:8140', ord
 crossbar::backend { 'puppetca/ca2': address => 'puppetca2.example.com:8140', order => 2, backup => true }
 
 crossbar::service { 'puppet':
-  listen  => ['10.0.0.10:8140'],
-  balance => 'leastconn',
-  stick   => {
+  listen   => ['10.0.0.10:8140'],
+  balance  => 'leastconn',
+  stick    => {
     'on' => ['session_id', 'ticket', 'psk', 'source'], 'size' => 100000, 'expire' => '30m',
     'state_file' => '/var/lib/crossbar/puppet.table', 'confirm' => true, 'confirm_tries' => 3,
   },
-  health  => {
+  health   => {
     'check' => 'https', 'path' => '/status/v1/simple', 'expect_status' => 200, 'expect_body' => 'running',
     'ca_file' => '/etc/crossbar/puppet-ca.pem', 'server_name' => 'puppet.example.com',
   },
+  feedback => { 'kind' => 'puppet' },
 }
 crossbar::backend { 'puppet/compile1': address => '10.0.1.1:8140', weight => 2, max_connections => 500 }
 crossbar::backend { 'puppet/compile2': address => '10.0.1.2:8140', max_connections => 250 }

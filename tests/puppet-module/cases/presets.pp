@@ -30,8 +30,10 @@ crossbar::service { 'puppetca':
 crossbar::service { 'puppet':
   preset => 'puppet',
   listen => ['10.0.0.10:8140'],
-  names  => ['puppet.example.com'],
-  health => { 'server_name' => 'puppet.example.com' },
+  names    => ['puppet.example.com'],
+  health   => { 'server_name' => 'puppet.example.com' },
+  # conf/puppet.yaml turns load feedback on; the preset leaves it to the site
+  feedback => { 'kind' => 'puppet' },
 }
 crossbar::service { 'puppetfiles':
   preset => 'puppetfiles',
