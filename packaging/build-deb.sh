@@ -38,6 +38,7 @@ install -m 0644 docs/*.md "$doc/"
 install -D -m 0644 conf/crossbar.yaml "$doc/examples/crossbar.yaml"
 install -m 0644 conf/minimal.yaml conf/shared-listener.yaml "$doc/examples/"
 install -m 0644 docs/prometheus-alerts.yaml docs/grafana-dashboard.json "$doc/examples/"
+install -m 0755 packaging/rolling-restart "$doc/examples/"
 cat > "$doc/copyright" <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: crossbar

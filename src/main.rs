@@ -119,6 +119,8 @@ fn main() -> ExitCode {
             target,
             weight,
             force,
+            wait,
+            timeout,
             admin,
         } => {
             let args = BackendArgs {
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
                 target,
                 weight,
                 force,
+                wait: wait.then_some(timeout),
             };
             cli::backend(args, admin, url_from_env)
         }

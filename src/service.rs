@@ -269,3 +269,25 @@ impl ListenerRoutes {
         }
     }
 }
+
+impl crate::metrics::Limits for Service {
+    fn label(&self) -> &str {
+        self.name()
+    }
+
+    fn waiting(&self) -> usize {
+        self.pool.queued()
+    }
+
+    fn queue_places(&self) -> usize {
+        self.config.queue_size
+    }
+
+    fn backend_limits(&self) -> Vec<(Arc<str>, u32)> {
+        self.pool
+            .backends
+            .iter()
+            .filter_map(|b| b.max_connections().map(|m| (b.name.clone(), m)))
+            .collect()
+    }
+}

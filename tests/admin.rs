@@ -629,10 +629,13 @@ async fn dashboard_and_alerts_use_real_metrics() {
         let names = metric_names(text);
         assert!(!names.is_empty(), "{file} uses no metric");
         // Discovery families exist only with `discover:` (a DNS server), load feedback
-        // families only with `feedback:`: tests/discovery.rs and tests/feedback.rs check
-        // those against their own scrapes.
+        // families only with `feedback:`, a backend's limit only with `max_connections`:
+        // tests/discovery.rs, tests/feedback.rs and tests/balance.rs check those against
+        // their own scrapes.
         for n in names.into_iter().filter(|n| {
-            !n.starts_with("crossbar_discovery_") && !n.starts_with("crossbar_backend_feedback_")
+            !n.starts_with("crossbar_discovery_")
+                && !n.starts_with("crossbar_backend_feedback_")
+                && n != "crossbar_backend_max_connections"
         }) {
             assert!(
                 family_of(&n, &m.types).is_some(),
@@ -1177,8 +1180,17 @@ async fn cli_end_to_end() {
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
         [
-            "BACKEND", "ADDRESS", "STATE", "ACTIVE", "WEIGHT", "BACKUP", "FROM", "HEALTH", "FOR",
-            "LAST", "CHECK"
+            "BACKEND",
+            "ADDRESS",
+            "STATE",
+            "ACTIVE/LIMIT",
+            "WEIGHT",
+            "BACKUP",
+            "FROM",
+            "HEALTH",
+            "FOR",
+            "LAST",
+            "CHECK"
         ]
     );
     let p1 = out
@@ -2808,4 +2820,107 @@ async fn status_json_carries_every_field_the_page_shows() {
         );
     }
     panic!("no stable pair of reads in 10 tries: {last}");
+}
+
+/// `crossbar backend drain --wait` returns when the backend's last connection has
+/// ended, not before; at its timeout it exits 1 naming the connection left, its
+/// client and age; an idle backend returns at once; an unknown name or a bad
+/// timeout is a usage error (exit 2), and the drain stays after a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_wait_returns_at_the_last_connections_end_and_names_what_is_left_at_the_timeout() {
+    let bed = Bed::start(Some("wait-token")).await;
+    let (url, token) = (bed.url(), bed.token_file().display().to_string());
+    let drain = |target: &str, more: &[&str]| {
+        let mut a = args(&["backend", "drain", target, "--admin", &url]);
+        a.extend(args(&["--token-file", &token, "--wait"]));
+        a.extend(args(more));
+        a
+    };
+    let mut held = Held::open(&bed, "plain").await;
+    let victim = held.who().await;
+    let other = if victim == "p1" { "p2" } else { "p1" };
+    let target = format!("plain/{victim}");
+
+    // The timeout, with the held connection open: exit 1, naming it.
+    let (code, out, err) = common::crossbar_cli_exit(drain(&target, &["--timeout", "1s"])).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains(&format!("{target}: drain (1 active connections)")),
+        "{out}"
+    );
+    assert!(
+        err.contains(&format!("{target}: 1 connection(s) left after 1s")),
+        "{err}"
+    );
+    assert!(
+        err.contains("id ") && err.contains("from 127.0.0.1"),
+        "{err}"
+    );
+    assert_eq!(
+        bed.xb.backend("plain", &victim).state().as_str(),
+        "drain",
+        "kept"
+    );
+
+    // Waiting without a timeout in reach: still running while the connection is
+    // open (its polls see it), done once it ends.
+    let waiting = {
+        let a = drain(&target, &["--timeout", "5m"]);
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_crossbar"))
+                .args(&a)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run crossbar")
+        })
+        .await
+        .unwrap()
+    };
+    let mut waiting = common::ChildGuard(waiting);
+    for _ in 0..8 {
+        assert_eq!(
+            held.who().await,
+            victim,
+            "the drained backend still serves it"
+        );
+        let ended = waiting.0.try_wait().expect("try_wait");
+        assert!(ended.is_none(), "--wait returned with a connection open");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await; // a poll's period
+    }
+    drop(held);
+    let code = waiting.exited(std::time::Duration::from_secs(30)).await;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut waiting.0.stdout.take().unwrap(), &mut out).unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("{target}: no connection left")),
+        "{out}"
+    );
+
+    // An idle backend returns at once; an unknown one and a bad timeout are usage errors.
+    let (code, out, err) =
+        common::crossbar_cli_exit(drain(&format!("plain/{other}"), &["--force"])).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains(&format!("plain/{other}: no connection left")),
+        "{out}"
+    );
+    let (code, _, err) = common::crossbar_cli_exit(drain("plain/p3", &[])).await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("did you mean"), "{err}");
+    for bad in ["0s", "soon"] {
+        let (code, _, err) = common::crossbar_cli_exit(drain(&target, &["--timeout", bad])).await;
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.contains("--timeout"), "{bad}: {err}");
+    }
+    let (code, _, err) = common::crossbar_cli_exit(args(&[
+        "backend", "enable", &target, "--admin", &url, "--wait",
+    ]))
+    .await;
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("--wait goes with `drain` and `disable`"),
+        "{err}"
+    );
 }

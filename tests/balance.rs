@@ -258,11 +258,49 @@ async fn max_connections_queues_the_excess_until_a_slot_frees() {
         1,
         "the backend got a second connection over its limit"
     );
+    limit_and_queue_in_sight(&lb).await;
 
     drop(first);
     assert_eq!(read_name(&mut second).await, "one");
     assert_eq!(pool().pool.queued(), 0);
     assert_eq!(b.accepted(), 2);
+}
+
+/// With `one` at its limit (1) and one connection queued: the gauges, the API,
+/// `crossbar status` and the page show the limit and the queue (issue #53 item 1:
+/// the limit appeared nowhere, the page's `Max` was the peak, no queue gauge).
+async fn limit_and_queue_in_sight(lb: &Crossbar) {
+    let svc = [("service", "svc")];
+    assert_eq!(lb.metric("crossbar_queue_waiting", &svc), 1.0);
+    assert!(lb.metric("crossbar_queue_size", &svc) >= 1.0);
+    let one = [("service", "svc"), ("backend", "one")];
+    assert_eq!(lb.metric("crossbar_backend_max_connections", &one), 1.0);
+    let admin = lb.serve_admin(None).await;
+    let v = common::api::admin_json(admin.addr, "/api/services").await;
+    let s = &v["services"][0];
+    assert_eq!(s["queued"], 1, "{s}");
+    assert_eq!(s["queue_timeout_ms"], 10_000, "{s}");
+    assert_eq!(s["backends"][0]["max_connections"], 1, "{s}");
+    let url = format!("http://{}", admin.addr);
+    let (ok, shown, err) = crossbar_cli(vec!["status".into(), "--admin".into(), url]).await;
+    let one_row = shown
+        .lines()
+        .find(|l| l.trim_start().starts_with("one "))
+        .unwrap_or("");
+    assert!(
+        ok && one_row.split_whitespace().any(|c| c == "1/1"),
+        "{shown}{err}"
+    );
+    assert!(shown.contains("queue 1/"), "{shown}");
+    let page = common::api::admin_get(admin.addr, "/").await;
+    assert!(
+        page.contains(">Cur/Limit<") && page.contains(">Peak<") && !page.contains(">Max<"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td>1/1</td>") && page.contains("queue 1/"),
+        "{page}"
+    );
 }
 
 /// A queued client that gives up (resets, as a client timing out does) leaves the

@@ -200,6 +200,23 @@ async fn echo_backend() -> SocketAddr {
 }
 
 /// An address nothing listens on (yet): bound once for a free port, then closed.
+/// A loopback address that refuses connections for the whole test: a socket bound
+/// there and never listening holds the port, so no other test's listener can be
+/// given it (a port merely freed can be, and a check then passes: seen in CI).
+fn dead_addr() -> SocketAddr {
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    let addr = sock
+        .local_addr()
+        .expect("addr")
+        .as_socket()
+        .expect("an IP address");
+    Box::leak(Box::new(sock)); // held until the test process ends
+    addr
+}
+
 fn closed_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr")
@@ -500,7 +517,7 @@ async fn status_page_in_chromium_matches_the_api() {
     browser_present();
     let up = echo_backend().await;
     let drained = echo_backend().await;
-    let gone = closed_addr();
+    let gone = dead_addr();
     let back = closed_addr();
 
     // The config lives under a directory whose name is markup.
@@ -812,9 +829,9 @@ const C3: &str = "compile-03-fra-dc2-rack15";
 async fn status_page_at_1280_shows_what_matters() {
     browser_present();
     let c1 = echo_backend().await;
-    let c2 = closed_addr(); // drained by the operator, and failing its checks
+    let c2 = dead_addr(); // drained by the operator, and failing its checks
     let c3 = closed_addr(); // fails, then comes back: past failures
-    let ca1 = closed_addr();
+    let ca1 = dead_addr();
     let ca2 = echo_backend().await;
     let db1 = echo_backend().await; // speaks no TLS: fails its tls-hello check
     let db2 = echo_backend().await; // disabled in the config, healthy

@@ -515,9 +515,37 @@ const FLOOD_IN_FLIGHT: usize = 64;
 /// loopback handshake takes milliseconds; `openssl s_server` answers one at a time).
 const FLOOD_ANSWER: Duration = Duration::from_secs(10);
 
+/// Half handshakes of a half-handshake flood, each from an address of its own
+/// (127.9.x.y): 8x the table, and odd for the same reason as `FLOOD_HELLOS`.
+const HALF_HANDSHAKES: usize = 8 * FLOOD_TABLE + 1;
+/// A junk record as a keyless client's Finished: application data (the outer type
+/// of an encrypted TLS 1.3 record) of a Finished's size.
+const JUNK_RECORD_LEN: usize = 53;
+
+/// What a flood's connections do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flood {
+    /// A ClientHello, read the start of the answer, hang up.
+    BareHello,
+    /// A TLS 1.3 ClientHello, read the whole ServerHello, send one junk record
+    /// (no keys: a forged Finished), read until the backend closes.
+    HalfHandshake,
+}
+
+impl Flood {
+    fn connections(self) -> usize {
+        match self {
+            Flood::BareHello => FLOOD_HELLOS,
+            Flood::HalfHandshake => HALF_HANDSHAKES,
+        }
+    }
+}
+
 /// One configuration a flood runs against.
 #[derive(Debug, Clone, Copy)]
 struct FloodCase {
+    /// What the flood's connections do.
+    flood: Flood,
     /// The backends' TLS stack: `openssl s_server -tls1_2` (TLS 1.2 with tickets, as
     /// the issue measured), or rustls speaking TLS 1.2 and 1.3 with tickets.
     server: Peer,
@@ -590,6 +618,57 @@ async fn bare_hello_flood(addr: SocketAddr) -> usize {
             let mut buf = [0u8; 4096];
             let read = tokio::time::timeout(FLOOD_ANSWER, c.read(&mut buf)).await;
             matches!(read, Ok(Ok(n)) if n > 0)
+        });
+        while flood.len() >= FLOOD_IN_FLIGHT {
+            answered += usize::from(flood.join_next().await.unwrap().unwrap());
+        }
+    }
+    while let Some(r) = flood.join_next().await {
+        answered += usize::from(r.unwrap());
+    }
+    answered
+}
+
+/// `HALF_HANDSHAKES` TLS 1.3 ClientHellos (real OpenSSL ones, no session offered),
+/// each from its own address, each reading the backend's ServerHello record whole,
+/// then sending one junk record where its Finished would be and reading until the
+/// backend closed (it answers the junk with an alert). How many got a ServerHello.
+async fn half_handshake_flood(addr: SocketAddr) -> usize {
+    let hello = common::hello_fixture("openssl3_tls13.bin");
+    let mut junk = vec![0x17, 0x03, 0x03, 0, JUNK_RECORD_LEN as u8];
+    junk.extend((0..JUNK_RECORD_LEN).map(|_| fastrand::u8(..)));
+    let mut flood = tokio::task::JoinSet::new();
+    let mut answered = 0;
+    for i in 0..HALF_HANDSHAKES {
+        let from = std::net::IpAddr::from([127, 9, (i / 250) as u8, (i % 250 + 1) as u8]);
+        let (hello, junk) = (hello.clone(), junk.clone());
+        flood.spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut c = common::connect_from(from, addr).await;
+            c.write_all(&hello).await.expect("send hello");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            let server_hello = loop {
+                // The first record whole: [type, version, version, len, len].
+                if got.len() >= 5
+                    && got.len() >= 5 + usize::from(u16::from_be_bytes([got[3], got[4]]))
+                {
+                    break got[0] == 0x16;
+                }
+                match tokio::time::timeout(FLOOD_ANSWER, c.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                    _ => break false,
+                }
+            };
+            if server_hello && c.write_all(&junk).await.is_ok() {
+                // Until the backend's alert and close (bounded).
+                while let Ok(Ok(n)) = tokio::time::timeout(FLOOD_ANSWER, c.read(&mut buf)).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+            server_hello
         });
         while flood.len() >= FLOOD_IN_FLIGHT {
             answered += usize::from(flood.join_next().await.unwrap().unwrap());
@@ -698,7 +777,10 @@ async fn flood_run(ca: &TestCa, case: FloodCase) -> FloodRow {
     let learned = |xb: &Crossbar| xb.metric("crossbar_stick_learned_total", &[]);
     let learned_before = learned(&xb);
 
-    let answered = bare_hello_flood(addr).await;
+    let answered = match case.flood {
+        Flood::BareHello => bare_hello_flood(addr).await,
+        Flood::HalfHandshake => half_handshake_flood(addr).await,
+    };
     common::wait_until("the flood's connections ended", &settled).await;
     let after = table.stats();
     let learned_by_flood = learned(&xb) - learned_before;
@@ -748,6 +830,7 @@ async fn flood_cases(server: Peer) {
     for preset in [true, false] {
         for confirm in [true, false] {
             let case = FloodCase {
+                flood: Flood::BareHello,
                 server,
                 preset,
                 confirm,
@@ -755,10 +838,18 @@ async fn flood_cases(server: Peer) {
             rows.push(flood_run(&ca, case).await);
         }
     }
-    for r in &rows {
+    check_flood_rows(&rows);
+}
+
+/// Print a flood's rows, then hold each to: the agents resumed home before; the
+/// flood was answered, taught nothing, evicted nothing; the agents' entries all
+/// stayed and every agent resumed home after (by its source entry, with `on:
+/// [source]`).
+fn check_flood_rows(rows: &[FloodRow]) {
+    for r in rows {
         println!(
             "{:?}: entries {} -> {}, evicted {}, learned during the flood {}, agents' entries lost {}; \
-             {}/{FLOOD_HELLOS} hellos answered; agents resumed on their backend {}/{FLOOD_AGENTS} before, \
+             {}/{} answered; agents resumed on their backend {}/{FLOOD_AGENTS} before, \
              {}/{FLOOD_AGENTS} after ({} by their source entry); {:.1} s",
             r.case,
             r.entries_before,
@@ -767,19 +858,20 @@ async fn flood_cases(server: Peer) {
             r.learned_by_flood,
             r.agents_entries_lost,
             r.answered,
+            r.case.flood.connections(),
             r.kept_before,
             r.kept_after,
             r.source_hits_after,
             r.secs
         );
     }
-    for r in &rows {
+    for r in rows {
         let case = r.case;
         assert_eq!(
             r.kept_before, FLOOD_AGENTS,
             "{case:?}: agents before the flood"
         );
-        assert!(r.answered >= FLOOD_HELLOS * 9 / 10, "{r:?}");
+        assert!(r.answered >= case.flood.connections() * 9 / 10, "{r:?}");
         assert_eq!(
             r.learned_by_flood, 0.0,
             "{case:?}: the flood taught the table: {r:?}"
@@ -806,4 +898,28 @@ async fn bare_hello_floods_evict_nothing_with_source_stickiness_openssl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_hello_floods_evict_nothing_with_source_stickiness_rustls() {
     flood_cases(Peer::Rustls).await;
+}
+
+/// Issue #50, 5: 4,000 TLS 1.3 clients that waited for the ServerHello and sent one
+/// junk record evicted every proven entry of a 1,000-entry table (any client record
+/// after the ServerHello counted as its Finished). Now the address waits for the
+/// server to answer that record with more than an alert (a NewSessionTicket, data):
+/// `HALF_HANDSHAKES` such clients (8x the table) from as many addresses teach
+/// nothing and evict nothing, and every agent (TLS 1.2 and 1.3, rustls) still
+/// resumes home; with the compilers' preset and with `on: [source]`, both with
+/// `confirm_budget: 0` (as the issue ran it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_handshake_floods_teach_and_evict_nothing_rustls() {
+    let ca = TestCa::new("half-handshake flood CA").expect("CA");
+    let mut rows = Vec::new();
+    for preset in [true, false] {
+        let case = FloodCase {
+            flood: Flood::HalfHandshake,
+            server: Peer::Rustls,
+            preset,
+            confirm: false,
+        };
+        rows.push(flood_run(&ca, case).await);
+    }
+    check_flood_rows(&rows);
 }

@@ -60,6 +60,7 @@ fn service_view(server: &Server, svc: &Service, now: SystemTime) -> view::Servic
         stick_table: svc.table.as_ref().map(|t| stick_table(svc, &t.stats())),
         queued: svc.pool.queued(),
         queue_size: svc.config.queue_size,
+        queue_timeout_ms: u64::try_from(svc.config.timeouts.queue.as_millis()).unwrap_or(u64::MAX),
         handshakes: view::Handshakes {
             resumed: backends.iter().map(|b| b.metrics.resumed.get()).sum(),
             full: backends.iter().map(|b| b.metrics.full.get()).sum(),
@@ -223,6 +224,7 @@ fn backend(b: &Backend, svc: &Service, now: SystemTime) -> view::BackendView {
         healthy: b.is_healthy(),
         active_connections: b.active(),
         peak_connections: live.peak(),
+        max_connections: b.max_connections(),
         connections_total: m.connections.get(),
         weight: b.weight(),
         configured_weight: b.config.weight,

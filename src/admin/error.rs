@@ -52,6 +52,18 @@ pub enum ApiError {
         /// The other backends and their states, `" (others: b2 down)"`, or `""`.
         others: String,
     },
+    /// `enable` on a backend that left DNS: nothing the operator sets puts it
+    /// back in rotation (it drains, and leaves the pool once its last connection
+    /// ends); listing it in DNS again does.
+    #[error("{backend} left DNS (the {name} record of service {service:?} no longer lists it): it drains and leaves the pool once its last connection ends, and enable can't put it back in rotation; list it in DNS again to keep it (it rejoins on the next lookup)")]
+    LeftDns {
+        /// Service.
+        service: String,
+        /// Backend.
+        backend: String,
+        /// The DNS name the service discovers from.
+        name: String,
+    },
     /// Setting this backend's weight to 0 would leave its service with no backend
     /// for new connections, and `force` was not given.
     #[error("{backend} is the last backend of service {service:?} taking new connections{others}: weight 0 leaves none for new connections (every new client is refused: no_backend; sticky hits still reach it); add force=true to do it anyway (crossbar backend weight {service}/{backend} 0 --force)")]
@@ -98,6 +110,7 @@ impl ApiError {
             ApiError::BadQuery(_) => S::BAD_REQUEST,
             ApiError::LastBackend { .. }
             | ApiError::LastWeighted { .. }
+            | ApiError::LeftDns { .. }
             | ApiError::ReloadFailed(crate::server::ApplyError::NoBackendLeft(_)) => S::CONFLICT,
             ApiError::ReloadFailed(_) => S::UNPROCESSABLE_ENTITY,
             ApiError::NotApplied {

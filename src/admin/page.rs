@@ -246,8 +246,11 @@ const COLUMNS: [(&str, &str); 16] = [
         "weight new connections are balanced by; highlighted when set at run time (crossbar backend weight), with the file's below",
     ),
     ("Bck", "backup: used only when no primary is available"),
-    ("Cur", "connections open now"),
-    ("Max", "most connections open at once"),
+    (
+        "Cur/Limit",
+        "connections open now / the connection limit (max_connections, or the agent's maxconn while lower); no limit: the count alone",
+    ),
+    ("Peak", "most connections open at once"),
     ("Total", "connections relayed"),
     ("In", "bytes client to server"),
     ("Out", "bytes server to client"),
@@ -285,8 +288,10 @@ fn write_service(o: &mut String, svc: &ServiceView, cli: &str) -> fmt::Result {
     super::page_feedback::write_caption(o, svc)?;
     write!(
         o,
-        " &middot; handshakes {} resumed / {} full &middot; queue {}/{}",
-        svc.handshakes.resumed, svc.handshakes.full, svc.queued, svc.queue_size,
+        " &middot; handshakes {} resumed / {} full &middot; {}",
+        svc.handshakes.resumed,
+        svc.handshakes.full,
+        svc.queue_text(),
     )?;
     if svc.balance == Balance::First {
         match &svc.active_backend {
@@ -317,10 +322,10 @@ fn write_discovery(o: &mut String, d: &DiscoveryView) -> fmt::Result {
     });
     write!(
         o,
-        " &middot; <span class=\"dns\">DNS {} <code>{}</code>: {} backend(s), resolved {ago}",
+        " &middot; <span class=\"dns\">DNS {} <code>{}</code>: {}",
         Esc(&d.kind),
         Esc(&d.name),
-        d.backends,
+        d.set_text(&ago),
     )?;
     if d.dropped > 0 {
         write!(
@@ -435,7 +440,7 @@ fn write_backend(
         "<td>{}</td><td>{}</td><td>{}</td>\
          <td>{}</td><td title=\"{c2s}\">{}</td><td title=\"{s2c}\">{}</td>",
         if b.backup { "Y" } else { "-" },
-        b.active_connections,
+        b.connections_text(),
         b.peak_connections,
         b.connections_total,
         human_bytes(c2s),
@@ -473,12 +478,18 @@ fn write_weight(o: &mut String, b: &BackendView) -> fmt::Result {
             o,
             "<td title=\"the SRV record's weight\">{now}<span class=\"hl\">dns</span></td>"
         ),
-        Some(_) => write!(
-            o,
-            "<td class=\"rtw\" title=\"file {file}: the config file's weight; {now} set at run time \
-             (crossbar backend weight), kept across reloads that leave the backend alone, until \
-             crossbar backend reset\">{now}<span class=\"hl\">operator; file {file}</span></td>"
-        ),
+        Some(_) => {
+            let (source, whose) = match b.source {
+                super::view::BackendSource::Dns => ("dns", "the SRV record's weight"),
+                super::view::BackendSource::Config => ("file", "the config file's weight"),
+            };
+            write!(
+                o,
+                "<td class=\"rtw\" title=\"{source} {file}: {whose}; {now} set at run time \
+                 (crossbar backend weight), kept across reloads that leave the backend alone, \
+                 until crossbar backend reset\">{now}<span class=\"hl\">operator; {source} {file}</span></td>"
+            )
+        }
     }
 }
 

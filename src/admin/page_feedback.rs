@@ -47,7 +47,11 @@ pub(super) fn write_weight(o: &mut String, b: &BackendView) -> Option<fmt::Resul
         return None;
     };
     let file = match b.weight_set_at_run_time() {
-        true => format!("<span class=\"hl\">file {}</span>", b.configured_weight),
+        true => format!(
+            "<span class=\"hl\">{} {}</span>",
+            b.weight_source(),
+            b.configured_weight
+        ),
         false => String::new(),
     };
     let ramp = match &b.slow_start {

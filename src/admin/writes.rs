@@ -122,6 +122,9 @@ pub async fn set_backend(
         if !force && state != AdminState::Enabled {
             last_available(svc, b, action)?;
         }
+        if state == AdminState::Enabled && b.config.left_dns {
+            return Err(left_dns(svc, b));
+        }
         op.record().set(&name, b, Some(state), None);
         tracing::info!(service = %name, backend = %backend, state = %b.state(), "admin: backend state set (kept across reloads that leave the backend alone, and restarts with state_file)");
         Ok(view::BackendStateView {
@@ -161,6 +164,18 @@ pub async fn reset_backend(
         })
     });
     written.await.map_err(not_applied("reset"))?
+}
+
+/// `enable` on `b`, which left DNS: refused, saying what happens to it instead.
+fn left_dns(svc: &Service, b: &Backend) -> ApiError {
+    ApiError::LeftDns {
+        service: svc.name().to_string(),
+        backend: b.name.to_string(),
+        name: svc
+            .discovery
+            .as_ref()
+            .map_or_else(|| "DNS".to_string(), |d| d.snapshot().name),
+    }
 }
 
 /// An operator write the reload task could not take (shutdown has begun, or the

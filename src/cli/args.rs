@@ -150,6 +150,15 @@ pub enum Command {
         /// its service taking new connections.
         #[arg(long)]
         force: bool,
+        /// With drain or disable: then wait until the backend has no connection
+        /// left (exit 0), showing how many are left on a terminal; at --timeout,
+        /// exit 1 naming those left, their ages and clients. Ctrl-C ends the wait
+        /// (exit 130) and leaves the drain in place.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits at most (e.g. 90s, 10m; above 0, at most a week).
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = super::wait::parse_timeout, requires = "wait")]
+        timeout: std::time::Duration,
         /// How to reach the admin API.
         #[command(flatten)]
         admin: AdminArgs,

@@ -64,10 +64,14 @@ pub fn resolves(config: &Path) -> Result<(), ExitCode> {
 /// on stderr) when a service would start with no backend, or a record names
 /// crossbar itself.
 fn resolved(mut cfg: Config) -> bool {
-    let rt = match super::commands::runtime(None) {
+    // A runtime of its own (one thread: the lookups run concurrently anyway).
+    let built = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("no runtime to resolve names in: {e:#}");
+            eprintln!("no runtime to resolve names in: {e}");
             return false;
         }
     };

@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use super::http::{request, CliError, REFUSED};
 use super::options::ClientOptions;
 use crate::admin::view::{
-    BackendStateView, DeleteView, FlushView, ReloadAnswer, ResetView, ServicesView, SourcesView,
-    TableView, WeightView,
+    BackendStateView, ConnectionsView, DeleteView, FlushView, ReloadAnswer, ResetView,
+    ServicesView, SourcesView, TableView, WeightView,
 };
 use crate::admin::{Action, Secret, WeightAsk};
 
@@ -52,6 +52,9 @@ pub enum Command {
         action: Action,
         /// Also when it is the service's last available backend.
         force: bool,
+        /// After a drain or disable, wait this long at most for its last
+        /// connection to end (`--wait`).
+        wait: Option<std::time::Duration>,
     },
     /// Set a backend's weight until the next reload or restart.
     Weight {
@@ -148,6 +151,7 @@ impl Command {
                 backend,
                 action,
                 force,
+                ..
             } => (
                 Method::POST,
                 format!(
@@ -249,10 +253,46 @@ pub async fn run(opts: &ClientOptions, cmd: &Command) -> Result<String, CliError
     let endpoint = Endpoint { opts, token };
     let (method, path) = cmd.request();
     let body = endpoint.send(method, &path).await?;
+    let answer = answer(opts, cmd, &path, body)?;
+    let Command::Backend {
+        service,
+        backend,
+        wait: Some(timeout),
+        ..
+    } = cmd
+    else {
+        return Ok(answer);
+    };
+    // The write's answer first, then the wait (which may end in an error).
+    print!("{answer}");
+    let _ = std::io::Write::flush(&mut std::io::stdout()); // ok: best effort
+    let w = super::wait::Wait {
+        service,
+        backend,
+        timeout: *timeout,
+    };
+    let path = format!(
+        "/api/connections?service={service}&limit={}",
+        super::wait::LIST_LIMIT
+    );
+    let list = || async {
+        let body = endpoint.send(Method::GET, &path).await?;
+        Ok(decode::<ConnectionsView>(&path, &body)?.connections)
+    };
+    super::wait::until_idle(&w, list).await
+}
+
+/// What to print of `cmd`'s answer `body` to `path`.
+fn answer(
+    opts: &ClientOptions,
+    cmd: &Command,
+    path: &str,
+    body: String,
+) -> Result<String, CliError> {
     if opts.json {
         return Ok(body);
     }
-    let p = path.as_str();
+    let p = path;
     Ok(match cmd {
         Command::Status => {
             let services: ServicesView = decode(p, &body)?;

@@ -102,6 +102,16 @@ pub fn reload(admin: AdminArgs, url_from_env: bool, force: bool, strict: bool) -
     }
 }
 
+/// Exit code of a wait ended by Ctrl-C (128 + SIGINT, as shells say it).
+const EXIT_INTERRUPTED: u8 = 130;
+/// Exit code of a usage error (clap's): an unknown name given to `--wait`.
+const EXIT_USAGE: u8 = 2;
+
+/// Does `cmd` wait for a backend's last connection?
+fn waits(cmd: &ClientCommand) -> bool {
+    matches!(cmd, ClientCommand::Backend { wait: Some(_), .. })
+}
+
 /// Send `cmd` with `opts`; print the answer or the error.
 fn send(opts: &ClientOptions, cmd: &ClientCommand) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -115,6 +125,17 @@ fn send(opts: &ClientOptions, cmd: &ClientCommand) -> ExitCode {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
+        }
+        Err(CliError::WaitInterrupted(why)) => {
+            eprintln!("{why}");
+            ExitCode::from(EXIT_INTERRUPTED)
+        }
+        Err(e @ CliError::Api { status, .. })
+            if status == hyper::StatusCode::NOT_FOUND && waits(cmd) =>
+        {
+            // An unknown name is a usage error (clap's exit code), before any wait.
+            fail(&e);
+            ExitCode::from(EXIT_USAGE)
         }
         Err(CliError::Api { body, .. } | CliError::Unauthorized { body, .. }) if opts.json => {
             eprint!("{body}");
@@ -185,6 +206,9 @@ pub struct BackendArgs {
     pub weight: Option<WeightAsk>,
     /// Also the last backend taking new connections.
     pub force: bool,
+    /// `--wait`, with its `--timeout`: after a drain or disable, wait for the
+    /// backend's last connection.
+    pub wait: Option<std::time::Duration>,
 }
 
 /// `crossbar backend drain|enable|disable|weight`.
@@ -202,7 +226,14 @@ fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
         target,
         weight,
         force,
+        wait,
     } = args;
+    let waits = matches!(action, BackendAction::Drain | BackendAction::Disable);
+    if wait.is_some() && !waits {
+        return Err(
+            "--wait goes with `drain` and `disable` (it waits for the last connection)".into(),
+        );
+    }
     let Some((service, backend)) = target.split_once('/') else {
         return Err(format!("expected SERVICE/BACKEND, got {target:?}"));
     };
@@ -237,6 +268,7 @@ fn backend_command(args: BackendArgs) -> Result<ClientCommand, String> {
         backend,
         action,
         force,
+        wait,
     })
 }
 

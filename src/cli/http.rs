@@ -74,6 +74,12 @@ pub enum CliError {
         /// The response body (`{"error": "..."}`).
         body: String,
     },
+    /// `--wait` ran out of time with connections left (which it names).
+    #[error("{0}")]
+    WaitTimedOut(String),
+    /// `--wait` was interrupted (Ctrl-C); what was set stays.
+    #[error("{0}")]
+    WaitInterrupted(String),
     /// The server's answer is not the document this command reads.
     #[error(
         "unexpected answer from the admin endpoint to {path}: {reason} (a crossbar of \

@@ -18,6 +18,7 @@ mod outcome;
 mod status;
 mod tables;
 mod traffic;
+mod wait;
 
 pub use args::parse_key;
 pub use check::check;

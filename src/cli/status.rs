@@ -160,8 +160,10 @@ fn caption(svc: &ServiceView, now: SystemTime) -> String {
     }
     let _ = writeln!(
         out,
-        "  {line}handshakes {} resumed / {} full; queue {}/{}",
-        svc.handshakes.resumed, svc.handshakes.full, svc.queued, svc.queue_size
+        "  {line}handshakes {} resumed / {} full; {}",
+        svc.handshakes.resumed,
+        svc.handshakes.full,
+        svc.queue_text()
     ); // ok: writing to a String
     if let Some(d) = &svc.discovery {
         let _ = writeln!(out, "  {}", discovery_line(d, now)); // ok: writing to a String
@@ -206,7 +208,7 @@ fn state_rows(svc: &ServiceView) -> Vec<Vec<String>> {
         "BACKEND",
         "ADDRESS",
         "STATE",
-        "ACTIVE",
+        "ACTIVE/LIMIT",
         "WEIGHT",
         "BACKUP",
         "FROM",
@@ -224,7 +226,7 @@ fn state_rows(svc: &ServiceView) -> Vec<Vec<String>> {
             b.name.clone(),
             b.address.clone(),
             state,
-            b.active_connections.to_string(),
+            b.connections_text(),
             weight_cell(b),
             if b.backup { "yes" } else { "no" }.to_string(),
             match b.dns_name {
@@ -272,11 +274,12 @@ fn traffic_rows(svc: &ServiceView) -> Vec<Vec<String>> {
 /// The weight, and the slow-start ramp under way (`3 (ramp 40%, 12s left)`) or
 /// the file's weight when one was set at run time (`10 (file 20)`); with load
 /// feedback the weight balanced by, who set the weight and the factor:
-/// `0.35 (file 1 x0.35 feedback)`, `1.24 (operator 4 x0.31 feedback; file 2)`.
+/// `0.35 (file 1 x0.35 feedback)`, `1.24 (operator 4 x0.31 feedback; dns 2)` (the weight
+/// under the operator's: the file's, or the SRV record's for a backend from DNS).
 fn weight_cell(b: &BackendView) -> String {
     if let (Origin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
         let file = match b.weight_set_at_run_time() {
-            true => format!("; file {}", b.configured_weight),
+            true => format!("; {} {}", b.weight_source(), b.configured_weight),
             false => String::new(),
         };
         let ramp = match &b.slow_start {
@@ -324,17 +327,15 @@ fn discovery_line(d: &DiscoveryView, now: SystemTime) -> String {
         None => "never".to_string(),
     };
     let mut line = format!(
-        "backends from DNS: {} {}, {} backend{}",
+        "backends from DNS: {} {}, {}",
         d.kind,
         d.name,
-        d.backends,
-        if d.backends == 1 { "" } else { "s" }
+        d.set_text(&ago(d.last_resolved))
     );
     if d.dropped > 0 {
         let _ = write!(line, " ({} more records left out: max_backends)", d.dropped);
         // ok: String
     }
-    let _ = write!(line, ", resolved {}", ago(d.last_resolved)); // ok: String
     if let Some(ms) = d.next_in_ms {
         let _ = write!(line, ", next lookup {}s after the last", ms.div_ceil(1000));
         // ok: String
@@ -483,7 +484,7 @@ mod tests {
         let b = b.clone();
         assert_eq!(
             weight_cell(&b),
-            "1.24 (operator 4 x0.31 feedback; file 2; ramp 40%, 12s left)"
+            "1.24 (operator 4 x0.31 feedback; dns 2; ramp 40%, 12s left)"
         );
         let (html, cli) = page_and_status(&v, &s);
         backend_fields(&rows(&html, &b.name), &rows(&cli, &b.name), &b);
@@ -589,7 +590,7 @@ mod tests {
         if let Some(r) = &b.slow_start {
             want.push(r.text());
         } else if b.weight_set_at_run_time() {
-            want.push(format!("file {}", b.configured_weight));
+            want.push(format!("{} {}", b.weight_source(), b.configured_weight));
         }
         if let (Origin::Feedback, Some(f)) = (b.effective_origin, &b.feedback) {
             want.push(format!("{:.2}", b.effective_weight));
@@ -642,8 +643,8 @@ mod tests {
         };
         assert_eq!(
             discovery_line(&fresh, at(1000)),
-            "backends from DNS: srv _x8140._tcp.example, 3 backends (2 more records left out: \
-             max_backends), resolved 10s ago, next lookup 30s after the last"
+            "backends from DNS: srv _x8140._tcp.example, 3 backends, resolved 10s ago (2 more \
+             records left out: max_backends), next lookup 30s after the last"
         );
         let stale = DiscoveryView {
             kind: "host".into(),

@@ -1,6 +1,6 @@
 //! Steps 5-7: relay both ways while watching the server's handshake, learn stick
-//! entries from it once the client has proven enough, and record how the relay
-//! ended.
+//! entries from it once the server has proven the client's side, and record how
+//! the relay ended.
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use super::error::ConnError;
 use crate::access_log::{AccessLog, End};
 use crate::balance::Backend;
-use crate::hello::{ClientHelloInfo, ServerHandshake, ServerWatcher};
+use crate::hello::{ClientHelloInfo, ServerHandshake, ServerProof, ServerWatcher};
 use crate::open_connections::OpenConn;
 use crate::relay::{self, HandshakeObserver, RelayCounters, RelayEnd, RelayStats, Watch};
 use crate::service::Service;
@@ -50,12 +50,9 @@ pub(super) async fn relay_watched(
     hard_stop: &relay::HardStop,
 ) -> Result<(RelayStats, Option<&'static str>), ConnError> {
     let learner = r.hello.map(|hello| Learner::new(&r, hello));
-    let mut watch = learner.as_ref().map(|l| {
-        Box::new(Watch {
-            watcher: Some(ServerWatcher::new(SERVER_WATCH_LIMIT)),
-            observer: l,
-        })
-    });
+    let mut watch = learner
+        .as_ref()
+        .map(|l| Box::new(Watch::new(ServerWatcher::new(SERVER_WATCH_LIMIT), l)));
     replay_pending(stream, r.pending, r.backend, &mut watch).await?;
     let counters = RelayCounters {
         c2s: &r.backend.metrics.bytes_c2s,
@@ -98,11 +95,15 @@ const WAITING: u8 = 0;
 /// The server's handshake seen; what it teaches of the client's address waits for
 /// the client's next flight ([`Learner::held`]).
 const HELD: u8 = 1;
+/// The client's next flight relayed; what the handshake teaches of its address
+/// waits for a server record that proves the flight ([`crate::hello::server_proof`]).
+const FLIGHT: u8 = 2;
 /// Learned, or nothing to learn.
-const DONE: u8 = 2;
+const DONE: u8 = 3;
 
 /// Learns stick entries from the server's handshake as the relay shows it, and of
-/// the client's address once the client's next flight proved it: the relay's
+/// the client's address once the server answered the client's next flight with
+/// more than an alert: the relay's
 /// [`HandshakeObserver`] for one connection.
 struct Learner<'a> {
     r: &'a Relaying<'a>,
@@ -145,10 +146,8 @@ const HANDSHAKE_KINDS: [&str; 2] = ["full", "resumed"];
 impl HandshakeObserver for Learner<'_> {
     fn handshake(&self, hs: &ServerHandshake) {
         let (svc, backend) = (self.r.svc, self.r.backend);
-        let kind = handshake_kind(backend, hs)
-            .and_then(|k| HANDSHAKE_KINDS.iter().position(|&w| w == k))
-            .map_or(0, |i| i as u8 + 1);
-        self.kind.store(kind, Ordering::Release);
+        self.kind
+            .store(handshake_kind(backend, hs), Ordering::Release);
         self.r.open.handshake_seen();
         let Some(s) = svc.sticking() else {
             self.flight.store(DONE, Ordering::Release);
@@ -160,7 +159,7 @@ impl HandshakeObserver for Learner<'_> {
                 s.learn_source(hs, self.r.ip, &backend.name);
                 DONE
             }
-            LearnWhen::AfterClientFlight => {
+            LearnWhen::AfterServerProof => {
                 let _ = self.held.set(Box::new(hs.clone())); // ok: set once
                 HELD
             }
@@ -170,39 +169,60 @@ impl HandshakeObserver for Learner<'_> {
     }
 
     fn client_moved(&self) -> bool {
-        let Some(s) = self.r.svc.sticking() else {
-            return true; // nothing to learn from the client's bytes
-        };
         match self.flight.load(Ordering::Acquire) {
             // Bytes before the server's handshake answered nothing.
             WAITING => false,
             HELD => {
-                let won = self
+                // Only a server record proves the flight (`server_record`).
+                let _ = self // ok: lost only to a concurrent DONE
                     .flight
-                    .compare_exchange(HELD, DONE, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok();
-                if let (true, Some(hs)) = (won, self.held.get()) {
-                    s.learn_source(hs, self.r.ip, &self.r.backend.name);
-                }
+                    .compare_exchange(HELD, FLIGHT, Ordering::AcqRel, Ordering::Acquire);
                 true
             }
             _ => true,
         }
     }
+
+    fn server_record(&self, content_type: u8, len: u16) -> bool {
+        match self.flight.load(Ordering::Acquire) {
+            // Records before the client's flight (the rest of the server's own).
+            WAITING | HELD => false,
+            FLIGHT => match crate::hello::server_proof(content_type, len) {
+                ServerProof::Unknown => false,
+                ServerProof::Refused => {
+                    self.flight.store(DONE, Ordering::Release);
+                    true
+                }
+                ServerProof::Proven => {
+                    let won = self
+                        .flight
+                        .compare_exchange(FLIGHT, DONE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok();
+                    if let (true, Some(hs), Some(s)) = (won, self.held.get(), self.r.svc.sticking())
+                    {
+                        s.learn_source(hs, self.r.ip, &self.r.backend.name);
+                    }
+                    true
+                }
+            },
+            _ => true,
+        }
+    }
 }
 
-/// Count a server handshake as full or resumed; its access-log word.
-fn handshake_kind(backend: &Backend, hs: &ServerHandshake) -> Option<&'static str> {
+/// Count a server handshake as full or resumed; its code for [`Learner::kind`]:
+/// its access-log word's place in [`HANDSHAKE_KINDS`] plus one, 0 when not shown.
+fn handshake_kind(backend: &Backend, hs: &ServerHandshake) -> u8 {
     match hs.resumed {
-        Some(true) => {
-            backend.metrics.resumed.inc();
-            Some("resumed")
-        }
         Some(false) => {
             backend.metrics.full.inc();
-            Some("full")
+            1
         }
-        None => None,
+        Some(true) => {
+            backend.metrics.resumed.inc();
+            2
+        }
+        None => 0,
     }
 }
 

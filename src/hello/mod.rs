@@ -13,11 +13,13 @@
 
 mod client;
 mod inline;
+mod records;
 mod server_hello;
 mod wire;
 
 pub use client::{parse_client_hello, ClientHelloInfo, HelloError, HelloParse};
 pub use inline::{SessionId, Versions};
+pub use records::{server_proof, RecordScan, ServerProof, MAX_ENCRYPTED_ALERT};
 pub use server_hello::{ServerHandshake, ServerWatcher};
 
 /// TLS version numbers as they appear on the wire.

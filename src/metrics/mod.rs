@@ -15,6 +15,9 @@ use prometheus::{
 
 mod families;
 mod feedback;
+mod limits;
+
+pub use limits::{Limits, BACKEND_MAX_CONNECTIONS, QUEUE_SIZE, QUEUE_WAITING};
 
 pub use feedback::{
     BackendFeedbackMetrics, FeedbackMetrics, FeedbackPublished, JrubyCounts, FEEDBACK_PHASES,
@@ -49,6 +52,8 @@ pub struct Metrics {
     services: ServiceFamilies,
     listeners: ListenerFamilies,
     tables: Arc<TableCollector>,
+    /// Queues and connection limits, read at scrape time.
+    limits: Arc<limits::LimitCollector>,
     /// Process facts for the status page (start, last reload).
     pub process: crate::live::ProcessLive,
     /// Backend facts by (service, backend): kept across reloads like the counters.
@@ -107,7 +112,11 @@ impl Metrics {
         let tables = Arc::new(TableCollector::new());
         r.register(Box::new(TableCollectorHandle(tables.clone())))
             .expect("unique metric name"); // ok: static
+        let limits = Arc::new(limits::LimitCollector::new());
+        r.register(Box::new(limits::LimitCollectorHandle(limits.clone())))
+            .expect("unique metric name"); // ok: static
         let metrics = Arc::new(Metrics {
+            limits,
             stick: StickFamilies::register(&r),
             backends: BackendFamilies::register(&r),
             services: ServiceFamilies::register(&r),
@@ -374,6 +383,19 @@ impl Metrics {
             .config_reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
             .inc();
+    }
+
+    /// Publish the running services whose queues and connection limits are read
+    /// at scrape time.
+    pub fn set_services<S: Limits + 'static>(&self, services: &[Arc<S>]) {
+        let weak = services
+            .iter()
+            .map(|s| {
+                let w: std::sync::Weak<S> = Arc::downgrade(s);
+                w as std::sync::Weak<dyn Limits>
+            })
+            .collect();
+        self.limits.set(weak);
     }
 
     /// Publish the set of stick tables read at scrape time.
@@ -657,10 +679,15 @@ impl TableCollector {
                 "crossbar_stick_expired_total",
                 "Stick entries removed because they expired.",
             ),
-            evicted: c(
-                "crossbar_stick_evicted_total",
-                "Stick entries evicted to make room.",
-            ),
+            evicted: IntCounterVec::new(
+                Opts::new(
+                    "crossbar_stick_evicted_total",
+                    "Stick entries evicted to make room, by segment (probation: unproven; \
+                     protected: proven by a resumption).",
+                ),
+                &["service", "segment"],
+            )
+            .expect("static"), // ok: static
         }
     }
 }
@@ -691,7 +718,13 @@ impl Collector for TableCollectorHandle {
             t.entries.with_label_values(&[name]).set(s.entries as i64);
             t.capacity.with_label_values(&[name]).set(s.capacity as i64);
             t.expired.with_label_values(&[name]).inc_by(s.expired);
-            t.evicted.with_label_values(&[name]).inc_by(s.evicted);
+            let protected = s.evicted_protected.min(s.evicted);
+            t.evicted
+                .with_label_values(&[name, "probation"])
+                .inc_by(s.evicted - protected);
+            t.evicted
+                .with_label_values(&[name, "protected"])
+                .inc_by(protected);
         }
         [
             t.entries.collect(),

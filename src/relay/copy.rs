@@ -15,7 +15,7 @@ use super::ending::{ending_of, Ending, Ends, Peer, Side};
 use super::meter::Meter;
 #[cfg(target_os = "linux")]
 use super::splice;
-use crate::hello::{ServerHandshake, ServerWatcher};
+use crate::hello::{RecordScan, ServerHandshake, ServerWatcher};
 
 /// Per-direction copy buffer: large enough for a full TLS record (16 KiB + overhead)
 /// in one read.
@@ -32,6 +32,10 @@ pub trait HandshakeObserver: Sync {
     /// to what the server sent, which prove more than its hello did. True once it
     /// needs to hear no more.
     fn client_moved(&self) -> bool;
+    /// The server sent a record (its content type and length, from its header; the
+    /// body is encrypted): after the client's flight, what proves that flight. True
+    /// once it needs to hear no more.
+    fn server_record(&self, content_type: u8, len: u16) -> bool;
 }
 
 /// Inspection of the server's handshake during the relay (boxed by callers: it is
@@ -39,33 +43,67 @@ pub trait HandshakeObserver: Sync {
 /// connection's future for its whole life; the pump drops it once done).
 pub struct Watch<'a> {
     /// The watcher fed with server->client bytes, until it is done.
-    pub watcher: Option<ServerWatcher>,
-    /// Who hears of the handshake and of the client's bytes after it.
-    pub observer: &'a dyn HandshakeObserver,
+    watcher: Option<ServerWatcher>,
+    /// Who hears of the handshake, of the client's bytes after it and of the
+    /// server's records.
+    observer: &'a dyn HandshakeObserver,
+    /// The server's record boundaries, followed while the observer listens.
+    records: RecordScan,
+    /// Does the observer still want the server's records?
+    listening: bool,
 }
 
 impl<'a> Watch<'a> {
-    /// Feed `data` (server->client bytes) to the watcher; once it is done, tell the
-    /// observer and drop it.
+    /// Watch the server's handshake with `watcher`, telling `observer`.
+    pub fn new(watcher: ServerWatcher, observer: &'a dyn HandshakeObserver) -> Watch<'a> {
+        Watch {
+            watcher: Some(watcher),
+            observer,
+            records: RecordScan::default(),
+            listening: true,
+        }
+    }
+
+    /// Who hears of the handshake.
+    pub fn observer(&self) -> &'a dyn HandshakeObserver {
+        self.observer
+    }
+
+    /// Feed `data` (server->client bytes) to the record scan, while the observer
+    /// listens, and to the watcher; once the watcher is done, tell the observer and
+    /// drop it.
     pub fn feed(&mut self, data: &[u8]) {
+        if self.listening {
+            let observer = self.observer;
+            if self
+                .records
+                .feed(data, |t, len| observer.server_record(t, len))
+            {
+                self.listening = false;
+            }
+        }
         if let Some(w) = self.watcher.as_mut() {
             if w.feed(data) || w.is_done() {
-                self.finish();
+                if let Some(w) = self.watcher.take() {
+                    self.observer.handshake(w.info());
+                }
             }
         }
     }
 
     /// The server's direction ended: tell the observer what the watcher saw, if it
-    /// still watched.
+    /// still watched; no record follows.
     pub fn finish(&mut self) {
+        self.listening = false;
         if let Some(w) = self.watcher.take() {
             self.observer.handshake(w.info());
         }
     }
 
-    /// Still watching the server's bytes?
+    /// Still watching the server's bytes (its handshake, or records for the
+    /// observer)?
     pub fn watching(&self) -> bool {
-        self.watcher.is_some()
+        self.watcher.is_some() || self.listening
     }
 }
 

@@ -65,7 +65,7 @@ pub async fn relay(
     let c2s_meter = Meter::new(counters.c2s, &counters.conn.c2s, &activity);
     let s2c_meter = Meter::new(counters.s2c, &counters.conn.s2c, &activity);
     let ends = Ends::default();
-    let on_client = watch.as_ref().map(|w| w.observer);
+    let on_client = watch.as_ref().map(|w| w.observer());
     let (end, abort) = {
         let (cr, cw) = client.split();
         let (sr, sw) = server.split();

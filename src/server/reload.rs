@@ -552,7 +552,7 @@ impl ReloadTask {
     /// backends do at start): after a restart the compilers of an SRV pool come back
     /// up together, instead of one by one as their first checks pass (the first up
     /// took 26 of the first 30 agents). One it last saw down waits for its checks.
-    fn restore_discovered_health(&self, service: &str, before: &[(String, String)]) {
+    fn restore_discovered_health(&self, service: &str, before: &[Listed]) {
         let (Some(saved), Some(svc)) = (
             &self.at_start,
             self.services.iter().find(|s| s.name() == service),
@@ -561,7 +561,7 @@ impl ReloadTask {
         };
         let joined =
             svc.pool.backends.iter().filter(|b| {
-                b.config.from_dns.is_some() && !before.iter().any(|(n, _)| *n == *b.name)
+                b.config.from_dns.is_some() && !before.iter().any(|l| *l.name == *b.name)
             });
         for b in joined {
             let address = b.config.address.to_string();
@@ -661,15 +661,19 @@ impl ReloadTask {
         self.published.store(Arc::new(running));
     }
 
-    /// The names of `service`'s backends now, with their addresses.
-    fn service_backends(&self, service: &str) -> Vec<(String, String)> {
+    /// `service`'s backends now: names, addresses, and whether each left DNS.
+    fn service_backends(&self, service: &str) -> Vec<Listed> {
         self.services
             .iter()
             .find(|s| s.name() == service)
             .map(|s| {
                 let b = s.pool.backends.iter();
-                b.map(|b| (b.name.to_string(), b.config.address.to_string()))
-                    .collect()
+                b.map(|b| Listed {
+                    name: b.name.to_string(),
+                    address: b.config.address.to_string(),
+                    left_dns: b.config.left_dns,
+                })
+                .collect()
             })
             .unwrap_or_default()
     }
@@ -712,23 +716,24 @@ impl ReloadTask {
     }
 }
 
+/// A backend of a service's pool, as a DNS change's log line compares them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Listed {
+    name: String,
+    address: String,
+    /// It left DNS and is still in the pool while it drains.
+    left_dns: bool,
+}
+
 /// A DNS change's effect on a service's pool in the log, by name: who joined, who
-/// left, who moved.
-fn log_joins_and_leaves(service: &str, before: &[(String, String)], after: &[(String, String)]) {
-    let names = |v: &[(String, String)], other: &[(String, String)]| {
-        v.iter()
-            .filter(|(n, _)| !other.iter().any(|(o, _)| o == n))
-            .map(|(n, a)| format!("{n} ({a})"))
-            .collect::<Vec<_>>()
-    };
-    let (joined, left) = (names(after, before), names(before, after));
-    let moved: Vec<String> = after
-        .iter()
-        .filter_map(|(n, a)| {
-            let was = before.iter().find(|(o, _)| o == n)?;
-            (was.1 != *a).then(|| format!("{n} ({} -> {a})", was.1))
-        })
-        .collect();
+/// left (it drains, or is gone already), who moved. A backend that left DNS counts
+/// as left although it is still in the pool while it drains. A change that moved
+/// nobody (a watcher restarted by a reload, a new SRV weight) logs no empty line.
+fn log_joins_and_leaves(service: &str, before: &[Listed], after: &[Listed]) {
+    let (joined, left, moved) = joins_and_leaves(before, after);
+    if joined.is_empty() && left.is_empty() && moved.is_empty() {
+        return;
+    }
     tracing::info!(
         service,
         joined = joined.join(", "),
@@ -736,6 +741,37 @@ fn log_joins_and_leaves(service: &str, before: &[(String, String)], after: &[(St
         moved = moved.join(", "),
         "DNS change applied"
     );
+}
+
+/// Who joined, who left and who moved between two listings, in words:
+/// `c4 (10.0.0.4:8140)`, `c2 (10.0.0.2:8140 -> 10.0.0.9:8140)`.
+fn joins_and_leaves(
+    before: &[Listed],
+    after: &[Listed],
+) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let listed = |v: &[Listed]| {
+        v.iter()
+            .filter(|l| !l.left_dns)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let (before, after) = (listed(before), listed(after));
+    let names = |v: &[Listed], other: &[Listed]| {
+        v.iter()
+            .filter(|l| !other.iter().any(|o| o.name == l.name))
+            .map(|l| format!("{} ({})", l.name, l.address))
+            .collect::<Vec<_>>()
+    };
+    let (joined, left) = (names(&after, &before), names(&before, &after));
+    let moved = after
+        .iter()
+        .filter_map(|l| {
+            let was = before.iter().find(|o| o.name == l.name)?;
+            (was.address != l.address)
+                .then(|| format!("{} ({} -> {})", l.name, was.address, l.address))
+        })
+        .collect();
+    (joined, left, moved)
 }
 
 /// The configuration in force would not change: the same services (their
@@ -839,4 +875,51 @@ fn start_only_changes(old: &Config, new: &Config) -> Vec<String> {
         );
     }
     changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(name: &str, address: &str, left_dns: bool) -> Listed {
+        Listed {
+            name: name.into(),
+            address: address.into(),
+            left_dns,
+        }
+    }
+
+    /// A backend that left DNS stays in the pool while it drains: it is named as
+    /// left all the same (the log said `left=""`), and a change that moved nobody
+    /// gives nothing to log.
+    #[test]
+    fn a_departure_that_still_drains_is_named_as_left() {
+        let before = [
+            listed("c1", "10.0.0.1:8140", false),
+            listed("c3", "10.0.0.3:8140", false),
+        ];
+        let after = [
+            listed("c1", "10.0.0.1:8140", false),
+            listed("c3", "10.0.0.3:8140", true),
+        ];
+        let (joined, left, moved) = joins_and_leaves(&before, &after);
+        assert_eq!(left, vec!["c3 (10.0.0.3:8140)".to_string()]);
+        assert!(joined.is_empty() && moved.is_empty());
+        // The drain ends: c3 leaves the pool; it was told already.
+        let gone = [listed("c1", "10.0.0.1:8140", false)];
+        let (joined, left, moved) = joins_and_leaves(&after, &gone);
+        assert!(joined.is_empty() && left.is_empty() && moved.is_empty());
+        // It comes back and c1 moves.
+        let back = [
+            listed("c1", "10.0.0.9:8140", false),
+            listed("c3", "10.0.0.3:8140", false),
+        ];
+        let (joined, left, moved) = joins_and_leaves(&gone, &back);
+        assert_eq!(joined, vec!["c3 (10.0.0.3:8140)".to_string()]);
+        assert_eq!(
+            moved,
+            vec!["c1 (10.0.0.1:8140 -> 10.0.0.9:8140)".to_string()]
+        );
+        assert!(left.is_empty());
+    }
 }

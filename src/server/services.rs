@@ -31,6 +31,7 @@ pub(super) fn spawn(
         probes.extend(crate::ticket_keys::spawn(svc));
         spawn_saver(svc, savers);
     }
+    metrics.set_services(services);
     metrics.set_tables(
         services
             .iter()

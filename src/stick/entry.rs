@@ -52,6 +52,16 @@ pub(super) const HINT_COUNT_ONE: u8 = 0b0100;
 /// hint would send all of their resumptions to the backend of the last one.
 pub(super) const HINT_SHARED_AT: u8 = 3;
 
+/// Entry flag: a resumption proved the entry (the server accepted the session it
+/// names, or the client behind the address resumed): it belongs to the protected
+/// segment, evicted only when the probation segment has nothing left.
+pub(super) const PROTECTED: u8 = 0b1_0000;
+/// Share of a queue's places the protected segment may hold, in percent (as the
+/// segmented LRU of Caffeine and of Karedla et al. 1994, 80 %): the rest stays for
+/// new, unproven entries, so a table full of proven sessions still learns new ones;
+/// a protected entry pushed out of its share is demoted to probation, not evicted.
+pub(super) const PROTECTED_PERCENT: usize = 80;
+
 /// One table entry (16 bytes; the map slot with its key is 24).
 pub(super) struct Entry {
     /// Table-clock second the key was learned for its current backend.
@@ -64,7 +74,7 @@ pub(super) struct Entry {
     pub(super) backend: u16,
     /// `KeyKind::code`.
     pub(super) kind: u8,
-    /// `REFERENCED` | `SHARED`.
+    /// `REFERENCED` | `SHARED` | `HINT_COUNT` | `PROTECTED`.
     pub(super) flags: AtomicU8,
 }
 
@@ -93,6 +103,11 @@ impl Entry {
 
     pub(super) fn is_shared(&self) -> bool {
         self.flags.load(Relaxed) & SHARED != 0
+    }
+
+    /// Did a resumption prove it ([`PROTECTED`])?
+    pub(super) fn is_protected(&self) -> bool {
+        self.flags.load(Relaxed) & PROTECTED != 0
     }
 
     /// Marks a use; writes only what changes, so hot entries don't bounce cache lines.
@@ -143,13 +158,41 @@ impl QueueRecord {
     }
 }
 
-/// The eviction queue and the generation counter (both only change under its mutex).
+/// The eviction queues of one lock, probation and protected (a segmented LRU), and
+/// the generation counter (all only change under its mutex).
+///
+/// Every entry is queued in `records` (probation) first; one found [`PROTECTED`]
+/// at the probation front moves to `protected` then (lazily: protecting an entry
+/// only sets its flag, without the queue's lock).
 pub(super) struct Fifo {
+    /// Probation: unproven entries, and protected ones not yet moved.
     pub(super) records: VecDeque<QueueRecord>,
+    /// Protected: entries a resumption proved, oldest first.
+    pub(super) protected: VecDeque<QueueRecord>,
     pub(super) next_gen: u32,
 }
 
 impl Fifo {
+    /// An empty queue pair.
+    pub(super) fn new() -> Fifo {
+        Fifo {
+            records: VecDeque::new(),
+            protected: VecDeque::new(),
+            next_gen: 0,
+        }
+    }
+
+    /// Records of both segments, stale ones included.
+    pub(super) fn len(&self) -> usize {
+        self.records.len() + self.protected.len()
+    }
+
+    /// Forget every record.
+    pub(super) fn clear(&mut self) {
+        self.records = VecDeque::new();
+        self.protected = VecDeque::new();
+    }
+
     pub(super) fn next_gen(&mut self) -> u32 {
         self.next_gen = self.next_gen.wrapping_add(1);
         self.next_gen

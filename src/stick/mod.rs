@@ -26,6 +26,17 @@
 //! insert is bounded by that constant plus the stale records met, and stale records
 //! are bounded by compaction (`QUEUE_SLACK_DIVISOR`).
 //!
+//! # Segments (probation, protected)
+//!
+//! Each queue is a segmented LRU: an entry a resumption proved (the server accepted
+//! the session it names, or the client behind the address resumed) is flagged
+//! *protected*, and a full table evicts from the probation queue first, from the
+//! protected queue only when probation holds nothing evictable. A flood of new,
+//! unproven entries therefore only churns probation. The protected segment holds
+//! at most `PROTECTED_PERCENT` of a queue's places; beyond, its oldest entry is
+//! demoted to probation. Protecting sets a flag (no lock); the record moves to the
+//! protected queue when eviction meets it at the probation front.
+//!
 //! # Concurrency
 //!
 //! `lookup` takes only a dashmap shard read lock (refreshing uses atomics in the
@@ -162,4 +173,7 @@ pub struct TableStats {
     pub expired: u64,
     /// Entries removed to make room, since start.
     pub evicted: u64,
+    /// Of `evicted`, those of the protected segment (entries a resumption proved;
+    /// evicted only when no unproven entry was left to evict).
+    pub evicted_protected: u64,
 }

@@ -55,8 +55,10 @@ impl Placement {
 pub enum LearnWhen {
     /// As soon as the server's handshake shows.
     Now,
-    /// Once the client has sent bytes after the server's handshake showed.
-    AfterClientFlight,
+    /// Once the client has sent bytes after the server's handshake showed, and the
+    /// server then sent a record that is not an alert
+    /// ([`crate::hello::server_proof`]).
+    AfterServerProof,
     /// Not at all.
     Never,
 }
@@ -71,10 +73,12 @@ pub enum LearnWhen {
 /// client's Finished (the server checked it); never without it. Every other
 /// handshake (TLS 1.3, or a resumption, where the server answers the hello alone):
 /// once the client has sent bytes after the server's handshake showed (a TLS 1.3
-/// client's Finished, encrypted; a TLS 1.2 client's ChangeCipherSpec and Finished).
-/// crossbar can't check that encrypted flight, so any record counts: it costs the
-/// client a round trip and a connection held, not a bare hello and a hang-up.
-/// Client bytes before the server's handshake (a second hello after a
+/// client's Finished, encrypted; a TLS 1.2 client's ChangeCipherSpec and Finished)
+/// *and the server answered them* with a record longer than an alert: a
+/// NewSessionTicket or data, which a server sends only once it checked the
+/// client's Finished. crossbar can't read that encrypted flight, but the server
+/// can: a junk record after the ServerHello (a flood without keys) gets an alert
+/// and teaches nothing. Client bytes before the server's handshake (a second hello after a
 /// HelloRetryRequest) answer nothing and count for nothing; a hello that announced
 /// 0-RTT early data never teaches its address (its bytes after the ServerHello may
 /// be early data sent before it). What the session state itself teaches (session
@@ -90,7 +94,7 @@ pub fn learn_when(h: &ClientHelloInfo, hs: &ServerHandshake) -> LearnWhen {
     } else if h.early_data {
         LearnWhen::Never
     } else {
-        LearnWhen::AfterClientFlight
+        LearnWhen::AfterServerProof
     }
 }
 
@@ -173,7 +177,7 @@ impl Sticking<'_> {
     /// its handshake instead, once the client completed it ([`Sticking::learn_source`]).
     pub fn learn_connect(&self, ip: IpAddr, backend: &str) {
         if self.sticks_on(StickOn::Source) {
-            self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+            self.learn(KeyKind::Source, &self.source_bytes(ip), backend, false);
             self.note_client(ip);
         }
     }
@@ -189,9 +193,11 @@ impl Sticking<'_> {
     /// from now on; else a full handshake records the short resume hint for the
     /// client's first resumption, unless the address is evidently many clients
     /// (NAT), see `StickTable::learn_hint`: following one hint there herded them all.
+    /// A resumption's address entry is protected ([`StickTable::protect`]).
     pub fn learn_source(&self, hs: &ServerHandshake, ip: IpAddr, backend: &str) {
         if self.sticks_on(StickOn::Source) {
-            self.learn(KeyKind::Source, &self.source_bytes(ip), backend);
+            let proven = hs.resumed == Some(true);
+            self.learn(KeyKind::Source, &self.source_bytes(ip), backend, proven);
             self.note_client(ip);
         } else if hs.resumed == Some(false) {
             let key = self.table.key(KeyKind::Source, &self.source_bytes(ip));
@@ -208,6 +214,9 @@ impl Sticking<'_> {
         if hs.alert || hs.resumed.is_none() {
             return;
         }
+        // A resumption proves its session state: the server accepted it (a PSK's
+        // binder, a ticket it decrypted, a session ID it kept). Protected entries.
+        let proven = hs.resumed == Some(true);
         // A TLS <= 1.2 full handshake counts once the client finished it (the server's CCS
         // follows the client's Finished): before, its session ID is one nobody can resume,
         // and learning it let bare ClientHellos flush the table (tests/hostile_clients.rs).
@@ -224,7 +233,7 @@ impl Sticking<'_> {
             && !hs.session_id.is_empty()
             && self.sticks_on(StickOn::SessionId)
         {
-            self.learn(KeyKind::SessionId, &hs.session_id, backend);
+            self.learn(KeyKind::SessionId, &hs.session_id, backend, proven);
         }
         if self.sticks_on(StickOn::Ticket) {
             self.learn_tickets(h, hs, tls13, backend);
@@ -235,10 +244,10 @@ impl Sticking<'_> {
         if let (true, false, Some(i)) = (tls13, hs.hello_retry, hs.psk_selected) {
             if let Some(id) = h.psk_identities.get(usize::from(i)) {
                 if self.sticks_on(StickOn::Psk) {
-                    self.learn(KeyKind::Psk, id, backend);
+                    self.learn(KeyKind::Psk, id, backend, proven);
                 }
                 if self.sticks_on(StickOn::Psk) || self.sticks_on(StickOn::Ticket) {
-                    self.learn_prefix(id, backend);
+                    self.learn_prefix(id, backend, proven);
                 }
             }
         }
@@ -247,13 +256,14 @@ impl Sticking<'_> {
     /// TLS 1.2 tickets: one the server just issued (NewSessionTicket is plaintext),
     /// and one it accepted.
     fn learn_tickets(&self, h: &ClientHelloInfo, hs: &ServerHandshake, tls13: bool, backend: &str) {
+        // A new ticket is not yet proven; one the server accepted is.
         if let Some(t) = &hs.new_ticket {
-            self.learn(KeyKind::Ticket, t, backend);
-            self.learn_prefix(t, backend);
+            self.learn(KeyKind::Ticket, t, backend, false);
+            self.learn_prefix(t, backend, false);
         }
         if let (Some(t), Some(true), false) = (&h.ticket, hs.resumed, tls13) {
-            self.learn(KeyKind::Ticket, t, backend);
-            self.learn_prefix(t, backend);
+            self.learn(KeyKind::Ticket, t, backend, true);
+            self.learn_prefix(t, backend, true);
         }
     }
 
@@ -290,15 +300,24 @@ impl Sticking<'_> {
         hit
     }
 
-    fn learn(&self, kind: KeyKind, raw: &[u8], backend: &str) {
-        self.table.learn(self.table.key(kind, raw), backend);
+    /// Learn one entry; `proven` when a resumption proved it: it is then protected
+    /// from eviction by unproven entries ([`StickTable::protect`]).
+    fn learn(&self, kind: KeyKind, raw: &[u8], backend: &str, proven: bool) {
+        let key = self.table.key(kind, raw);
+        self.table.learn(key, backend);
+        if proven {
+            self.table.protect(&key);
+        }
         self.metrics.learned(kind);
     }
 
-    fn learn_prefix(&self, raw: &[u8], backend: &str) {
+    fn learn_prefix(&self, raw: &[u8], backend: &str, proven: bool) {
         if let Some(p) = self.prefix(raw) {
-            self.table
-                .learn_prefix(self.table.key(KeyKind::TicketPrefix, p), backend);
+            let key = self.table.key(KeyKind::TicketPrefix, p);
+            self.table.learn_prefix(key, backend);
+            if proven {
+                self.table.protect(&key);
+            }
         }
     }
 
@@ -486,12 +505,12 @@ mod tests {
             "a bare TLS 1.2 hello"
         );
         let (h, resumed12) = captured("openssl3_tls12_resumed");
-        assert_eq!(learn_when(&h, &resumed12), LearnWhen::AfterClientFlight);
+        assert_eq!(learn_when(&h, &resumed12), LearnWhen::AfterServerProof);
         for name in ["openssl3_tls13_full", "openssl3_tls13_resumed"] {
             let (mut h, mut hs) = captured(name);
-            assert_eq!(learn_when(&h, &hs), LearnWhen::AfterClientFlight, "{name}");
+            assert_eq!(learn_when(&h, &hs), LearnWhen::AfterServerProof, "{name}");
             hs.hello_retry = true;
-            assert_eq!(learn_when(&h, &hs), LearnWhen::AfterClientFlight, "{name}");
+            assert_eq!(learn_when(&h, &hs), LearnWhen::AfterServerProof, "{name}");
             h.early_data = true;
             assert_eq!(learn_when(&h, &hs), LearnWhen::Never, "{name} with 0-RTT");
             h.early_data = false;

@@ -1,6 +1,6 @@
 //! The saved form of a stick table (`state_file`): versioned, checksummed, written
 //! atomically, and read back only if it is whole.
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::hash::Hasher;
@@ -219,7 +219,7 @@ impl StickTable {
         let mut queues = self.lock_queues();
         self.remove_where(|_| true);
         for queue in &mut queues {
-            queue.records = VecDeque::new();
+            queue.clear();
         }
         self.hash_key[0].store(file.hash_key.0, Relaxed);
         self.hash_key[1].store(file.hash_key.1, Relaxed);

@@ -67,6 +67,8 @@ pub struct StickTable {
     pub(super) clock_offset: AtomicU32,
     pub(super) expired: AtomicU64,
     pub(super) evicted: AtomicU64,
+    /// Of `evicted`, those of the protected segment.
+    pub(super) evicted_protected: AtomicU64,
     /// The client prefix of each source entry (`10.2.0.17/32`), for `table show`:
     /// the entry itself keeps only its key's hash. At most `size` of them; those of
     /// entries gone are swept with the expired entries. Not saved in a state file.
@@ -96,12 +98,7 @@ impl StickTable {
             ],
             map: DashMap::with_hasher(BuildHasherDefault::default()),
             queues: (0..queues)
-                .map(|_| {
-                    Padded(Mutex::new(Fifo {
-                        records: VecDeque::new(),
-                        next_gen: 0,
-                    }))
-                })
+                .map(|_| Padded(Mutex::new(Fifo::new())))
                 .collect(),
             count: AtomicUsize::new(0),
             backends: Backends::new(),
@@ -109,6 +106,7 @@ impl StickTable {
             clock_offset: AtomicU32::new(0),
             expired: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            evicted_protected: AtomicU64::new(0),
             clients: DashMap::default(),
         }
     }
@@ -209,6 +207,19 @@ impl StickTable {
         }
     }
 
+    /// A resumption proved the entry of `key` (the server accepted the session it
+    /// names, or the client behind the address resumed): it joins the protected
+    /// segment, which a full table evicts from only when the probation segment
+    /// has nothing left (see the module docs). Sets a flag, no lock; nothing
+    /// when there is no such entry.
+    pub fn protect(&self, key: &StickKey) {
+        if let Some(e) = self.map.get(&key.hash) {
+            if e.kind == key.kind.code() && !e.is_protected() {
+                e.flags.fetch_or(PROTECTED, Relaxed);
+            }
+        }
+    }
+
     #[cfg(test)]
     /// Remove one entry.
     pub(super) fn forget(&self, key: &StickKey) {
@@ -248,7 +259,7 @@ impl StickTable {
         self.expired.fetch_add(removed as u64, Relaxed);
         self.clients.retain(|hash, _| self.map.contains_key(hash));
         let records: usize = (0..self.queues.len())
-            .map(|q| self.lock_queue_at(q).records.len())
+            .map(|q| self.lock_queue_at(q).len())
             .sum();
         let stale = records.saturating_sub(self.count.load(Relaxed));
         if stale > (self.params.size / SWEEP_COMPACT_DIVISOR).max(MIN_QUEUE_SLACK) {
@@ -274,7 +285,7 @@ impl StickTable {
         let mut queues = self.lock_queues();
         self.remove_where(|_| true);
         for queue in &mut queues {
-            queue.records = VecDeque::new();
+            queue.clear();
         }
         self.clients.clear();
     }
@@ -298,6 +309,7 @@ impl StickTable {
             entries: self.count.load(Relaxed),
             capacity: self.params.size,
             expired: self.expired.load(Relaxed),
+            evicted_protected: self.evicted_protected.load(Relaxed),
             evicted: self.evicted.load(Relaxed),
         }
     }
@@ -490,7 +502,7 @@ impl StickTable {
         }
         let limit = self.queue_share();
         queue.push(QueueRecord::new(key.hash, gen), limit);
-        if queue.records.len() >= limit {
+        if queue.len() >= limit {
             self.compact(&mut queue);
         }
     }
@@ -592,7 +604,9 @@ impl StickTable {
                 e.kind = kind;
                 e.backend = backend;
                 e.learned = now;
-                e.flags.fetch_and(!(SHARED | HINT_COUNT), Relaxed);
+                // A new backend: what a resumption proved no longer holds.
+                e.flags
+                    .fetch_and(!(SHARED | HINT_COUNT | PROTECTED), Relaxed);
                 if how == Learn::Hint {
                     e.flags.fetch_or(HINT_COUNT_ONE, Relaxed);
                 }
@@ -603,24 +617,41 @@ impl StickTable {
         true
     }
 
-    /// Removes one entry to make room for the caller's new one.
+    /// Removes one entry to make room for the caller's new one: from probation
+    /// first, from the protected segment only when probation has none.
     pub(super) fn evict_one(&self, queue: &mut Fifo, now: u32) -> Eviction {
+        match self.evict_from(queue, Segment::Probation, now) {
+            Eviction::Empty => self.evict_from(queue, Segment::Protected, now),
+            found => found,
+        }
+    }
+
+    /// Removes the oldest unreferenced entry of one segment of `queue` (CLOCK).
+    /// In probation, a protected entry met at the front moves to the protected
+    /// segment instead ([`StickTable::promote`]).
+    fn evict_from(&self, queue: &mut Fifo, segment: Segment, now: u32) -> Eviction {
         let mut chances = 0;
-        while let Some(record) = queue.records.pop_front() {
+        while let Some(record) = segment.of(queue).pop_front() {
             let hash = record.hash();
-            let expired = match self.map.get(&hash) {
+            // Decided under the shard's read guard, acted on after it is dropped.
+            let (expired, protected) = match self.map.get(&hash) {
                 Some(e) if e.gen == record.gen => {
                     let expired = e.idle(now) > self.ttl_of(e.kind);
-                    if !expired && chances < MAX_SECOND_CHANCES && e.take_referenced() {
-                        chances += 1;
-                        queue.records.push_back(record);
+                    let protected = e.is_protected();
+                    if !expired && protected && segment == Segment::Probation {
+                        drop(e);
+                        self.promote(queue, record);
                         continue;
                     }
-                    expired
+                    if !expired && chances < MAX_SECOND_CHANCES && e.take_referenced() {
+                        chances += 1;
+                        segment.of(queue).push_back(record);
+                        continue;
+                    }
+                    (expired, protected)
                 }
                 _ => continue, // stale record: entry gone or re-inserted
             };
-            // The shard guard is dropped here, before removing from the same shard.
             if self
                 .map
                 .remove_if(&hash, |_, e| e.gen == record.gen)
@@ -629,22 +660,49 @@ impl StickTable {
                 // A lookup or forget removed it meanwhile: that made room as well.
                 return Eviction::Vanished;
             }
-            let counter = if expired {
-                &self.expired
+            if expired {
+                self.expired.fetch_add(1, Relaxed);
             } else {
-                &self.evicted
-            };
-            counter.fetch_add(1, Relaxed);
+                self.evicted.fetch_add(1, Relaxed);
+                if protected {
+                    self.evicted_protected.fetch_add(1, Relaxed);
+                }
+            }
             return Eviction::Handed;
         }
         Eviction::Empty
     }
 
+    /// Moves a protected entry's record to the protected segment; past the
+    /// segment's share of the queue ([`PROTECTED_PERCENT`]) its oldest entries are
+    /// demoted to probation (their flag cleared), stale records dropped.
+    fn promote(&self, queue: &mut Fifo, record: QueueRecord) {
+        queue.protected.push_back(record);
+        let share = self.params.size.div_ceil(self.queues.len());
+        let cap = (share * PROTECTED_PERCENT / 100).max(1);
+        while queue.protected.len() > cap {
+            let Some(old) = queue.protected.pop_front() else {
+                break;
+            };
+            let live = match self.map.get(&old.hash()) {
+                Some(e) if e.gen == old.gen => {
+                    e.flags.fetch_and(!PROTECTED, Relaxed);
+                    true
+                }
+                _ => false,
+            };
+            if live {
+                queue.records.push_back(old);
+            }
+        }
+    }
+
     /// Drops stale records (O(queue), shard read locks only) and trims spare capacity.
     pub(super) fn compact(&self, queue: &mut Fifo) {
-        queue
-            .records
-            .retain(|r| self.map.get(&r.hash()).is_some_and(|e| e.gen == r.gen));
+        let live = |r: &QueueRecord| self.map.get(&r.hash()).is_some_and(|e| e.gen == r.gen);
+        queue.records.retain(live);
+        queue.protected.retain(live);
+        queue.protected.shrink_to_fit();
         let keep = queue
             .records
             .len()
@@ -665,6 +723,24 @@ impl StickTable {
         });
         self.count.fetch_sub(removed, Relaxed);
         removed
+    }
+}
+
+/// The two segments of a queue ([`Fifo`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Segment {
+    /// Entries not proven by a resumption: evicted first.
+    Probation,
+    /// Entries a resumption proved.
+    Protected,
+}
+
+impl Segment {
+    fn of(self, queue: &mut Fifo) -> &mut VecDeque<QueueRecord> {
+        match self {
+            Segment::Probation => &mut queue.records,
+            Segment::Protected => &mut queue.protected,
+        }
     }
 }
 
@@ -728,6 +804,7 @@ mod tests {
         capacity: 16,
         expired: 0,
         evicted: 0,
+        evicted_protected: 0,
     };
 
     /// `t` with the session IDs `ids` learned on `backend`, in order.
@@ -748,7 +825,7 @@ mod tests {
     }
 
     fn queue_len(t: &StickTable) -> usize {
-        t.lock_queues().iter().map(|q| q.records.len()).sum()
+        t.lock_queues().iter().map(|q| q.len()).sum()
     }
 
     #[test]
@@ -926,6 +1003,43 @@ mod tests {
                 "recent entry {i} was evicted"
             );
         }
+    }
+
+    #[test]
+    fn proven_entries_outlive_a_flood_of_unproven_ones() {
+        let t = table(100);
+        for i in 0..20 {
+            t.learn(sid(&t, i), "home");
+            t.protect(&sid(&t, i));
+        }
+        // Ten times the table of new, unproven keys (as a flood would teach).
+        for i in 1000..2000 {
+            t.learn(sid(&t, i), "flood");
+        }
+        for i in 0..20 {
+            assert_eq!(hit(&t, &sid(&t, i)).as_deref(), Some("home"), "{i}");
+        }
+        let s = t.stats();
+        assert_eq!(s.entries, 100);
+        assert_eq!((s.evicted, s.evicted_protected), (920, 0));
+    }
+
+    #[test]
+    fn the_protected_segment_keeps_room_for_new_entries() {
+        let t = table(100);
+        // Every entry proven: the protected share (80 %) demotes the oldest 20.
+        for i in 0..100 {
+            t.learn(sid(&t, i), "b");
+            t.protect(&sid(&t, i));
+        }
+        for i in 1000..1200 {
+            t.learn(sid(&t, i), "new");
+        }
+        let left = (0..100).filter(|&i| hit(&t, &sid(&t, i)).is_some()).count();
+        assert_eq!(left, 80, "the protected share survives");
+        assert!(hit(&t, &sid(&t, 1199)).is_some(), "new keys are learned");
+        let s = t.stats();
+        assert_eq!(s.evicted_protected, 0, "demoted entries are probation's");
     }
 
     #[test]

@@ -29,8 +29,8 @@ pub use load::{load, ping, Load};
 pub use log::LogBuffer;
 #[allow(unused_imports)] // see above
 pub use process::{
-    crossbar_cli, crossbar_run, echo_service, enable_admin, free_port, run_logged, serving,
-    tcp_config, terminate, wait_listening,
+    crossbar_cli, crossbar_cli_exit, crossbar_run, echo_service, enable_admin, free_port,
+    run_logged, serving, tcp_config, terminate, wait_listening,
 };
 #[allow(unused_imports)] // see above
 pub use tls::ChildGuard;

@@ -33,6 +33,12 @@ pub fn crossbar_run(config: &Path, upgrade: Option<&Path>, stderr: Stdio) -> Chi
 /// from this process's environment) off the runtime's threads; (exit ok, stdout,
 /// stderr).
 pub async fn crossbar_cli(args: Vec<String>) -> (bool, String, String) {
+    let (code, out, err) = crossbar_cli_exit(args).await;
+    (code == Some(0), out, err)
+}
+
+/// [`crossbar_cli`] with the exit code (`None`: ended by a signal).
+pub async fn crossbar_cli_exit(args: Vec<String>) -> (Option<i32>, String, String) {
     tokio::task::spawn_blocking(move || {
         let out = Command::new(env!("CARGO_BIN_EXE_crossbar"))
             .args(&args)
@@ -41,7 +47,7 @@ pub async fn crossbar_cli(args: Vec<String>) -> (bool, String, String) {
             .output()
             .expect("run crossbar");
         (
-            out.status.success(),
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )

@@ -307,6 +307,7 @@ async fn srv_changes_are_hitless() {
         "    stick: { on: [session_id, ticket, psk] }\n",
     ))
     .await;
+    let admin = cb.serve_admin(None).await;
     serving(&cb, &BTreeSet::from([name(0), name(1)])).await;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -459,6 +460,7 @@ async fn srv_changes_are_hitless() {
             // every one of its series once that connection ends.
             assert_eq!(departed(&cb, "svc"), BTreeSet::from([name(2)]));
             assert!(!series_of(&cb, &name(2)).is_empty());
+            told_as_left(&cb, admin.addr, &log, &name(2)).await;
             drop(held.take());
             wait_until("c3 gone once idle", || {
                 departed(&cb, "svc").is_empty() && series_of(&cb, &name(2)).is_empty()
@@ -519,6 +521,51 @@ async fn srv_changes_are_hitless() {
         );
     }
     drop(dns);
+}
+
+/// `backend` left DNS and drains: the log names it as left, `enable` is refused
+/// saying what happens instead (it answered `up` while it stayed `drain (left
+/// DNS)`), and neither the page nor `crossbar status` hints `backend enable` for it
+/// (issue #53 item 5).
+async fn told_as_left(cb: &Crossbar, admin: SocketAddr, log: &LogBuffer, backend: &str) {
+    let applied = log.lines_with("DNS change applied");
+    // The value of `left=` (a quoted list), not just anywhere in the line: the
+    // line that told c3 joining names it too.
+    let left_of = |l: &str| {
+        let rest = l.split_once("left=\"").map_or("", |(_, r)| r);
+        rest.split_once('"').map_or("", |(v, _)| v).to_string()
+    };
+    assert!(
+        applied
+            .iter()
+            .any(|l| left_of(l).contains(&format!("{backend} ("))),
+        "no log line names {backend} as left: {applied:?}"
+    );
+    let path = format!("/api/backends/svc/{backend}/enable");
+    let (status, text) = raw_request(admin, &common::api::request("POST", &path), WAIT).await;
+    assert_eq!(status, Some(409), "{text}");
+    assert!(
+        text.contains("left DNS") && text.contains("drains"),
+        "{text}"
+    );
+    let hint = format!("backend enable svc/{backend}");
+    let page = admin_get(admin, "/").await;
+    assert!(!page.contains(&hint), "the page hints {hint}");
+    let status = vec![
+        "status".to_string(),
+        "--admin".to_string(),
+        format!("http://{admin}"),
+    ];
+    let (ok, shown, err) = common::crossbar_cli(status).await;
+    assert!(
+        ok && !shown.contains(&hint) && shown.contains("left DNS"),
+        "{shown}{err}"
+    );
+    assert_eq!(
+        cb.backend("svc", backend).admin_state(),
+        crossbar::balance::AdminState::Enabled,
+        "the refused enable set nothing"
+    );
 }
 
 /// A loopback address and port where nothing listens (connections are refused).
@@ -636,6 +683,13 @@ async fn dns_failures_keep_the_last_good_set() {
             );
             cb.reload(&yaml).await;
             assert_eq!(pool(&cb, "svc"), want, "a reload keeps the discovered set");
+            let empty = log.lines_with("DNS change applied");
+            assert!(
+                !empty
+                    .iter()
+                    .any(|l| l.contains("joined=\"\" left=\"\" moved=\"\"")),
+                "an empty DNS change logged: {empty:?}"
+            );
         }
         dns.serve(&two).await;
         wait_until("stale cleared", || stale() == 0.0).await;

@@ -107,10 +107,8 @@ JRUBIES_CA2=3
 HERD=8
 HERD_SLEEP=2
 HERD_QUEUE=4
-# Puppet 8: catalogs of 8 s (the bench's mid-sized site). With 2 s, compiling on two
-# busy cores took 5-16 s a catalog, the CPU and not the JRubies bounded the compilers
-# (3 JRubies compiling at once were no faster than 1 in a row), and feedback rightly
-# sent the herd 5:3 (run of 2026-12-05, load ~16); a sleep is a JRuby held, not CPU
+# Puppet 8: catalogs of 8 s (the bench's mid-sized site), so that a JRuby is held by
+# the sleep more than by the CPU: at load ~16 a catalog of 2 s took 5-16 s to compile
 [ "${PUPPET_GEN:-8}" = 8 ] && HERD_SLEEP=8
 # JDK clients in parallel, each 1 full handshake + JDK_RESUMES resumption attempts,
 # all from one source address (as a Puppet Server's pool of connections to PuppetDB)
@@ -601,7 +599,12 @@ PDB_SECS=$(( $(date +%s) - T_JVM ))
 log "both masters running after ${JVM_SECS}s, PuppetDB after ${PDB_SECS}s"
 
 # ------------------------------------------------------- crossbar configs
-HEALTH="check: https, path: /status/v1/simple, expect_status: 200, expect_body: running, ca_file: $W/ca.pem, interval: 1s, timeout: 3s, rise: 2, fall: 2"
+# timeout 10s: a puppetserver compiling on every JRuby of a starved machine can leave
+# a ClientHello unanswered for over 3 s (2026-12-05, Puppet 8 run at load ~18: ca2, 3
+# JRubies in the herd, down for 2 s on every service at once, "no answer to the
+# ClientHello", and the herd's source entries re-learned on ca1); a stopped JVM
+# refuses at once, so failover is not slower
+HEALTH="check: https, path: /status/v1/simple, expect_status: 200, expect_body: running, ca_file: $W/ca.pem, interval: 1s, timeout: 10s, rise: 2, fall: 2"
 cat > "$W/crossbar.yaml" <<EOF
 # crossbar in front of two puppetservers, one VIP per service (docs/puppet.md)
 admin:

@@ -102,8 +102,14 @@ pub struct BackendView {
     pub healthy: bool,
     /// Connections open now.
     pub active_connections: u32,
-    /// Most connections open at once.
+    /// Most connections open at once (the peak, not a limit: that is
+    /// `max_connections`).
     pub peak_connections: u32,
+    /// Its connection limit now: `max_connections`, lowered by its agent's
+    /// `maxconn` while that holds (`null`: unlimited). At the limit, new
+    /// connections go to another backend or wait in the service's queue.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
     /// Connections relayed.
     pub connections_total: u64,
     /// The weight before load feedback: the file's, DNS's or the operator's.
@@ -188,6 +194,7 @@ impl Default for BackendView {
             healthy: true,
             active_connections: 0,
             peak_connections: 0,
+            max_connections: None,
             connections_total: 0,
             weight: 1,
             configured_weight: 1,
@@ -255,13 +262,48 @@ impl BackendView {
     }
 
     /// Who set the weight, when not the file: `dns` (the SRV record), or
-    /// `operator; file 2`.
+    /// `operator; file 2` (`operator; dns 5` for a backend from DNS: the weight
+    /// under the operator's is the SRV record's, not the file's).
     pub fn weight_note(&self) -> Option<String> {
         match self.weight_origin {
             super::Origin::File if !self.weight_set_at_run_time() => None,
-            super::Origin::Dns => Some("dns".into()),
-            _ => Some(format!("operator; file {}", self.configured_weight)),
+            super::Origin::Dns if !self.weight_set_at_run_time() => Some("dns".into()),
+            _ => Some(format!(
+                "operator; {} {}",
+                self.weight_source(),
+                self.configured_weight
+            )),
         }
+    }
+
+    /// Where its weight comes from without the operator: `file` or `dns`.
+    pub fn weight_source(&self) -> &'static str {
+        match self.source {
+            BackendSource::Dns => "dns",
+            BackendSource::Config => "file",
+        }
+    }
+
+    /// It left DNS and drains: nothing the operator sets puts it back in rotation
+    /// (it leaves the pool when its last connection ends; listing it in DNS again
+    /// brings it back).
+    pub fn draining_out_of_dns(&self) -> bool {
+        self.state == State::Drain && self.state_origin == super::Origin::Dns
+    }
+
+    /// Open connections and the limit, as the CLI and the page show them: `12/20`,
+    /// or `12` while unlimited.
+    pub fn connections_text(&self) -> String {
+        match self.max_connections {
+            Some(max) => format!("{}/{max}", self.active_connections),
+            None => self.active_connections.to_string(),
+        }
+    }
+
+    /// At its connection limit: new connections go elsewhere or queue.
+    pub fn at_limit(&self) -> bool {
+        self.max_connections
+            .is_some_and(|max| self.active_connections >= max)
     }
 
     /// Its health in a word: `up`, or `DOWN` while failing.
@@ -304,6 +346,10 @@ impl BackendView {
     /// The CLI command for the usual next step from its state, if any.
     pub fn next_step(&self, service: &str) -> Option<NextStep> {
         let target = format!("{service}/{}", self.name);
+        if self.draining_out_of_dns() {
+            // `enable` would not help: it is refused for a backend that left DNS.
+            return None;
+        }
         let (why, command) = match self.state {
             State::Standby => (
                 "recovered primary held back (failback: manual); to hand traffic back",
@@ -318,7 +364,10 @@ impl BackendView {
                 format!("enable {target}"),
             ),
             _ if self.weight_set_at_run_time() => (
-                "weight set at run time (kept across reloads that leave the backend alone); to return to the file's",
+                match self.source {
+                    BackendSource::Dns => "weight set at run time (kept across reloads and DNS changes that leave the backend alone); to return to DNS's",
+                    BackendSource::Config => "weight set at run time (kept across reloads that leave the backend alone); to return to the file's",
+                },
                 format!("reset {target}"),
             ),
             _ => return None,

@@ -46,6 +46,7 @@ pub fn service(name: &str, balance: Balance, backends: Vec<BackendView>) -> Serv
         name: name.into(),
         balance,
         queue_size: 1024,
+        queue_timeout_ms: 10_000,
         backends,
         ..ServiceView::default()
     }
@@ -88,6 +89,7 @@ fn busy() -> BackendView {
         state_seconds: 725,
         active_connections: 12,
         peak_connections: 87,
+        max_connections: Some(20),
         connections_total: 30_512,
         weight: 4,
         configured_weight: 2,

@@ -213,6 +213,7 @@ mod tests {
                 "name",
                 "proxy_protocol",
                 "queue_size",
+                "queue_timeout_ms",
                 "queued",
                 "stick_table"
             ]
@@ -288,6 +289,7 @@ mod tests {
                 "healthy",
                 "last_check",
                 "left_dns",
+                "max_connections",
                 "name",
                 "operator",
                 "peak_connections",
@@ -404,5 +406,58 @@ mod tests {
         assert_eq!(ca.backends[1].next_step("puppetca"), None);
         let t = puppet.totals();
         assert_eq!((t.up, t.backends, t.check_failures), (1, 3, 14));
+    }
+
+    /// A backend that left DNS: no `enable` hint (enable is refused for it); a
+    /// weight the operator set over the SRV record's says `dns`, and its reset
+    /// returns it to DNS's; a set kept without any answer yet does not say `0
+    /// backends` beside `the last good set serves on` (issue #53 item 5).
+    #[test]
+    fn dns_departures_and_dns_weights_are_told_as_they_are() {
+        let v = everything();
+        let busy = &v.services[0].backends[0];
+        assert_eq!(busy.source, BackendSource::Dns);
+        assert_eq!(busy.weight_note().as_deref(), Some("operator; dns 2"));
+        let step = busy.next_step("puppet").expect("a reset hint");
+        assert!(step.why.ends_with("to return to DNS's"), "{}", step.why);
+        let left = BackendView {
+            state: State::Drain,
+            state_origin: Origin::Dns,
+            left_dns: true,
+            available: false,
+            ..busy.clone()
+        };
+        assert!(left.draining_out_of_dns());
+        assert_eq!(left.next_step("puppet"), None);
+        let from_file = backend("b1", State::Up);
+        let weighted = BackendView {
+            weight: 5,
+            weight_origin: Origin::Operator,
+            ..from_file
+        };
+        assert_eq!(weighted.weight_note().as_deref(), Some("operator; file 1"));
+        let step = weighted.next_step("puppet").expect("a reset hint");
+        assert!(
+            step.why.ends_with("to return to the file's"),
+            "{}",
+            step.why
+        );
+
+        let kept = DiscoveryView {
+            last_resolved: None,
+            stale: true,
+            backends: 0,
+            serving: 2,
+            ..DiscoveryView::default()
+        };
+        let said = format!("{}; {}", kept.set_text("never"), kept.meanwhile());
+        assert!(
+            !said.contains("0 backends") && !said.contains("never"),
+            "{said}"
+        );
+        assert!(said.contains("2 backends of the last good set"), "{said}");
+        let none = DiscoveryView { serving: 0, ..kept };
+        let said = format!("{}; {}", none.set_text("never"), none.meanwhile());
+        assert!(!said.contains("last good set"), "{said}");
     }
 }

@@ -92,6 +92,10 @@ pub struct ServiceView {
     pub queued: usize,
     /// Most connections that may wait.
     pub queue_size: usize,
+    /// How long a connection may wait in the queue before it is refused
+    /// (`queue_timeout`), in milliseconds.
+    #[serde(default)]
+    pub queue_timeout_ms: u64,
     /// TLS handshakes over its backends.
     pub handshakes: Handshakes,
     /// For `balance: first`, the backend new connections go to now.
@@ -210,10 +214,26 @@ pub struct DiscoveryView {
 impl DiscoveryView {
     /// While a lookup fails, what serves meanwhile, in words.
     pub fn meanwhile(&self) -> &'static str {
-        if self.serving == 0 {
-            "no backend has ever been resolved"
-        } else {
-            "the last good set serves on"
+        match self.serving {
+            0 => "no backend from DNS serves",
+            _ => "the last good set serves on",
+        }
+    }
+
+    /// The set in words, as the CLI and the page say it (`ago` is the age of
+    /// the last answer): `3 backends, resolved 12s ago`; before any answer since
+    /// the start (or since `discover` changed), what serves instead: `2 backends
+    /// of the last good set (the state file's, or the name before), none resolved
+    /// yet` (the last answer's count, 0, would contradict them).
+    pub fn set_text(&self, ago: &str) -> String {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        match (self.last_resolved, self.serving) {
+            (Some(_), _) => format!("{} backend{}, resolved {ago}", self.backends, plural(self.backends)),
+            (None, 0) => "no backend yet, never resolved".to_string(),
+            (None, n) => format!(
+                "{n} backend{} of the last good set (the state file's, or the name before), none resolved yet",
+                plural(n)
+            ),
         }
     }
 }
@@ -242,6 +262,20 @@ pub struct Totals {
 }
 
 impl ServiceView {
+    /// Its queue in words, as the CLI and the page say it: `queue 2/1024 waiting
+    /// (up to 10s each)`, or `no queue` with `queue_size: 0`.
+    pub fn queue_text(&self) -> String {
+        if self.queue_size == 0 {
+            return "no queue (queue_size 0: a connection finding every backend at its limit is refused)".into();
+        }
+        format!(
+            "queue {}/{} waiting (up to {} each)",
+            self.queued,
+            self.queue_size,
+            crate::admin::human::human_secs(self.queue_timeout_ms.div_ceil(1000))
+        )
+    }
+
     /// No backend takes new connections: every new client is refused.
     pub fn none_available(&self) -> bool {
         !self.backends.iter().any(BackendView::takes_new)
