@@ -261,12 +261,20 @@ site_start() {
     log "both compilers running after $(( $(date +%s) - t ))s"
     [ -n "$CAPTURE" ] && return 0 # the capture wants to see c2's pool fill
     # `running` comes with the first JRuby; the herd starts with full pools
+    pools_full
+    log "both pools full after $(( $(date +%s) - t ))s"
+}
+
+# pools_full: wait until every JRuby of both compilers is up and free (at most
+# JVM_START_TIMEOUT seconds each; 1 if not)
+pools_full() {
     local n j
     for n in c1 c2; do
         j=$J1; [ $n = c2 ] && j=$J2
-        for _ in $(seq 1 $((JVM_START_TIMEOUT * 2))); do [ "$(pool $n)" = "$j $j" ] && break; sleep 0.5; done
+        for _ in $(seq 1 $((JVM_START_TIMEOUT * 2))); do [ "$(pool $n)" = "$j $j" ] && continue 2; sleep 0.5; done
+        log "WARNING: $n's pool not full after ${JVM_START_TIMEOUT}s ($(pool $n))"
+        return 1
     done
-    log "both pools full after $(( $(date +%s) - t ))s"
 }
 
 # metrics NAME [CURL ARGS]: the jruby-metrics document of a compiler (anonymous by default)
