@@ -139,8 +139,10 @@ defaults
 listen puppet
     bind $VIP_HA:8140
     balance leastconn
-    option httpchk GET /status/v1/simple/server
-    http-check expect string running
+    # /status/v1/simple/server answers 200 `running` once it is, 503 before
+    option httpchk
+    http-check send meth GET uri /status/v1/simple/server ver HTTP/1.1 hdr Host puppetha.$DOMAIN
+    http-check expect status 200
     default-server check inter 1s check-ssl ca-file $W/ca.pem check-sni puppetha.$DOMAIN verifyhost puppetha.$DOMAIN slowstart ${SLOWSTART}s
     server c1 $IP_C1:8140
     server c2 $IP_C2:8140
@@ -148,20 +150,31 @@ EOF
     haproxy -c -f "$W/haproxy.cfg" > "$W/haproxy-check.log" 2>&1 || { cat "$W/haproxy-check.log" >&2; die "haproxy -c"; }
     haproxy -db -f "$W/haproxy.cfg" > "$W/haproxy.log" 2>&1 &
     PIDS[haproxy]=$!
-    local vip b
+    local vip
     for vip in $VIP_FB $VIP_HA; do
         for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/$vip/8140") 2>/dev/null && break; sleep 0.1; done
     done
-    # both compilers up for HAProxy, sampled by crossbar's feedback (out of its blackout)
+    settled || die "the balancers never saw both compilers up (logs: $W/haproxy.log, $W/crossbar.log)"
+}
+
+# SETTLE_TIMEOUT: seconds both balancers have to see both compilers back at full
+# weight before a roll (a HAProxy slowstart, crossbar's feedback ramp)
+SETTLE_TIMEOUT=300
+
+# settled: both compilers UP for HAProxy with no slowstart left, and up for crossbar
+# with feedback active (out of its blackout and ramp), within SETTLE_TIMEOUT; 1 if not
+settled() {
+    local b end=$((SECONDS + SETTLE_TIMEOUT))
     for b in c1 c2; do
-        for _ in $(seq 1 300); do [ "$(ha_stat $b | cut -d, -f2)" = UP ] && continue 2; sleep 0.2; done
-        die "HAProxy never saw $b up (log: $W/haproxy.log; show stat: $(ha_stat $b))"
+        until [ "$(ha_stat $b | cut -d, -f2-)" = "UP," ]; do
+            [ "$SECONDS" -lt "$end" ] || { log "HAProxy: $b is $(ha_stat $b) (scur,status,throttle)"; return 1; }
+            sleep 0.5
+        done
     done
-    for _ in $(seq 1 300); do
-        [ "$(curl -s "http://$ADMIN_FB/metrics" | grep -c '^crossbar_backend_feedback_phase{.*phase="active".*} 1')" = 2 ] && return 0
-        sleep 0.2
+    until [ "$(curl -s "http://$ADMIN_FB/metrics" | grep -c '^crossbar_backend_feedback_phase{.*phase="active".*} 1')" = 2 ]; do
+        [ "$SECONDS" -lt "$end" ] || { log "crossbar: feedback not active on both"; return 1; }
+        sleep 0.5
     done
-    die "feedback never became active (log: $W/crossbar.log)"
 }
 
 # ha_cmd COMMAND: one command on HAProxy's runtime API (the stats socket), its answer
@@ -251,6 +264,7 @@ roll() {
     [ "$mode" = ha ] && vip=puppetha
     wait_idle
     pools_full || log "WARNING: the $tag roll starts without full pools"
+    settled || log "WARNING: the $tag roll starts with a compiler not back at full weight"
     warm
     agents "$vip" "$tag"
     started_once "$tag" || log "WARNING: not every agent finished a run within ${AGENT_TIMEOUT}s before the $tag roll"
