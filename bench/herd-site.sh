@@ -232,13 +232,15 @@ STOP_TIMEOUT=60
 
 # compiler_restart NAME: what `systemctl restart puppetserver` does to compiler c1
 # or c2: TERM, KILL after STOP_TIMEOUT, start again; then wait until it answers
-# `running` (within JVM_START_TIMEOUT; 1 if not). It may run in another process
+# `running` (within JVM_START_TIMEOUT; 1 if not), printing how long it took
+# ("== NAME restarted in S s"). It may run in another process
 # (the RESTART command of packaging/rolling-restart, with these functions and the
 # site's variables exported): the pid is read from and written to $W/NAME/pid, and
 # pids_adopt takes it back into PIDS.
 compiler_restart() {
-    local n=$1 pid ip=$IP_C1 i
+    local n=$1 pid ip=$IP_C1 i t0
     local -A PIDS=()
+    t0=$(date +%s%3N)
     [ "$n" = c2 ] && ip=$IP_C2
     pid=$(cat "$W/$n/pid") || return 1
     kill -TERM "$pid" 2>/dev/null
@@ -249,7 +251,9 @@ compiler_restart() {
     fi
     alive "$pid" && { echo "compiler_restart: $n (pid $pid) does not stop" >&2; return 1; }
     compiler_start "$n"
-    jvm_wait "$n" "$ip"
+    jvm_wait "$n" "$ip" || return 1
+    t0=$(( $(date +%s%3N) - t0 ))
+    echo "== $n restarted in $((t0 / 1000)).$((t0 % 1000 / 100)) s (stop and start until running)"
 }
 
 site_start() {

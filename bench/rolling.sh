@@ -139,7 +139,7 @@ defaults
 listen puppet
     bind $VIP_HA:8140
     balance leastconn
-    # /status/v1/simple/server answers 200 `running` once it is, 503 before
+    # /status/v1/simple/server answers 200 and 'running' once it is, 503 before
     option httpchk
     http-check send meth GET uri /status/v1/simple/server ver HTTP/1.1 hdr Host puppetha.$DOMAIN
     http-check expect status 200
@@ -273,11 +273,11 @@ roll() {
     log "$tag: rolling c1, c2 through $(label "$mode")"
     t0=$(now_ms)
     if [ "$mode" = cb ]; then
-        timeout "$ROLL_TIMEOUT" bash -c 'cb_roll' > "$W/roll-$tag.log" 2>&1
+        timeout "$ROLL_TIMEOUT" bash -c 'cb_roll' 2>&1 | stamp "$t0" > "$W/roll-$tag.log"
     else
-        timeout "$ROLL_TIMEOUT" bash -c 'ha_roll' > "$W/roll-$tag.log" 2>&1
+        timeout "$ROLL_TIMEOUT" bash -c 'ha_roll' 2>&1 | stamp "$t0" > "$W/roll-$tag.log"
     fi
-    rc=$?
+    rc=${PIPESTATUS[0]}
     t1=$(now_ms)
     pids_adopt
     sed 's/^/    /' "$W/roll-$tag.log" >&2
@@ -289,14 +289,24 @@ roll() {
     [ "$rc" = 0 ]
 }
 
+# stamp T0: each line of stdin after the seconds since T0 (milliseconds)
+stamp() {
+    local line ms
+    while IFS= read -r line; do
+        ms=$(( $(now_ms) - $1 ))
+        printf '[+%3d.%ds] %s\n' $((ms / 1000)) $((ms % 1000 / 100)) "$line"
+    done
+}
+
 # in_roll TAG T0 T1: the runs of runs-TAG that overlap the roll (started before its
 # end, ended after its start)
 in_roll() { awk -v a="$2" -v b="$3" '$4 < b && $5 > a' "$W/runs-$1"; }
 
-# roll_result MODE TAG ROUND T0 T1 RC: | balancer | round | roll | runs | failed runs |
+# roll_result MODE TAG ROUND T0 T1 RC: | balancer | round | roll | roll beyond the
+# restarts | runs | failed runs |
 # 503s | retries after 503 | catalogs c1 / c2 | p50 | p95 | max |
 roll_result() {
-    local mode=$1 tag=$2 t0=$4 t1=$5 rc=$6 runs failed s503 retries cat1 cat2 p50 p95 max took
+    local mode=$1 tag=$2 t0=$4 t1=$5 rc=$6 runs failed s503 retries cat1 cat2 p50 p95 max took restarts beyond
     in_roll "$tag" "$t0" "$t1" > "$W/roll-runs-$tag"
     runs=$(wc -l < "$W/roll-runs-$tag")
     failed=$(awk '$3 != 0 && $3 != 2' "$W/roll-runs-$tag" | wc -l)
@@ -308,11 +318,15 @@ roll_result() {
     cat2=$(grep -c '"POST /puppet/v3/catalog/[^"]*" 200 ' "$W/access-c2-$tag")
     read -r p50 p95 max < <(awk '{print $5 - $4}' "$W/roll-runs-$tag" | percentiles)
     took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", (b - a) / 1000 }')
+    # the roll beyond the restarts themselves: the drains and the ways back to full
+    # weight, what the balancer decides (a JVM's start-up is the same for both)
+    restarts=$(awk '/^\[[^]]*\] == c[12] restarted in / { s += $(NF - 6) } END { printf "%.1f", s }' "$W/roll-$tag.log")
+    beyond=$(awk -v t="$(( t1 - t0 ))" -v r="$restarts" 'BEGIN { printf "%.0f", t / 1000 - r }')
     [ "$rc" = 0 ] || took="$took (NOT FINISHED: exit $rc, see $W/roll-$tag.log)"
-    echo "$mode $runs $failed $s503 $((t1 - t0))" >> "$W/totals"
+    echo "$mode $runs $failed $s503 $((t1 - t0)) $beyond" >> "$W/totals"
     awk '{print $5 - $4}' "$W/roll-runs-$tag" >> "$W/durations-$mode"
-    printf '| %s | %s | %s s | %s | %s | %s | %s | %s / %s | %s s | %s s | %s s |\n' \
-        "$(label "$mode")" "$3" "$took" "$runs" "$failed" "$s503" "$retries" "$cat1" "$cat2" "$p50" "$p95" "$max" |
+    printf '| %s | %s | %s s | %s s | %s | %s | %s | %s | %s / %s | %s s | %s s | %s s |\n' \
+        "$(label "$mode")" "$3" "$took" "$beyond" "$runs" "$failed" "$s503" "$retries" "$cat1" "$cat2" "$p50" "$p95" "$max" |
         tee -a "$W/results.md"
 }
 
@@ -325,10 +339,10 @@ ratio() {
 # averaged, run times pooled)
 ratios() {
     local m f5 c h
-    declare -A runs failed s503 ms n p50 p95
+    declare -A runs failed s503 ms bey n p50 p95
     for m in cb ha; do
-        read -r n[$m] runs[$m] failed[$m] s503[$m] ms[$m] < <(awk -v m=$m '$1 == m { n++; r += $2; f += $3; s += $4; t += $5 }
-            END { printf "%d %d %d %d %.0f\n", n, r, f, s, n ? t / n / 1000 : 0 }' "$W/totals")
+        read -r n[$m] runs[$m] failed[$m] s503[$m] ms[$m] bey[$m] < <(awk -v m=$m '$1 == m { n++; r += $2; f += $3; s += $4; t += $5; b += $6 }
+            END { printf "%d %d %d %d %.0f %.0f\n", n, r, f, s, n ? t / n / 1000 : 0, n ? b / n : 0 }' "$W/totals")
         read -r p50[$m] p95[$m] _ < <(percentiles < "$W/durations-$m" 2>/dev/null || echo "- - -")
     done
     echo
@@ -340,6 +354,7 @@ ratios() {
     echo "| failed agent runs | ${failed[cb]} | ${failed[ha]} | $(ratio "${failed[cb]}" "${failed[ha]}") |"
     echo "| 503s answered to agents | ${s503[cb]} | ${s503[ha]} | $(ratio "${s503[cb]}" "${s503[ha]}") |"
     echo "| roll duration | ${ms[cb]} s | ${ms[ha]} s | $(ratio "${ms[cb]}" "${ms[ha]}") |"
+    echo "| roll beyond the restarts (drains, ways back) | ${bey[cb]} s | ${bey[ha]} s | $(ratio "${bey[cb]}" "${bey[ha]}") |"
     for f5 in p50 p95; do
         if [ "$f5" = p50 ]; then c=${p50[cb]} h=${p50[ha]}; else c=${p95[cb]} h=${p95[ha]}; fi
         if [ "$c" = - ] || [ "$h" = - ]; then
@@ -362,8 +377,8 @@ log "warming every JRuby"
 warm
 echo "rolling restarts of c1 ($J1 JRuby) and c2 ($J2) under $AGENTS agents in a loop; max-queued-requests $QUEUE, max-retry-delay ${RETRY_DELAY}s; catalogs +${SLEEP}s (generate sleep); HAProxy slowstart ${SLOWSTART}s"
 echo
-echo "| balancer | round | roll | agent runs | failed runs | 503s | retries after 503 | catalogs c1 / c2 | p50 | p95 | max |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| balancer | round | roll | roll beyond the restarts | agent runs | failed runs | 503s | retries after 503 | catalogs c1 / c2 | p50 | p95 | max |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 : > "$W/totals"
 : > "$W/durations-cb"
 : > "$W/durations-ha"
