@@ -1,11 +1,124 @@
-# Sourced by bench/herd.sh: the Puppet site of the herd. Two compile masters of
-# different sizes (c1 also the CA), a catalog that takes a known time, agents
-# with certificates signed offline, and the jruby-metrics capture.
+# Sourced by bench/herd.sh and bench/rolling.sh: the Puppet site both measure. Two
+# compile masters of different sizes (c1 also the CA), a catalog that takes a known
+# time, agents with certificates signed offline, and the jruby-metrics capture;
+# site_setup builds and starts it, the EXIT trap takes it all down again.
 #
 #   c1.hb.test  127.0.0.41:8140  CA + compiler, max-active-instances J1
 #   c2.hb.test  127.0.0.42:8140  compiler, max-active-instances J2
-#   puppetfb / puppetlc / puppetha.hb.test: the three balancers' VIPs
+#   puppetfb / puppetlc / puppetha / puppeths.hb.test: the balancers' VIPs
 #   agents h01..hNN: own confdir and ssldir, sourceaddress 127.0.0.1NN
+#
+# The sourcing script sets first: ROOT, PUPPET_GEN, J1, J2, QUEUE, RETRY_DELAY,
+# SLEEP, AGENTS, STRICT_PLUGINS and CAPTURE (empty but for herd.sh --capture).
+
+DOMAIN=hb.test
+CROSSBAR=${CROSSBAR_BIN:-$ROOT/target/release/crossbar}
+IP_C1=127.0.0.41
+IP_C2=127.0.0.42
+VIP_FB=127.0.0.45
+VIP_LC=127.0.0.46
+VIP_HA=127.0.0.47
+VIP_HS=127.0.0.48
+ADMIN_FB=127.0.0.1:19150
+ADMIN_LC=127.0.0.1:19151
+# Every agent run is bounded: a herd that stalls is a result, not a hang.
+AGENT_TIMEOUT=600
+JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-900}
+# A compiler is idle again (between herds) within this many seconds, or the next
+# herd starts anyway and the table says so.
+IDLE_TIMEOUT=120
+HOSTS_BEGIN="# BEGIN crossbar-herd $$"
+HOSTS_END="# END crossbar-herd $$"
+FACTER_CONF=/etc/facter/facter.conf
+
+T0=$(date +%s)
+declare -A PIDS=()
+CREATED_FACTER=0
+W=""
+PROOT=""   # Puppet 8: the trixie root (tests/puppet/root8.sh)
+
+log() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
+die() { log "SETUP ERROR: $*"; exit 2; }
+now_ms() { date +%s%3N; }
+
+# stop_pid, hosts_remove, jvm_start, jvm_wait, server_conf, install_cert, agent_conf:
+# the Puppet E2E's
+# shellcheck source=tests/puppet/site.sh
+source "$ROOT/tests/puppet/site.sh"
+cleanup() {
+    local rc=$?
+    pids_adopt
+    for n in "${!PIDS[@]}"; do stop_pid "$n"; done
+    hosts_remove
+    root_umount
+    [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
+    if [ -n "$W" ] && [ -d "$W" ]; then
+        if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
+    fi
+    log "done in $(( $(date +%s) - T0 ))s"
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# pids_adopt: the compilers compiler_restart started in another process (their
+# pids in $W/NAME/pid), into PIDS, so that cleanup stops them too
+pids_adopt() {
+    local n
+    for n in c1 c2; do
+        [ -n "$W" ] && [ -s "$W/$n/pid" ] && PIDS[$n]=$(cat "$W/$n/pid")
+    done
+    return 0
+}
+
+# site_setup PREFIX: as root, the packages, crossbar, the Puppet 8 root, a work
+# directory /tmp/PREFIX.XXXXXX ($W), the /etc/hosts block, and the site built and
+# running with full JRuby pools
+site_setup() {
+    [ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
+    local pkgs
+    case $PUPPET_GEN in
+        # Puppet 8: the servers and agents from the root; here HAProxy, and Ruby (the
+        # JSON one-liners) with Debian 12's agent
+        8) pkgs="puppet-agent haproxy" ;;
+        7) pkgs="puppetserver puppet-agent haproxy" ;;
+        *) die "--gen $PUPPET_GEN: 7 or 8" ;;
+    esac
+    if ! command -v puppet >/dev/null || { [ "$PUPPET_GEN" = 7 ] && [ ! -f /usr/share/puppetserver/puppetserver.jar ]; } ||
+       ! command -v haproxy >/dev/null; then
+        log "installing $pkgs"
+        # shellcheck disable=SC2086
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $pkgs >/dev/null 2>&1 ||
+            { apt-get -o DPkg::Lock::Timeout=900 update >/dev/null 2>&1 &&
+              DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $pkgs >/dev/null 2>&1; } ||
+            die "apt-get install $pkgs failed"
+    fi
+    if [ -z "${CAPTURE:-}" ] && [ ! -x "$CROSSBAR" ]; then
+        log "building crossbar"; (cd "$ROOT" && cargo build --release --bin crossbar >/dev/null 2>&1) || die "cargo build failed"
+    fi
+    for c in curl java openssl; do command -v $c >/dev/null || die "$c missing"; done
+    if [ ! -e "$FACTER_CONF" ]; then
+        mkdir -p /etc/facter
+        echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$FACTER_CONF"
+        CREATED_FACTER=1
+    fi
+    if [ "$PUPPET_GEN" = 8 ]; then
+        PROOT=$("$ROOT/tests/puppet/root8.sh") || die "the Puppet 8 root (tests/puppet/root8.sh)"
+    fi
+    W=$(mktemp -d "/tmp/$1.XXXXXX")
+    chmod 755 "$W"
+    if [ -n "$PROOT" ]; then
+        root_enter || die "entering the Puppet 8 root $PROOT"
+        V_SERVER=$(chroot "$PROOT" dpkg-query -W -f='${Version}' puppetserver)
+    else
+        V_SERVER=$(dpkg-query -W -f='${Version}' puppetserver)
+    fi
+    log "work dir $W (Puppet $PUPPET_GEN: $(puppet --version) agent, $V_SERVER server, $(haproxy -v | head -1))"
+    hosts_remove_stale crossbar-herd
+    hosts_write
+    site_build
+    site_start
+}
 
 hosts_write() {
     hosts_remove
@@ -99,21 +212,73 @@ EOF
 # heap: 512 MiB per JRuby beyond the first is Puppet's sizing advice; a lab's code is small
 heap() { echo "$(( 768 + 256 * $1 ))m"; }
 
+# compiler_start NAME: start compiler c1 or c2 (its pid also in $W/NAME/pid)
+compiler_start() {
+    local j=$J1
+    [ "$1" = c2 ] && j=$J2
+    jvm_start "$1" "$(heap "$j")"
+    echo "${PIDS[$1]}" > "$W/$1/pid"
+}
+
+# alive PID: the process runs (a zombie does not)
+alive() {
+    local s
+    s=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${s#Z}" = "$s" ]
+}
+
+# Seconds a puppetserver has to stop after TERM (as systemd's TimeoutStopSec
+# would give it) before it is killed.
+STOP_TIMEOUT=60
+
+# compiler_restart NAME: what `systemctl restart puppetserver` does to compiler c1
+# or c2: TERM, KILL after STOP_TIMEOUT, start again; then wait until it answers
+# `running` (within JVM_START_TIMEOUT; 1 if not), printing how long it took
+# ("== NAME restarted in S s"). It may run in another process
+# (the RESTART command of packaging/rolling-restart, with these functions and the
+# site's variables exported): the pid is read from and written to $W/NAME/pid, and
+# pids_adopt takes it back into PIDS.
+compiler_restart() {
+    local n=$1 pid ip=$IP_C1 i t0
+    local -A PIDS=()
+    t0=$(date +%s%3N)
+    [ "$n" = c2 ] && ip=$IP_C2
+    pid=$(cat "$W/$n/pid") || return 1
+    kill -TERM "$pid" 2>/dev/null
+    for i in $(seq 1 $((STOP_TIMEOUT * 5))); do alive "$pid" || break; sleep 0.2; done
+    if alive "$pid"; then
+        kill -KILL "$pid" 2>/dev/null
+        for i in $(seq 1 50); do alive "$pid" || break; sleep 0.2; done
+    fi
+    alive "$pid" && { echo "compiler_restart: $n (pid $pid) does not stop" >&2; return 1; }
+    compiler_start "$n"
+    jvm_wait "$n" "$ip" || return 1
+    t0=$(( $(date +%s%3N) - t0 ))
+    echo "== $n restarted in $((t0 / 1000)).$((t0 % 1000 / 100)) s (stop and start until running)"
+}
+
 site_start() {
-    jvm_start c1 "$(heap "$J1")"
-    jvm_start c2 "$(heap "$J2")"
+    compiler_start c1
+    compiler_start c2
     local t=$(date +%s)
     jvm_wait c1 $IP_C1 || die "c1 did not start within ${JVM_START_TIMEOUT}s (log: $W/c1/log)"
     jvm_wait c2 $IP_C2 || die "c2 did not start within ${JVM_START_TIMEOUT}s (log: $W/c2/log)"
     log "both compilers running after $(( $(date +%s) - t ))s"
     [ -n "$CAPTURE" ] && return 0 # the capture wants to see c2's pool fill
     # `running` comes with the first JRuby; the herd starts with full pools
+    pools_full
+    log "both pools full after $(( $(date +%s) - t ))s"
+}
+
+# pools_full: wait until every JRuby of both compilers is up and free (at most
+# JVM_START_TIMEOUT seconds each; 1 if not)
+pools_full() {
     local n j
     for n in c1 c2; do
         j=$J1; [ $n = c2 ] && j=$J2
-        for _ in $(seq 1 $((JVM_START_TIMEOUT * 2))); do [ "$(pool $n)" = "$j $j" ] && break; sleep 0.5; done
+        for _ in $(seq 1 $((JVM_START_TIMEOUT * 2))); do [ "$(pool $n)" = "$j $j" ] && continue 2; sleep 0.5; done
+        log "WARNING: $n's pool not full after ${JVM_START_TIMEOUT}s ($(pool $n))"
+        return 1
     done
-    log "both pools full after $(( $(date +%s) - t ))s"
 }
 
 # metrics NAME [CURL ARGS]: the jruby-metrics document of a compiler (anonymous by default)
@@ -166,13 +331,14 @@ capture() {
     # PE sites do): anonymous is refused; the allowed certificate reads it, and what
     # it says while its pool fills
     stop_pid c2
+    rm -f "$W/c2/pid"
     ruby -e '
       t = File.read(ARGV[0])
       rule = t.index("puppetlabs status service - full") or abort "no status rule in auth.conf"
       start = t.rindex("{", rule)
       t[start...rule] = t[start...rule].sub("allow-unauthenticated: true", "allow: [\"lb.'"$DOMAIN"'\"]")
       File.write(ARGV[0], t)' "$W/c2/conf.d/auth.conf" || die "auth.conf rule"
-    jvm_start c2 "$(heap "$J2")"
+    compiler_start c2
     local seen="" now end=$(( $(date +%s) + JVM_START_TIMEOUT ))
     while [ "$(date +%s)" -lt $end ]; do
         now=$(pool c2 --cert "$W/lb/certs/lb.$DOMAIN.pem" --key "$W/lb/private_keys/lb.$DOMAIN.pem")

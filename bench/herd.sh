@@ -64,102 +64,11 @@ J1=${JRUBIES%,*} J2=${JRUBIES#*,}
 AGENTS=$(tr ',' '\n' <<< "$SIZES" | sort -n | tail -1)
 [[ $SIZES =~ ^[0-9]+(,[0-9]+)*$ ]] && [ "$AGENTS" -gt 0 ] || { echo "--agents takes sizes: 6 or 6,8" >&2; exit 2; }
 
-DOMAIN=hb.test
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CROSSBAR=${CROSSBAR_BIN:-$ROOT/target/release/crossbar}
-IP_C1=127.0.0.41
-IP_C2=127.0.0.42
-VIP_FB=127.0.0.45
-VIP_LC=127.0.0.46
-VIP_HA=127.0.0.47
-VIP_HS=127.0.0.48
-ADMIN_FB=127.0.0.1:19150
-ADMIN_LC=127.0.0.1:19151
-# Every agent run is bounded: a herd that stalls is a result, not a hang.
-AGENT_TIMEOUT=600
-JVM_START_TIMEOUT=${JVM_START_TIMEOUT:-900}
-# A compiler is idle again (between herds) within this many seconds, or the next
-# herd starts anyway and the table says so.
-IDLE_TIMEOUT=120
-HOSTS_BEGIN="# BEGIN crossbar-herd $$"
-HOSTS_END="# END crossbar-herd $$"
-FACTER_CONF=/etc/facter/facter.conf
-
-T0=$(date +%s)
-declare -A PIDS=()
-CREATED_FACTER=0
-W=""
-PROOT=""   # Puppet 8: the trixie root (tests/puppet/root8.sh)
-
-log() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
-die() { log "SETUP ERROR: $*"; exit 2; }
-now_ms() { date +%s%3N; }
-
-# stop_pid, hosts_remove, jvm_start, jvm_wait, server_conf, install_cert, agent_conf:
-# the Puppet E2E's
-# shellcheck source=tests/puppet/site.sh
-source "$ROOT/tests/puppet/site.sh"
-cleanup() {
-    local rc=$?
-    for n in "${!PIDS[@]}"; do stop_pid "$n"; done
-    hosts_remove
-    root_umount
-    [ "$CREATED_FACTER" = 1 ] && rm -f "$FACTER_CONF" && rmdir /etc/facter 2>/dev/null
-    if [ -n "$W" ] && [ -d "$W" ]; then
-        if [ "${KEEP:-0}" = 1 ]; then log "kept $W"; else rm -rf "$W"; fi
-    fi
-    log "done in $(( $(date +%s) - T0 ))s"
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
+# the site's names, addresses, timeouts, cleanup and setup (site_setup)
 # shellcheck source=bench/herd-site.sh
 source "$ROOT/bench/herd-site.sh"
-
-# ================================================================== setup
-[ "$(id -u)" = 0 ] || die "run as root (installs packages, edits /etc/hosts)"
-case $PUPPET_GEN in
-    # Puppet 8: the servers and agents from the root; here HAProxy, and Ruby (the
-    # JSON one-liners) with Debian 12's agent
-    8) PKGS="puppet-agent haproxy" ;;
-    7) PKGS="puppetserver puppet-agent haproxy" ;;
-    *) die "--gen $PUPPET_GEN: 7 or 8" ;;
-esac
-if ! command -v puppet >/dev/null || { [ "$PUPPET_GEN" = 7 ] && [ ! -f /usr/share/puppetserver/puppetserver.jar ]; } ||
-   ! command -v haproxy >/dev/null; then
-    log "installing $PKGS"
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1 ||
-        { apt-get -o DPkg::Lock::Timeout=900 update >/dev/null 2>&1 &&
-          DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y $PKGS >/dev/null 2>&1; } ||
-        die "apt-get install $PKGS failed"
-fi
-if [ -z "$CAPTURE" ] && [ ! -x "$CROSSBAR" ]; then
-    log "building crossbar"; (cd "$ROOT" && cargo build --release --bin crossbar >/dev/null 2>&1) || die "cargo build failed"
-fi
-for c in curl java openssl; do command -v $c >/dev/null || die "$c missing"; done
-if [ ! -e "$FACTER_CONF" ]; then
-    mkdir -p /etc/facter
-    echo 'facts : { blocklist : [ "EC2", "GCE", "az_metadata", "cloud" ] }' > "$FACTER_CONF"
-    CREATED_FACTER=1
-fi
-if [ "$PUPPET_GEN" = 8 ]; then
-    PROOT=$("$ROOT/tests/puppet/root8.sh") || die "the Puppet 8 root (tests/puppet/root8.sh)"
-fi
-W=$(mktemp -d /tmp/crossbar-herd.XXXXXX)
-chmod 755 "$W"
-if [ -n "$PROOT" ]; then
-    root_enter || die "entering the Puppet 8 root $PROOT"
-    V_SERVER=$(chroot "$PROOT" dpkg-query -W -f='${Version}' puppetserver)
-else
-    V_SERVER=$(dpkg-query -W -f='${Version}' puppetserver)
-fi
-log "work dir $W (Puppet $PUPPET_GEN: $(puppet --version) agent, $V_SERVER server, $(haproxy -v | head -1))"
-hosts_remove_stale crossbar-herd
-hosts_write
-site_build
-site_start
+site_setup crossbar-herd
 
 if [ -n "$CAPTURE" ]; then
     capture "$CAPTURE"
