@@ -309,7 +309,15 @@ roll_result() {
     local mode=$1 tag=$2 t0=$4 t1=$5 rc=$6 runs failed s503 retries cat1 cat2 p50 p95 max took restarts beyond
     in_roll "$tag" "$t0" "$t1" > "$W/roll-runs-$tag"
     runs=$(wc -l < "$W/roll-runs-$tag")
-    failed=$(awk '$3 != 0 && $3 != 2' "$W/roll-runs-$tag" | wc -l)
+    # a failed run: an exit code other than 0 or 2, or an `Error:` line (a cut
+    # pluginsync ends 0 with one; the Puppet E2E's rolling-restart found it)
+    failed=$(awk -v d="$W/agents" -v t="$tag" '{
+            bad = ($3 != 0 && $3 != 2)
+            f = d "/" $1 "/" t "-" $2 ".log"
+            while (!bad && (getline l < f) > 0) if (l ~ /^Error:/) bad = 1
+            close(f)
+            if (bad) n++
+        } END { print n + 0 }' "$W/roll-runs-$tag")
     # agents' requests only: a restarting puppetserver answers its status page 503
     s503=$(cat "$W/access-c1-$tag" "$W/access-c2-$tag" | grep -cE '"[A-Z]+ /puppet(-ca)?/[^"]*" 503 ')
     retries=$(awk -v d="$W/agents" -v t="$tag" '{ print d "/" $1 "/" t "-" $2 ".log" }' "$W/roll-runs-$tag" |
