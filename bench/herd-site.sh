@@ -209,6 +209,15 @@ EOF
     log "site built: c1 ($J1 JRuby), c2 ($J2), $AGENTS agents, catalogs sleep ${SLEEP}s, queue $QUEUE, retry delay ${RETRY_DELAY}s"
 }
 
+# crossbar_start: check $W/crossbar.yaml (a setup error if crossbar refuses it), then
+# run crossbar on it in the background
+crossbar_start() {
+    "$CROSSBAR" check -c "$W/crossbar.yaml" > "$W/crossbar-check.log" 2>&1 ||
+        { cat "$W/crossbar-check.log" >&2; die "crossbar check"; }
+    "$CROSSBAR" run -c "$W/crossbar.yaml" > "$W/crossbar.log" 2>&1 &
+    PIDS[crossbar]=$!
+}
+
 # heap: 512 MiB per JRuby beyond the first is Puppet's sizing advice; a lab's code is small
 heap() { echo "$(( 768 + 256 * $1 ))m"; }
 

@@ -42,7 +42,7 @@ if [ -z "${HERD_LOCKED:-}" ]; then
     exec flock /tmp/puppet-e2e.lock env HERD_LOCKED=1 "$0" "$@"
 fi
 
-SIZES=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha,hs CAPTURE= STRICT_PLUGINS=0 PUPPET_GEN=8
+SIZES=12 ROUNDS=1 JRUBIES=1,3 QUEUE=2 RETRY_DELAY=10 SLEEP=2 MODES=fb,lc,ha,hs CAPTURE='' STRICT_PLUGINS=0 PUPPET_GEN=8
 while [ $# -gt 0 ]; do
     case "$1" in
         --gen) PUPPET_GEN=$2; shift ;;

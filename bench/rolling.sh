@@ -123,10 +123,7 @@ services:
       - { name: c1, address: "c1.$DOMAIN:8140" }
       - { name: c2, address: "c2.$DOMAIN:8140" }
 EOF
-    "$CROSSBAR" check -c "$W/crossbar.yaml" > "$W/crossbar-check.log" 2>&1 ||
-        { cat "$W/crossbar-check.log" >&2; die "crossbar check"; }
-    "$CROSSBAR" run -c "$W/crossbar.yaml" > "$W/crossbar.log" 2>&1 &
-    PIDS[crossbar]=$!
+    crossbar_start
     cat > "$W/haproxy.cfg" <<EOF
 global
     maxconn 4096
