@@ -11,30 +11,13 @@
 # logs (what they answered), retries in the agents' logs.
 
 balancers_start() {
-    local health="check: https, path: /status/v1/simple/server, ca_file: $W/ca.pem, interval: 1s, timeout: 2s"
-    local stick="{ on: [session_id, ticket, psk, source], expire: 30m }"
-    cat > "$W/crossbar.yaml" <<EOF
-admin:
-  listen: $ADMIN_FB
-defaults:
-  timeouts: { client_hello: 5s, connect: 3s, idle: 30m, queue: 10s, shutdown: 5s }
-  health: { $health }
-services:
-  puppetfb:
-    listen: ["$VIP_FB:8140"]
-    names: ["puppetfb.$DOMAIN"]
-    balance: leastconn
-    stick: $stick
-    health: { server_name: puppetfb.$DOMAIN }
-    feedback: { kind: puppet, queue_limit: $QUEUE }
-    backends:
-      - { name: c1, address: "c1.$DOMAIN:8140" }
-      - { name: c2, address: "c2.$DOMAIN:8140" }
+    crossbar_feedback_yaml puppetfb
+    cat >> "$W/crossbar.yaml" <<EOF
   puppetlc:
     listen: ["$VIP_LC:8140"]
     names: ["puppetlc.$DOMAIN"]
     balance: leastconn
-    stick: $stick
+    stick: $STICK
     health: { server_name: puppetlc.$DOMAIN }
     backends:
       - { name: c1, address: "c1.$DOMAIN:8140" }

@@ -209,6 +209,34 @@ EOF
     log "site built: c1 ($J1 JRuby), c2 ($J2), $AGENTS agents, catalogs sleep ${SLEEP}s, queue $QUEUE, retry delay ${RETRY_DELAY}s"
 }
 
+# crossbar_feedback_yaml NAME: $W/crossbar.yaml with the admin endpoint ($ADMIN_FB),
+# the defaults, and the feedback service as NAME on $VIP_FB: leastconn, sticky,
+# `feedback: { kind: puppet }` with the compilers' queue; the herd's `fb` and the
+# rolling bench's crossbar (a caller appends more services)
+crossbar_feedback_yaml() {
+    local health="check: https, path: /status/v1/simple/server, ca_file: $W/ca.pem, interval: 1s, timeout: 2s"
+    cat > "$W/crossbar.yaml" <<EOF
+admin:
+  listen: $ADMIN_FB
+defaults:
+  timeouts: { client_hello: 5s, connect: 3s, idle: 30m, queue: 10s, shutdown: 5s }
+  health: { $health }
+services:
+  $1:
+    listen: ["$VIP_FB:8140"]
+    names: ["puppetfb.$DOMAIN"]
+    balance: leastconn
+    stick: $STICK
+    health: { server_name: puppetfb.$DOMAIN }
+    feedback: { kind: puppet, queue_limit: $QUEUE }
+    backends:
+      - { name: c1, address: "c1.$DOMAIN:8140" }
+      - { name: c2, address: "c2.$DOMAIN:8140" }
+EOF
+}
+# the stickiness of the crossbar services: conf/puppet.yaml's keys
+STICK="{ on: [session_id, ticket, psk, source], expire: 30m }"
+
 # crossbar_start: check $W/crossbar.yaml (a setup error if crossbar refuses it), then
 # run crossbar on it in the background
 crossbar_start() {

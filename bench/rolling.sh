@@ -104,25 +104,7 @@ site_setup crossbar-rolling
 # HAProxy: leastconn with an HTTPS check of the same status page (an operator's
 # roll needs the check to know when a compiler is back) and slowstart
 rolling_balancers_start() {
-    local health="check: https, path: /status/v1/simple/server, ca_file: $W/ca.pem, interval: 1s, timeout: 2s"
-    cat > "$W/crossbar.yaml" <<EOF
-admin:
-  listen: $ADMIN_FB
-defaults:
-  timeouts: { client_hello: 5s, connect: 3s, idle: 30m, queue: 10s, shutdown: 5s }
-  health: { $health }
-services:
-  puppet:
-    listen: ["$VIP_FB:8140"]
-    names: ["puppetfb.$DOMAIN"]
-    balance: leastconn
-    stick: { on: [session_id, ticket, psk, source], expire: 30m }
-    health: { server_name: puppetfb.$DOMAIN }
-    feedback: { kind: puppet, queue_limit: $QUEUE }
-    backends:
-      - { name: c1, address: "c1.$DOMAIN:8140" }
-      - { name: c2, address: "c2.$DOMAIN:8140" }
-EOF
+    crossbar_feedback_yaml puppet
     crossbar_start
     cat > "$W/haproxy.cfg" <<EOF
 global
